@@ -1,0 +1,12 @@
+"""Greedy generation with the embedded default model.
+
+python -m moejax.main --config=configs/default.py --workdir=/tmp/moejax-default
+python -m moejax.main --config=configs/default.py --workdir=W --config.model.checkpoint=CKPT
+"""
+
+from moejax.job_config import base_config
+
+
+def get_config(arg: str | None = None):
+    del arg
+    return base_config()

@@ -1,0 +1,42 @@
+"""Registry of model families: `get_family(name)`, `family_for_hf(hf_config)`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from moejax.config import ConfigError, ModelConfig
+from moejax.families import mixtral, olmoe, phimoe, qwen_moe
+from moejax.families.base import Family
+
+FAMILIES: dict[str, Family] = {
+    f.name: f for f in (olmoe.FAMILY, mixtral.FAMILY, qwen_moe.FAMILY, phimoe.FAMILY)}
+
+
+def get_family(name: str) -> Family:
+    if name not in FAMILIES:
+        raise ConfigError(f"unknown model family {name!r}; known: {sorted(FAMILIES)}")
+    return FAMILIES[name]
+
+
+def family_for_hf(hf: dict[str, Any]) -> Family:
+    model_type = hf.get("model_type")
+    for fam in FAMILIES.values():
+        if model_type in fam.hf_model_types:
+            return fam
+    known = sorted(t for f in FAMILIES.values() for t in f.hf_model_types)
+    raise ConfigError(f"unknown Hugging Face model_type {model_type!r}; moejax converts {known}")
+
+
+def config_from_hf(hf: dict[str, Any]) -> ModelConfig:
+    return family_for_hf(hf).config_from_hf(hf)
+
+
+def preset(family: str, name: str) -> ModelConfig:
+    """A `ModelConfig` from a family's published (or tiny) dimensions."""
+    fam = get_family(family)
+    if name not in fam.presets:
+        raise ConfigError(f"unknown preset {name!r} for {family}; known: {sorted(fam.presets)}")
+    return fam.config_from_hf(fam.presets[name])
+
+
+__all__ = ["FAMILIES", "Family", "get_family", "family_for_hf", "config_from_hf", "preset"]

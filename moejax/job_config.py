@@ -1,0 +1,42 @@
+"""The one declared shape of every job config (ml_collections). Config files in `configs/`
+start from `base_config()` and override fields; a field not declared here is an error, so a
+typo such as `--config.run.max_new_token=8` fails instead of being ignored."""
+
+from __future__ import annotations
+
+import ml_collections
+
+JOBS = ("generate",)
+
+
+def base_config() -> ml_collections.ConfigDict:
+    c = ml_collections.ConfigDict()
+    c.job = "generate"
+    c.seed = 0
+
+    c.model = ml_collections.ConfigDict()
+    c.model.checkpoint = ""  # a converted moejax checkpoint; "" = the embedded default model
+    # Used when no checkpoint is given: a family preset with random weights drawn from `seed`.
+    c.model.family = "olmoe"
+    c.model.preset = "tiny"
+    c.model.gmm_impl = "tiled"  # grouped matmul: "tiled" or "ragged_dot"
+    c.model.lookahead = 1  # MoE layers ahead whose gates score this layer's hidden state
+
+    c.run = ml_collections.ConfigDict()
+    c.run.prompt = "The expert cache"
+    # Comma-separated token ids, used instead of `prompt` when set (checkpoints without a
+    # tokenizer, or exact prompts for comparisons).
+    c.run.prompt_ids = ""
+    c.run.max_new_tokens = 32
+    c.run.batch_size = 1
+    c.run.stop_at_eos = True
+    # Run the prefill and one decode step once before the timed run, so TTFT and tok/s measure
+    # execution rather than XLA compilation.
+    c.run.warmup = True
+
+    c.log = ml_collections.ConfigDict()
+    c.log.progress = True  # a progress bar over decode steps
+
+    c.profile = ml_collections.ConfigDict()
+    c.profile.enabled = False
+    return c

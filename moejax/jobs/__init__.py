@@ -1,0 +1,18 @@
+"""Jobs the main entry point runs, by `config.job`."""
+
+from __future__ import annotations
+
+import ml_collections
+
+from moejax.config import ConfigError
+from moejax.job_config import JOBS
+
+
+def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
+    if config.job not in JOBS:
+        raise ConfigError(f"config.job={config.job!r} is not one of {JOBS}")
+    if config.job == "generate":
+        from moejax.jobs import generate
+
+        return generate.run(config, workdir)
+    raise AssertionError(config.job)

@@ -1,0 +1,261 @@
+"""Layer-stepped execution: the seam where the expert cache runtime plugs in.
+
+Per MoE layer, two jitted steps, each compiled once and shared by every layer (weights are
+arguments, shapes are static, the KV cache is preallocated and donated):
+
+1. `attention_router_step`: attention, then the router. Returns the gate outputs — top-k ids,
+   their weights, the full router probabilities, and the speculative scores of the next
+   `lookahead` MoE layers' gates applied to this layer's hidden state.
+2. `experts_step`: the routed experts as one grouped matmul over a given pool of expert weights
+   (plus Qwen's shared expert), added to the residual stream.
+
+Between the two, an `ExpertSource` turns the gate outputs into the pool and the slot of each
+expert: `ResidentExperts` holds every expert on the device; the cache runtime holds a few.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import time
+from typing import Callable, Protocol
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from moejax.config import ModelConfig
+from moejax.models.attention import KVCache
+from moejax.models.decoder import MoEDecoder
+from moejax.models.experts import moe_ffn
+from moejax.models.layers import norm
+from moejax.models.routing import route
+
+
+@dataclasses.dataclass(frozen=True)
+class GateOutputs:
+    """What the router of one MoE layer decided for one pass (prefill chunk or decode step)."""
+
+    layer: int
+    ids: jax.Array  # [N, K] int32, in router-rank order
+    weights: jax.Array  # [N, K] float32 contribution weights
+    probs: jax.Array  # [N, E] float32 softmax of the router logits
+    spec_probs: jax.Array  # [lookahead, N, E] next MoE layers' gates on this hidden state
+    spec_layers: tuple[int, ...]  # which layers the first rows of spec_probs predict
+
+
+class ExpertSource(Protocol):
+    """Provides the expert weights a layer's routed compute reads."""
+
+    def experts_for(self, gate: GateOutputs) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """`(gate_up [S, H, 2I], down [S, I, H], slot_of_expert [E] int32)` for `gate.layer`;
+        every expert in `gate.ids` must be resident in its slot when this returns."""
+        ...
+
+
+class ResidentExperts:
+    """Every expert of every layer on the device: the reference the cache must reproduce."""
+
+    def __init__(self, gate_up: dict[int, jax.Array], down: dict[int, jax.Array]):
+        self.gate_up = gate_up
+        self.down = down
+        num_experts = next(iter(gate_up.values())).shape[0]
+        self.identity = jnp.arange(num_experts, dtype=jnp.int32)
+
+    @classmethod
+    def from_host(cls, host_gate_up: dict[int, jax.Array],
+                  host_down: dict[int, jax.Array]) -> "ResidentExperts":
+        on_device = jax.sharding.SingleDeviceSharding(jax.devices()[0], memory_kind="device")
+        put = functools.partial(jax.device_put, device=on_device)
+        return cls({k: put(v) for k, v in host_gate_up.items()},
+                   {k: put(v) for k, v in host_down.items()})
+
+    def experts_for(self, gate: GateOutputs):
+        return self.gate_up[gate.layer], self.down[gate.layer], self.identity
+
+
+# ---------------------------------------------------------------------------------------------
+# Jitted steps. `graphdef` and `cfg` are static (hashable); all layers share one compilation.
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "cfg"), donate_argnames=("cache",))
+def attention_router_step(graphdef, state, spec, x, cache: KVCache, pos, *, cfg: ModelConfig):
+    layer = nnx.merge(graphdef, state)
+    with jax.named_scope("attention"):
+        h, h_norm, cache = layer.attend(x, cache, pos)
+    with jax.named_scope("router"):
+        flat = h_norm.reshape(-1, cfg.hidden_size)
+        logits = layer.router(flat)
+        ids, weights = route(logits, cfg.router, cfg.top_k, cfg.norm_topk_prob,
+                             cfg.router_jitter_eps)
+        probs = jax.nn.softmax(logits, axis=-1)
+        flat_h = h.reshape(-1, cfg.hidden_size)
+        spec_in = jax.vmap(lambda s, b: norm(flat_h, cfg.norm, cfg.norm_eps, s, b))(
+            spec["scale"], spec["bias"])
+        spec_logits = jnp.einsum("lnh,lhe->lne", spec_in, spec["kernel"],
+                                 preferred_element_type=jnp.float32)
+        spec_probs = jax.nn.softmax(spec_logits, axis=-1)
+    return h, h_norm, cache, (ids, weights, probs, spec_probs)
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "cfg", "impl"))
+def experts_step(graphdef, state, h, h_norm, ids, weights, gate_up, down, slot_of_expert, *,
+                 cfg: ModelConfig, impl: str):
+    layer = nnx.merge(graphdef, state)
+    with jax.named_scope("moe/experts"):
+        flat = h_norm.reshape(-1, cfg.hidden_size)
+        y = moe_ffn(flat, ids, weights, gate_up, down, slot_of_expert, cfg.hidden_act, impl)
+        y = y + layer.shared_expert(flat)
+    return h + y.reshape(h.shape)
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef",), donate_argnames=("cache",))
+def dense_layer_step(graphdef, state, x, cache: KVCache, pos):
+    layer = nnx.merge(graphdef, state)
+    with jax.named_scope("attention"):
+        h, h_norm, cache = layer.attend(x, cache, pos)
+    with jax.named_scope("mlp"):
+        return h + layer.mlp(h_norm), cache
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef",))
+def embed_step(graphdef, state, tokens):
+    return nnx.merge(graphdef, state).embed(tokens)
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef",))
+def logits_step(graphdef, state, x):
+    return nnx.merge(graphdef, state).logits(x)
+
+
+class _Head(nnx.Module):
+    """Embedding, final norm and LM head, split from the layers so their steps see only these."""
+
+    def __init__(self, model: MoEDecoder):
+        self.cfg = model.cfg
+        self.embed = model.embed
+        self.final_norm = model.final_norm
+        if not model.cfg.tie_word_embeddings:
+            self.lm_head = model.lm_head
+
+    logits = MoEDecoder.logits
+
+
+@dataclasses.dataclass
+class Generation:
+    """Greedy generation output and its timings (host wall clock)."""
+
+    prompt_ids: list[list[int]]
+    generated_ids: list[list[int]]
+    prefill_s: float
+    decode_s: float
+    prefill_logits: np.ndarray | None = None  # [B, T, V] when requested
+    step_logits: list[np.ndarray] = dataclasses.field(default_factory=list)  # per decode step
+
+
+class SteppedDecoder:
+    """Runs a `MoEDecoder` layer by layer, asking an `ExpertSource` for each MoE layer's experts.
+
+    `gate_observers` are called with every layer's `GateOutputs` (trace recording, metrics).
+    """
+
+    def __init__(self, model: MoEDecoder, experts: ExpertSource, *, max_len: int,
+                 batch: int = 1, lookahead: int = 1, gmm_impl: str = "tiled",
+                 gate_observers: tuple[Callable[[GateOutputs], None], ...] = ()):
+        cfg = model.cfg
+        if lookahead < 0:
+            raise ValueError(f"lookahead must be >= 0, got {lookahead}")
+        self.cfg, self.experts, self.max_len, self.batch = cfg, experts, max_len, batch
+        self.lookahead, self.gmm_impl = lookahead, gmm_impl
+        self.gate_observers = list(gate_observers)
+        self.head_graph, self.head_state = nnx.split(_Head(model))
+        self.layer_graph, self.layer_state = [], []
+        for layer in model.layers:
+            g, s = nnx.split(layer)
+            self.layer_graph.append(g)
+            self.layer_state.append(s)
+        self.spec = {l: self._spec_params(model, l) for l in cfg.moe_layers}
+        self.pos = 0
+        self.caches = [KVCache.zeros(cfg, batch, max_len) for _ in range(cfg.num_layers)]
+
+    def _spec_params(self, model: MoEDecoder, layer: int):
+        """Stacked post-attention norms and gates of the next `lookahead` MoE layers (rows past
+        the last MoE layer are zero padding, so every layer's step has the same shapes)."""
+        cfg = self.cfg
+        later = [l for l in cfg.moe_layers if l > layer][: self.lookahead]
+        rows = max(1, self.lookahead)
+        h, e = cfg.hidden_size, cfg.num_experts
+        dtype = model.embed.embedding[...].dtype
+        scale, bias = np.zeros((rows, h), dtype), np.zeros((rows, h), dtype)
+        kernel = np.zeros((rows, h, e), dtype)
+        for i, l in enumerate(later):
+            blk = model.layers[l]
+            scale[i] = np.asarray(blk.post_norm.scale[...])
+            bias[i] = np.asarray(blk.post_norm.bias_or_zeros())
+            kernel[i] = np.asarray(blk.router.proj.kernel[...])
+        arrays = {"scale": scale, "bias": bias, "kernel": kernel}
+        return {k: jnp.asarray(v) for k, v in arrays.items()}, tuple(later)
+
+    def reset(self) -> None:
+        self.pos = 0
+        self.caches = [KVCache.zeros(self.cfg, self.batch, self.max_len)
+                       for _ in range(self.cfg.num_layers)]
+
+    def forward(self, tokens: np.ndarray | jax.Array) -> jax.Array:
+        """Runs `tokens` `[B, T]` at the current position; returns float32 logits `[B, T, V]`."""
+        tokens = jnp.asarray(tokens, jnp.int32)
+        b, t = tokens.shape
+        if b != self.batch:
+            raise ValueError(f"batch of {b} rows, decoder built for {self.batch}")
+        if self.pos + t > self.max_len:
+            raise ValueError(f"position {self.pos}+{t} tokens exceeds max_len={self.max_len}")
+        pos = jnp.int32(self.pos)
+        x = embed_step(self.head_graph, self.head_state, tokens)
+        for l in range(self.cfg.num_layers):
+            g, s = self.layer_graph[l], self.layer_state[l]
+            if not self.cfg.is_moe_layer(l):
+                x, self.caches[l] = dense_layer_step(g, s, x, self.caches[l], pos)
+                continue
+            spec, spec_layers = self.spec[l]
+            h, h_norm, self.caches[l], (ids, w, probs, sp) = attention_router_step(
+                g, s, spec, x, self.caches[l], pos, cfg=self.cfg)
+            gate = GateOutputs(l, ids, w, probs, sp, spec_layers)
+            for observe in self.gate_observers:
+                observe(gate)
+            gate_up, down, slot_of = self.experts.experts_for(gate)
+            x = experts_step(g, s, h, h_norm, ids, w, gate_up, down, slot_of,
+                             cfg=self.cfg, impl=self.gmm_impl)
+        self.pos += t
+        return logits_step(self.head_graph, self.head_state, x)
+
+    def generate(self, prompt: np.ndarray, max_new_tokens: int, *, eos_id: int | None = None,
+                 keep_logits: bool = False,
+                 on_token: Callable[[int], None] | None = None) -> Generation:
+        """Greedy decoding of `prompt` `[B, T]`; stops early only when every row hit `eos_id`."""
+        prompt = np.asarray(prompt, np.int32)
+        self.reset()
+        start = time.perf_counter()
+        logits = self.forward(prompt)
+        nxt = np.asarray(jnp.argmax(logits[:, -1], axis=-1))
+        prefill_s = time.perf_counter() - start
+        out = Generation(prompt.tolist(), [[] for _ in range(self.batch)], prefill_s, 0.0,
+                         np.asarray(logits) if keep_logits else None)
+        done = np.zeros(self.batch, bool)
+        start = time.perf_counter()
+        for step in range(max_new_tokens):
+            for row, tok in enumerate(nxt.tolist()):
+                if not done[row]:
+                    out.generated_ids[row].append(int(tok))
+            if eos_id is not None:
+                done |= nxt == eos_id
+            if on_token is not None:
+                on_token(step)
+            if done.all() or step == max_new_tokens - 1:
+                break
+            logits = self.forward(nxt[:, None])
+            if keep_logits:
+                out.step_logits.append(np.asarray(logits[:, -1]))
+            nxt = np.asarray(jnp.argmax(logits[:, -1], axis=-1))
+        out.decode_s = time.perf_counter() - start
+        return out
