@@ -54,13 +54,13 @@ def convert(hf_dir: str, out: str, dtype: str | None = None) -> ModelConfig:
     expected = {k: v for k, v in flat_params(abstract_decoder(cfg)).items()}
     dense = {}
     for path, (name, transpose) in dense_sources(cfg).items():
-        array = np.asarray(st.get(name))
-        if transpose:
-            array = array.T
+        raw = np.asarray(st.get(name))
         want = tuple(expected[path].shape)
-        if array.shape != want:
-            raise CheckpointError(f"{hf_dir}: tensor {name!r} has shape {array.shape}, the "
-                                  f"config implies {want} for {path}")
+        want_hf = want[::-1] if transpose else want  # HF linear weights are [out, in]
+        if raw.shape != want_hf:
+            raise CheckpointError(f"{hf_dir}: tensor {name!r} has shape {raw.shape}, the "
+                                  f"config implies {want_hf}")
+        array = raw.T if transpose else raw
         dense[path] = np.ascontiguousarray(array.astype(target))
     missing = sorted(set(expected) - set(dense))
     if missing:  # a mapping bug, not user error: fail loudly rather than keep random weights

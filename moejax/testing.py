@@ -9,6 +9,7 @@ import json
 import os
 
 import jax
+
 from moejax.models.decoder import MoEDecoder
 from moejax.models.random_init import random_experts, random_model  # noqa: F401 (re-export)
 from moejax.models.stepped import ResidentExperts, SteppedDecoder

@@ -6,8 +6,6 @@ Shapes are drawn from a few fixed sets so each jitted function compiles a handfu
 
 from __future__ import annotations
 
-import functools
-
 import jax
 import jax.numpy as jnp
 import numpy as np

@@ -154,14 +154,14 @@ def router_logits(draw):
     if kind == "wide":
         elems = st.floats(-8.0, 8.0, width=32, allow_subnormal=False)
     elif kind == "clustered":  # many entries within the relative threshold of the max
-        elems = st.floats(2.0, 2.1, width=32)
+        elems = st.floats(2.0, 2.125, width=32)
     else:  # ties and exact zeros
         elems = st.integers(-3, 3).map(float)
     values = draw(st.lists(elems, min_size=ROWS * e, max_size=ROWS * e))
     return np.asarray(values, np.float32).reshape(ROWS, e)
 
 
-@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(router_logits(), st.sampled_from([0.01, 0.05]))
 def test_sparsemixer_matches_transformers(logits, eps):
     with torch.no_grad():

@@ -34,6 +34,10 @@ def save(out: str, cfg: ModelConfig, dense_params: dict[str, np.ndarray],
     """Writes a checkpoint. `layer_experts` yields `(layer, gate_up, down)` one layer at a time
     so a large model never holds all its experts in memory."""
     os.makedirs(out, exist_ok=True)
+    # An old config.json would make a half-overwritten directory look complete.
+    marker = os.path.join(out, "config.json")
+    if os.path.exists(marker):
+        os.remove(marker)
     written = set()
     for layer, gate_up, down in layer_experts:
         expert_store.write_kind(out, layer, "gate_up", gate_up)
@@ -49,9 +53,11 @@ def save(out: str, cfg: ModelConfig, dense_params: dict[str, np.ndarray],
             os.makedirs(os.path.join(out, "tokenizer"), exist_ok=True)
             for f in copied:
                 shutil.copy2(os.path.join(tokenizer_dir, f), os.path.join(out, "tokenizer", f))
-    # config.json last: its presence marks a complete checkpoint.
-    with open(os.path.join(out, "config.json"), "w") as f:
+    # config.json last, atomically: its presence marks a complete checkpoint.
+    tmp = marker + ".tmp"
+    with open(tmp, "w") as f:
         f.write(cfg.to_json())
+    os.replace(tmp, marker)
 
 
 def save_model(out: str, model: MoEDecoder, gate_up: dict[int, np.ndarray],

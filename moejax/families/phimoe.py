@@ -2,8 +2,7 @@
 longrope scaling."""
 
 from moejax.config import ModelConfig
-from moejax.families.base import (Family, common_fields, hf_int, rope_from_hf,
-                                  uniform_window)
+from moejax.families.base import Family, common_fields, hf_int, rope_from_hf, uniform_window
 
 
 def config_from_hf(hf: dict) -> ModelConfig:

@@ -1,0 +1,1 @@
+"""Flax NNX MoE decoder, expert compute and layer-stepped execution."""
