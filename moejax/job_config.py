@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import ml_collections
 
-JOBS = ("generate",)
+JOBS = ("generate", "perplexity", "record_traces")
 
 
 def base_config() -> ml_collections.ConfigDict:
@@ -15,10 +15,11 @@ def base_config() -> ml_collections.ConfigDict:
     c.seed = 0
 
     c.model = ml_collections.ConfigDict()
-    c.model.checkpoint = ""  # a converted moejax checkpoint; "" = the embedded default model
-    # Used when no checkpoint is given: a family preset with random weights drawn from `seed`.
+    c.model.checkpoint = ""  # a converted moejax checkpoint directory
+    # Without a checkpoint: "embedded" is the small MoE moejax trained and ships (OLMoE family,
+    # byte-level); any other name is a preset of `family` with random weights drawn from `seed`.
+    c.model.preset = "embedded"
     c.model.family = "olmoe"
-    c.model.preset = "tiny"
     c.model.gmm_impl = "tiled"  # grouped matmul: "tiled" or "ragged_dot"
     c.model.lookahead = 1  # MoE layers ahead whose gates score this layer's hidden state
 
@@ -36,6 +37,22 @@ def base_config() -> ml_collections.ConfigDict:
 
     c.log = ml_collections.ConfigDict()
     c.log.progress = True  # a progress bar over decode steps
+
+    # The perplexity job: bits per byte of the model on `text_file`, in windows of `eval.window`
+    # tokens advanced by `eval.stride` (each token scored once, with >= window-stride context).
+    c.text_file = ""
+    c.eval = ml_collections.ConfigDict()
+    c.eval.window = 256
+    c.eval.stride = 128
+    c.eval.max_tokens = 0  # score at most this many tokens of the file (0: all)
+
+    # Routing traces (moejax/traces/format.py). `record` makes the generate job write
+    # WORKDIR/trace.npz; the record_traces job writes one trace per held-out prompt and domain.
+    c.trace = ml_collections.ConfigDict()
+    c.trace.record = False
+    c.trace.prompts_per_domain = 2
+    c.trace.prompt_tokens = 64
+    c.trace.teacher_forced = True  # decode steps consume the held-out text, not the argmax
 
     c.profile = ml_collections.ConfigDict()
     c.profile.enabled = False

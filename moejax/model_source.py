@@ -25,7 +25,11 @@ class LoadedModel:
     host_gate_up: dict[int, jax.Array]  # per MoE layer, in host memory (pinned where possible)
     host_down: dict[int, jax.Array]
     tokenizer: Tokenizer
-    source: str  # a checkpoint path, or "preset:<family>/<name>"
+    source: str  # a checkpoint path (the embedded model's too), or "preset:<family>/<name>"
+
+
+EMBEDDED = "embedded"
+EMBEDDED_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "assets", "small_moe")
 
 
 def validate_model_config(m: ml_collections.ConfigDict) -> None:
@@ -37,17 +41,19 @@ def validate_model_config(m: ml_collections.ConfigDict) -> None:
         if not os.path.isdir(m.checkpoint):
             raise ConfigError(f"model.checkpoint={m.checkpoint!r} is not a directory")
         return
+    if m.preset == EMBEDDED:
+        return
     if m.family not in FAMILIES:
         raise ConfigError(f"model.family={m.family!r} is not one of {sorted(FAMILIES)}")
     if m.preset not in get_family(m.family).presets:
         raise ConfigError(f"model.preset={m.preset!r} is not a preset of {m.family}; known: "
-                          f"{sorted(get_family(m.family).presets)}")
+                          f"{sorted(get_family(m.family).presets)} (or {EMBEDDED!r})")
 
 
 def load_model(m: ml_collections.ConfigDict, seed: int = 0) -> LoadedModel:
     validate_model_config(m)
-    if m.checkpoint:
-        ck = layout.load(m.checkpoint)
+    if m.checkpoint or m.preset == EMBEDDED:
+        ck = layout.load(m.checkpoint or EMBEDDED_DIR)
         tok = load_tokenizer(ck.tokenizer_dir, ck.cfg.vocab_size)
         return LoadedModel(ck.cfg, ck.model, ck.host_gate_up, ck.host_down, tok, ck.path)
     cfg = preset(m.family, m.preset)

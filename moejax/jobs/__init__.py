@@ -15,4 +15,12 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
         from moejax.jobs import generate
 
         return generate.run(config, workdir)
+    if config.job == "perplexity":
+        from moejax.jobs import perplexity
+
+        return perplexity.run(config, workdir)
+    if config.job == "record_traces":
+        from moejax.jobs import record_traces
+
+        return record_traces.run(config, workdir)
     raise AssertionError(config.job)

@@ -15,6 +15,7 @@ from moejax.model_source import load_model
 from moejax.models.stepped import ResidentExperts, SteppedDecoder
 from moejax.results import write_json_atomic
 from moejax.tokenizer import parse_ids
+from moejax.traces.recorder import TraceRecorder
 
 
 def validate(config: ml_collections.ConfigDict) -> None:
@@ -60,11 +61,18 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     decoder = SteppedDecoder(loaded.model, experts, max_len=max_len,
                              batch=config.run.batch_size, lookahead=config.model.lookahead,
                              gmm_impl=config.model.gmm_impl)
+    recorder = None
     prompt = np.tile(np.asarray(prompt_ids, np.int32)[None], (config.run.batch_size, 1))
     eos = cfg.eos_token_id if config.run.stop_at_eos else None
 
     if config.run.warmup:
         decoder.generate(prompt, min(2, config.run.max_new_tokens))
+
+    if config.trace.record:  # attached after warm-up, so the trace holds the timed run only
+        recorder = TraceRecorder(cfg, config.model.lookahead, loaded.source,
+                                 {"prompt": prompt_text})
+        decoder.gate_observers.append(recorder.on_gate)
+        decoder.pass_observers.append(recorder.end_pass)
 
     profile_dir = os.path.join(workdir, "profile")
     tracing = (jax.profiler.trace(profile_dir) if config.profile.enabled
@@ -91,6 +99,9 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
         },
         "config": config.to_dict(),
     }
+    if recorder is not None:
+        results["trace"] = os.path.join(workdir, "trace.npz")
+        recorder.trace().save(results["trace"])
     write_json_atomic(os.path.join(workdir, "results.json"), results)
     print(f"{prompt_text}{text}")
     print(f"[{cfg.family} from {loaded.source}] {len(generated)} tokens, "

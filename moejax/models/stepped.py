@@ -184,18 +184,21 @@ class Generation:
 class SteppedDecoder:
     """Runs a `MoEDecoder` layer by layer, asking an `ExpertSource` for each MoE layer's experts.
 
-    `gate_observers` are called with every layer's `GateOutputs` (trace recording, metrics).
+    `gate_observers` are called with every layer's `GateOutputs` and `pass_observers` with
+    the tokens of every finished pass (trace recording, metrics).
     """
 
     def __init__(self, model: MoEDecoder, experts: ExpertSource, *, max_len: int,
                  batch: int = 1, lookahead: int = 1, gmm_impl: str = "tiled",
-                 gate_observers: tuple[Callable[[GateOutputs], None], ...] = ()):
+                 gate_observers: tuple[Callable[[GateOutputs], None], ...] = (),
+                 pass_observers: tuple[Callable[[np.ndarray], None], ...] = ()):
         cfg = model.cfg
         if lookahead < 0:
             raise ValueError(f"lookahead must be >= 0, got {lookahead}")
         self.cfg, self.experts, self.max_len, self.batch = cfg, experts, max_len, batch
         self.lookahead, self.gmm_impl = lookahead, gmm_impl
         self.gate_observers = list(gate_observers)
+        self.pass_observers = list(pass_observers)
         self.static_cfg = Static(cfg)
         head_graph, self.head_state = nnx.split(_Head(model))
         self.head_graph = Static(head_graph)
@@ -256,7 +259,12 @@ class SteppedDecoder:
             x = experts_step(g, s, h, h_norm, ids, w, gate_up, down, slot_of,
                              cfg=self.static_cfg, impl=self.gmm_impl)
         self.pos += t
-        return logits_step(self.head_graph, self.head_state, x)
+        logits = logits_step(self.head_graph, self.head_state, x)
+        if self.pass_observers:
+            host_tokens = np.asarray(tokens)
+            for observe in self.pass_observers:
+                observe(host_tokens)
+        return logits
 
     def generate(self, prompt: np.ndarray, max_new_tokens: int, *, eos_id: int | None = None,
                  keep_logits: bool = False,

@@ -1,0 +1,15 @@
+"""Bits per byte (and per token) of the default model, or of a converted checkpoint, on a file.
+
+python -m moejax.main --config=configs/perplexity.py --config.text_file=PATH --workdir=/tmp/ppl
+python -m moejax.main --config=configs/perplexity.py --config.text_file=PATH --workdir=W \
+    --config.model.checkpoint=CKPT
+"""
+
+from moejax.job_config import base_config
+
+
+def get_config(arg: str | None = None):
+    del arg
+    c = base_config()
+    c.job = "perplexity"
+    return c

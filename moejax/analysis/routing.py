@@ -1,0 +1,105 @@
+"""What routing looks like: the figures behind WORKSPACE.md's routing section.
+
+    python -m moejax.analysis.routing TRACE [TRACE ...]
+
+Per trace, over its decode steps (single-token passes), averaged over MoE layers:
+
+* `entropy_frac`: entropy of the expert-usage distribution / log2(E) (1.0 = uniform use);
+* `reuse`: mean |S_t ∩ S_{t-1}| / K, how much of a layer's expert set the next token reuses
+  (K/E for independent uniform choices);
+* `spec_topk_precision`: the next layer's gate on this layer's hidden state, top-K of it
+  against the experts the next layer really chose (precision = recall for equal-size sets);
+* `spec_p80_precision` / `spec_p80_recall`: the same with every expert above the 80th
+  percentile of the speculative scores (SpecMD's score-based prefetch set).
+"""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+
+from moejax.traces.format import Trace
+from moejax.traces.importers import load_traces
+
+
+def usage_entropy_frac(ids: np.ndarray, num_experts: int) -> np.ndarray:
+    """Per layer: entropy of expert usage over all steps, as a fraction of log2(E)."""
+    out = []
+    for l in range(ids.shape[1]):
+        counts = np.bincount(ids[:, l].reshape(-1), minlength=num_experts).astype(float)
+        p = counts / counts.sum()
+        nz = p[p > 0]
+        out.append(float(-(nz * np.log2(nz)).sum() / np.log2(num_experts)))
+    return np.asarray(out)
+
+
+def reuse_rate(ids: np.ndarray) -> np.ndarray:
+    """Per layer: mean fraction of the previous step's experts chosen again."""
+    k = ids.shape[2]
+    prev, cur = ids[:-1], ids[1:]
+    inter = (prev[..., :, None] == cur[..., None, :]).any(-1).sum(-1)  # [S-1, L]
+    return inter.mean(0) / k
+
+
+def _sets(mask_rows: np.ndarray) -> np.ndarray:
+    return mask_rows.astype(bool)
+
+
+def spec_scores(trace: Trace, rows: np.ndarray, percentile: float = 80.0):
+    """Per predicted layer pair (l -> next MoE layer): top-K precision, p-percentile precision
+    and recall of the lookahead-1 speculative scores."""
+    spec = trace.spec_probs[rows, :, 0].astype(np.float32)  # [S, L, E]
+    ids = trace.ids[rows]
+    e, k = trace.num_experts, trace.top_k
+    topk, p_prec, p_rec = [], [], []
+    for l in range(ids.shape[1] - 1):
+        actual = np.zeros((len(rows), e), bool)
+        np.put_along_axis(actual, ids[:, l + 1], True, axis=-1)
+        pred_k = np.zeros_like(actual)
+        np.put_along_axis(pred_k, np.argsort(-spec[:, l], axis=-1)[:, :k], True, axis=-1)
+        topk.append((pred_k & actual).sum() / pred_k.sum())
+        thresh = np.percentile(spec[:, l], percentile, axis=-1, keepdims=True)
+        pred_p = spec[:, l] > thresh
+        p_prec.append((pred_p & actual).sum() / max(1, pred_p.sum()))
+        p_rec.append((pred_p & actual).sum() / actual.sum())
+    return np.asarray(topk), np.asarray(p_prec), np.asarray(p_rec)
+
+
+def summarize(trace: Trace) -> dict[str, float]:
+    rows = trace.decode_rows()
+    ids = trace.ids[rows]
+    out = {"steps": len(rows), "layers": ids.shape[1], "experts": trace.num_experts,
+           "top_k": trace.top_k,
+           "entropy_frac": float(usage_entropy_frac(ids, trace.num_experts).mean()),
+           "entropy_frac_min": float(usage_entropy_frac(ids, trace.num_experts).min()),
+           "reuse": float(reuse_rate(ids).mean()),
+           "reuse_uniform": trace.top_k / trace.num_experts}
+    if trace.spec_probs is not None:
+        topk, p_prec, p_rec = spec_scores(trace, rows)
+        out.update(spec_topk_precision=float(topk.mean()), spec_p80_precision=float(p_prec.mean()),
+                   spec_p80_recall=float(p_rec.mean()))
+    return out
+
+
+COLUMNS = ("steps", "layers", "experts", "top_k", "entropy_frac", "entropy_frac_min", "reuse",
+           "reuse_uniform", "spec_topk_precision", "spec_p80_precision", "spec_p80_recall")
+
+
+def table(paths: list[str]) -> str:
+    lines = ["| trace | " + " | ".join(COLUMNS) + " |",
+             "| --- |" + " ---: |" * len(COLUMNS)]
+    for path in paths:
+        for i, trace in enumerate(load_traces(path)):
+            s = summarize(trace)
+            name = path.rsplit("/", 1)[-1] + (f"#{i}" if i else "")
+            cells = [f"{s[c]:.3f}" if isinstance(s.get(c), float) else str(s.get(c, "–"))
+                     for c in COLUMNS]
+            lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) < 2:
+        raise SystemExit("usage: python -m moejax.analysis.routing TRACE [TRACE ...]")
+    print(table(sys.argv[1:]))

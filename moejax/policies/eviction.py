@@ -1,0 +1,326 @@
+"""Eviction policies (SpecMD §3, appendix B). Victim selection is O(1) amortised or O(layers)
+for all but `score` (a vectorised argmin): replay runs millions of requests.
+
+All take `num_layers` (MoE layers) and `num_experts` from the cache; `random` takes a seed.
+"""
+
+from __future__ import annotations
+
+import random as _random
+from collections import OrderedDict
+
+import numpy as np
+
+from moejax.policies.base import Key
+from moejax.policies.registry import register
+
+
+class _Base:
+    name = "base"
+
+    def __init__(self, num_layers: int, num_experts: int):
+        self.num_layers, self.num_experts = num_layers, num_experts
+        self.pos_of: dict[int, int] = {}
+
+    def set_layer_positions(self, pos_of: dict[int, int]) -> None:
+        self.pos_of = dict(pos_of)
+
+    def on_pass_start(self, pass_id: int) -> None:
+        pass
+
+    def on_admit(self, key: Key, pos: int, prefetch: bool) -> None:
+        pass
+
+    def on_access(self, key: Key, pos: int) -> None:
+        pass
+
+    def on_touch(self, key: Key, pos: int) -> None:
+        pass
+
+    def on_evict(self, key: Key) -> None:
+        pass
+
+    def on_scores(self, layer: int, probs: np.ndarray) -> None:
+        pass
+
+
+def _first_evictable(order, evictable):
+    for key in order:
+        if evictable(key):
+            return key
+    return None
+
+
+@register("eviction", "lru")
+class LRU(_Base):
+    """Global least-recently-used across all layers (admission counts as a use)."""
+
+    name = "lru"
+
+    def __init__(self, num_layers: int, num_experts: int):
+        super().__init__(num_layers, num_experts)
+        self.order: OrderedDict[Key, None] = OrderedDict()
+
+    def on_admit(self, key, pos, prefetch):
+        self.order[key] = None
+        self.order.move_to_end(key)
+
+    def on_access(self, key, pos):
+        self.order.move_to_end(key)
+
+    on_touch = on_access
+
+    def on_evict(self, key):
+        del self.order[key]
+
+    def victim(self, pos, evictable, incoming=None):
+        return _first_evictable(self.order, evictable)
+
+
+@register("eviction", "fifo")
+class FIFO(LRU):
+    """First in, first out: admission order only."""
+
+    name = "fifo"
+
+    def on_access(self, key, pos):
+        pass
+
+    on_touch = on_access
+
+
+@register("eviction", "lru_per_layer")
+class LRUPerLayer(_Base):
+    """LRU within each layer's share of the cache (capacity split evenly over the layers).
+
+    The victim comes from the incoming layer's own entries once that layer holds its share;
+    otherwise from a layer over its share (so a share smaller than top-k borrows rather than
+    deadlocks); global LRU only if no layer is over its share."""
+
+    name = "lru_per_layer"
+
+    def __init__(self, num_layers: int, num_experts: int, num_slots: int):
+        super().__init__(num_layers, num_experts)
+        base, extra = divmod(num_slots, num_layers)
+        self.quota = [base + (1 if p < extra else 0) for p in range(num_layers)]
+        self.per_layer: list[OrderedDict[Key, None]] = [OrderedDict() for _ in range(num_layers)]
+        self.tick = 0
+        self.last: dict[Key, int] = {}
+
+    def _pos(self, key: Key) -> int:
+        return self.pos_of[key[0]]
+
+    def on_admit(self, key, pos, prefetch):
+        self.per_layer[self._pos(key)][key] = None
+        self.on_access(key, pos)
+
+    def on_access(self, key, pos):
+        self.per_layer[self._pos(key)].move_to_end(key)
+        self.tick += 1
+        self.last[key] = self.tick
+
+    on_touch = on_access
+
+    def on_evict(self, key):
+        del self.per_layer[self._pos(key)][key]
+        del self.last[key]
+
+    def victim(self, pos, evictable, incoming=None):
+        own = pos if incoming is None else self._pos(incoming)
+        if len(self.per_layer[own]) >= self.quota[own]:
+            key = _first_evictable(self.per_layer[own], evictable)
+            if key is not None:
+                return key
+        over = [p for p in range(self.num_layers) if len(self.per_layer[p]) > self.quota[p]]
+        candidates = [k for p in over for k in [_first_evictable(self.per_layer[p], evictable)]
+                      if k is not None]
+        if not candidates:
+            candidates = [k for p in range(self.num_layers)
+                          for k in [_first_evictable(self.per_layer[p], evictable)] if k is not None]
+        return min(candidates, key=self.last.__getitem__) if candidates else None
+
+
+@register("eviction", "lfu")
+class LFU(_Base):
+    """Least frequently used over the whole run; ties broken by least recent use."""
+
+    name = "lfu"
+
+    def __init__(self, num_layers: int, num_experts: int):
+        super().__init__(num_layers, num_experts)
+        self.count: dict[Key, int] = {}
+        self.tick = 0
+        self.last: dict[Key, int] = {}
+        self.resident: set[Key] = set()
+
+    def on_admit(self, key, pos, prefetch):
+        self.resident.add(key)
+        self.count.setdefault(key, 0)
+        self.tick += 1
+        self.last[key] = self.tick
+
+    def on_access(self, key, pos):
+        self.count[key] = self.count.get(key, 0) + 1
+        self.tick += 1
+        self.last[key] = self.tick
+
+    def on_evict(self, key):
+        self.resident.discard(key)
+
+    def victim(self, pos, evictable, incoming=None):
+        best, best_rank = None, None
+        for key in self.resident:
+            if evictable(key):
+                rank = (self.count[key], self.last[key])
+                if best_rank is None or rank < best_rank:
+                    best, best_rank = key, rank
+        return best
+
+
+@register("eviction", "fld")
+class FLD(_Base):
+    """Farthest layer distance (HOBBIT): evicts from the layer farthest from the current one
+    (|layer position - current position|), least recently used first within a layer."""
+
+    name = "fld"
+
+    def __init__(self, num_layers: int, num_experts: int):
+        super().__init__(num_layers, num_experts)
+        self.per_layer: list[OrderedDict[Key, None]] = [OrderedDict() for _ in range(num_layers)]
+
+    def on_admit(self, key, pos, prefetch):
+        self.per_layer[self.pos_of[key[0]]][key] = None
+
+    def on_access(self, key, pos):
+        self.per_layer[self.pos_of[key[0]]].move_to_end(key)
+
+    on_touch = on_access
+
+    def on_evict(self, key):
+        del self.per_layer[self.pos_of[key[0]]][key]
+
+    def victim(self, pos, evictable, incoming=None):
+        by_distance = sorted(range(self.num_layers), key=lambda p: (-abs(p - pos), p))
+        for p in by_distance:
+            key = _first_evictable(self.per_layer[p], evictable)
+            if key is not None:
+                return key
+        return None
+
+
+@register("eviction", "score")
+class ScoreBased(_Base):
+    """Evicts the resident expert with the lowest accumulated router probability (the
+    gate-score history of Zhu et al.), ignoring position in the pass."""
+
+    name = "score"
+
+    def __init__(self, num_layers: int, num_experts: int):
+        super().__init__(num_layers, num_experts)
+        self.score = np.zeros((num_layers, num_experts))
+        self.resident = np.zeros((num_layers, num_experts), bool)
+
+    def on_scores(self, layer, probs):
+        self.score[self.pos_of[layer]] += probs.sum(axis=0)
+
+    def on_admit(self, key, pos, prefetch):
+        self.resident[self.pos_of[key[0]], key[1]] = True
+
+    def on_evict(self, key):
+        self.resident[self.pos_of[key[0]], key[1]] = False
+
+    def victim(self, pos, evictable, incoming=None):
+        masked = np.where(self.resident, self.score, np.inf)
+        layer_of = {p: l for l, p in self.pos_of.items()}
+        for flat in np.argsort(masked, axis=None, kind="stable"):
+            p, e = divmod(int(flat), self.num_experts)
+            if not self.resident[p, e]:
+                return None
+            key = (layer_of[p], e)
+            if evictable(key):
+                return key
+        return None
+
+
+@register("eviction", "least_stale")
+class LeastStale(_Base):
+    """SpecMD's Least-Stale. An expert is *current* once requested or prefetch-selected in
+    this pass, *stale* otherwise. Stale experts go first — those left of the current layer
+    before those to its right — each side FIFO by layer position; current experts only when no
+    stale one is left (to avoid running out of room), also FIFO by layer position."""
+
+    name = "least_stale"
+
+    def __init__(self, num_layers: int, num_experts: int):
+        super().__init__(num_layers, num_experts)
+        self.stale: list[OrderedDict[Key, None]] = [OrderedDict() for _ in range(num_layers)]
+        self.current: list[OrderedDict[Key, None]] = [OrderedDict() for _ in range(num_layers)]
+
+    def on_pass_start(self, pass_id):
+        for p in range(self.num_layers):
+            self.stale[p].update(self.current[p])
+            self.current[p].clear()
+
+    def _make_current(self, key):
+        p = self.pos_of[key[0]]
+        self.stale[p].pop(key, None)
+        self.current[p][key] = None
+
+    def on_admit(self, key, pos, prefetch):
+        self._make_current(key)
+
+    def on_access(self, key, pos):
+        self._make_current(key)
+
+    on_touch = on_access
+
+    def on_evict(self, key):
+        p = self.pos_of[key[0]]
+        self.stale[p].pop(key, None)
+        self.current[p].pop(key, None)
+
+    def victim(self, pos, evictable, incoming=None):
+        for queue in (self.stale, self.current):
+            # Ascending layer position: left of (or at) the running layer, then to its right.
+            for p in range(self.num_layers):
+                key = _first_evictable(queue[p], evictable)
+                if key is not None:
+                    return key
+        return None
+
+
+@register("eviction", "random")
+class RandomEviction(_Base):
+    """Uniformly random victim (seeded: runs are reproducible)."""
+
+    name = "random"
+
+    def __init__(self, num_layers: int, num_experts: int, seed: int = 0):
+        super().__init__(num_layers, num_experts)
+        self.rng = _random.Random(seed)
+        self.keys: list[Key] = []
+        self.index: dict[Key, int] = {}
+
+    def on_admit(self, key, pos, prefetch):
+        self.index[key] = len(self.keys)
+        self.keys.append(key)
+
+    def on_evict(self, key):
+        i = self.index.pop(key)
+        last = self.keys.pop()
+        if i < len(self.keys):
+            self.keys[i] = last
+            self.index[last] = i
+
+    def victim(self, pos, evictable, incoming=None):
+        order = self.rng.sample(range(len(self.keys)), len(self.keys))
+        for i in order:
+            if evictable(self.keys[i]):
+                return self.keys[i]
+        return None
+
+
+@register("eviction", "lhu")
+def _lhu(num_layers: int, num_experts: int):
+    raise ValueError("LHU (least high-precision used) needs quantized expert tiers, which "
+                     "moejax does not have yet")

@@ -1,0 +1,50 @@
+"""Compute cost model of the virtual clock: each compiled step takes
+`max(FLOPs / peak, bytes / HBM bandwidth) + launch` (a roofline), from the model's shapes."""
+
+from __future__ import annotations
+
+from moejax.config import ModelConfig, dtype_bytes
+from moejax.sim.hardware import Hardware
+
+
+class CostModel:
+    def __init__(self, cfg: ModelConfig, hw: Hardware):
+        self.cfg, self.hw = cfg, hw
+        self.b = dtype_bytes(cfg.dtype)
+        h, hd = cfg.hidden_size, cfg.head_dim
+        self.attn_params = h * hd * (2 * cfg.num_heads + 2 * cfg.num_kv_heads)
+        self.router_params = h * cfg.num_experts
+
+    def _step(self, flops: float, nbytes: float) -> float:
+        return max(flops / (self.hw.peak_tflops * 1e12), nbytes / (self.hw.hbm_gbps * 1e9)) \
+            + self.hw.launch_s
+
+    def attention_router(self, tokens: int, context: int, lookahead: int) -> float:
+        cfg = self.cfg
+        attn_scores = 4 * tokens * context * cfg.num_heads * cfg.head_dim
+        params = self.attn_params + self.router_params * (1 + lookahead)
+        flops = 2 * tokens * params + attn_scores
+        kv = 2 * context * cfg.num_kv_heads * cfg.head_dim
+        return self._step(flops, (params + kv) * self.b + 4 * tokens * cfg.hidden_size * self.b)
+
+    def dense_layer(self, tokens: int, context: int) -> float:
+        cfg = self.cfg
+        mlp = 3 * cfg.hidden_size * cfg.dense_intermediate_size
+        attn_scores = 4 * tokens * context * cfg.num_heads * cfg.head_dim
+        kv = 2 * context * cfg.num_kv_heads * cfg.head_dim
+        flops = 2 * tokens * (self.attn_params + mlp) + attn_scores
+        return self._step(flops, (self.attn_params + mlp + kv) * self.b)
+
+    def experts(self, token_expert_pairs: int, unique_experts: int, tokens: int,
+                shared: bool) -> float:
+        cfg = self.cfg
+        per_expert = cfg.expert_param_count
+        shared_params = 3 * cfg.hidden_size * cfg.shared_expert_intermediate_size if shared else 0
+        flops = 2 * token_expert_pairs * per_expert + 2 * tokens * shared_params
+        nbytes = (unique_experts * per_expert + shared_params) * self.b
+        return self._step(flops, nbytes)
+
+    def embed_and_logits(self, tokens: int) -> float:
+        cfg = self.cfg
+        head = cfg.hidden_size * cfg.vocab_size
+        return self._step(2 * tokens * head, head * self.b) + self.hw.launch_s

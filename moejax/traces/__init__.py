@@ -1,0 +1,1 @@
+"""Routing traces: the recorded gate outputs of runs, their file format, and importers."""

@@ -1,0 +1,148 @@
+"""The moejax routing trace: gate outputs of every pass and MoE layer, in one `.npz` file that
+numpy alone reads (no JAX needed).
+
+A *pass* is one forward call: the prefill (all prompt tokens) or one decode step. Token rows of
+all passes are concatenated; `pass_offsets[p]:pass_offsets[p+1]` are pass p's rows.
+
+Arrays (R = total token rows, L = MoE layers, K = top-k, E = experts, A = lookahead):
+
+| key | shape / dtype | meaning |
+| --- | --- | --- |
+| `meta` | 0-d str | JSON: `format`, `model` (ModelConfig dict or id-only shape), `layers` (MoE layer indices), `num_experts`, `top_k`, `expert_bytes`, `lookahead`, `prefill_passes` (leading passes that are prefill, 1 for a live run, 0 for decode-only imports), `source`, free-form `info` |
+| `pass_offsets` | [P+1] int64 | row ranges of the passes |
+| `tokens` | [R] int32 | the input token of each row (-1 when unknown) |
+| `ids` | [R, L, K] int16 | chosen experts in router-rank order |
+| `weights` | [R, L, K] float32 | their contribution weights (optional) |
+| `probs` | [R, L, E] float16 | router softmax probabilities (optional) |
+| `spec_probs` | [R, L, A, E] float16 | gates of the next A MoE layers on this layer's hidden state (optional) |
+
+`spec_probs[:, i, a]` predicts MoE layer `layers[i + a + 1]`; rows past the last layer are 0.
+Traces imported from id-only sources carry no `weights`, `probs` or `spec_probs`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+
+import numpy as np
+
+FORMAT = "moejax-trace-v1"
+
+
+class TraceError(ValueError):
+    """A trace file is malformed; the message names the file and what is wrong."""
+
+
+@dataclasses.dataclass
+class Trace:
+    meta: dict
+    pass_offsets: np.ndarray
+    tokens: np.ndarray
+    ids: np.ndarray
+    weights: np.ndarray | None = None
+    probs: np.ndarray | None = None
+    spec_probs: np.ndarray | None = None
+
+    @property
+    def num_passes(self) -> int:
+        return len(self.pass_offsets) - 1
+
+    @property
+    def layers(self) -> list[int]:
+        return list(self.meta["layers"])
+
+    @property
+    def num_experts(self) -> int:
+        return int(self.meta["num_experts"])
+
+    @property
+    def top_k(self) -> int:
+        return int(self.meta["top_k"])
+
+    @property
+    def has_scores(self) -> bool:
+        return self.probs is not None
+
+    def pass_rows(self, p: int) -> slice:
+        return slice(int(self.pass_offsets[p]), int(self.pass_offsets[p + 1]))
+
+    @property
+    def prefill_passes(self) -> int:
+        return int(self.meta.get("prefill_passes", 0))
+
+    def decode_rows(self) -> np.ndarray:
+        """Row index of each decode step (the passes after the prefill ones), in order."""
+        return self.pass_offsets[self.prefill_passes:-1].astype(np.int64)
+
+    def decode_ids(self) -> np.ndarray:
+        """`[steps, L, K]` ids of the decode steps, in order."""
+        return self.ids[self.decode_rows()]
+
+    def save(self, path: str) -> None:
+        arrays = {"meta": np.asarray(json.dumps(self.meta)), "pass_offsets": self.pass_offsets,
+                  "tokens": self.tokens, "ids": self.ids}
+        for key in ("weights", "probs", "spec_probs"):
+            value = getattr(self, key)
+            if value is not None:
+                arrays[key] = value
+        tmp = f"{path}.tmp.npz"
+        np.savez_compressed(tmp, **arrays)
+        os.replace(tmp, path)
+
+    def validate(self, path: str = "<trace>") -> None:
+        def need(cond, msg):
+            if not cond:
+                raise TraceError(f"{path}: {msg}")
+
+        need(isinstance(self.meta, dict), "meta is not a JSON object")
+        missing = [k for k in ("layers", "num_experts", "top_k") if k not in self.meta]
+        need(not missing, f"meta lacks {missing}")
+        need(self.ids.ndim == 3, f"ids must be [rows, layers, top_k], got shape {self.ids.shape}")
+        need(np.issubdtype(self.ids.dtype, np.integer), f"ids have dtype {self.ids.dtype}")
+        r, l, k = self.ids.shape
+        need(r > 0, "no rows")
+        e = self.num_experts
+        need(len(self.pass_offsets) >= 2, "pass_offsets needs at least two entries")
+        need(0 <= self.prefill_passes <= self.num_passes, "prefill_passes out of range")
+
+        need(len(self.layers) == l, f"meta lists {len(self.layers)} layers, ids have {l}")
+        need(k == self.top_k, f"ids have {k} experts per token, meta top_k={self.top_k}")
+        need(self.pass_offsets[0] == 0 and self.pass_offsets[-1] == r
+             and np.all(np.diff(self.pass_offsets) > 0), "pass_offsets do not tile the rows")
+        need(self.tokens.shape == (r,), f"tokens shape {self.tokens.shape} != ({r},)")
+        need(self.ids.min() >= 0 and self.ids.max() < e, f"expert ids outside 0..{e - 1}")
+        if self.weights is not None:
+            need(self.weights.shape == (r, l, k), "weights shape does not match ids")
+        if self.probs is not None:
+            need(self.probs.shape == (r, l, e), "probs shape does not match [rows, layers, E]")
+        if self.spec_probs is not None:
+            need(self.spec_probs.shape[:2] == (r, l) and self.spec_probs.shape[3] == e,
+                 "spec_probs shape does not match [rows, layers, lookahead, E]")
+
+
+def load(path: str) -> Trace:
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            data = {k: z[k] for k in z.files}
+    except (OSError, ValueError, EOFError) as e:
+        raise TraceError(f"{path}: not a readable moejax trace (.npz): {e}") from e
+    missing = [k for k in ("meta", "pass_offsets", "tokens", "ids") if k not in data]
+    if missing:
+        raise TraceError(f"{path}: missing arrays {missing}")
+    try:
+        meta = json.loads(str(data["meta"]))
+    except json.JSONDecodeError as e:
+        raise TraceError(f"{path}: meta is not JSON ({e.msg})") from e
+    if not isinstance(meta, dict):
+        raise TraceError(f"{path}: meta is not a JSON object")
+    if meta.get("format") != FORMAT:
+        raise TraceError(f"{path}: format {meta.get('format')!r}, expected {FORMAT!r}")
+    if not np.issubdtype(data["ids"].dtype, np.integer):
+        raise TraceError(f"{path}: ids have dtype {data['ids'].dtype}, expected integers")
+    trace = Trace(meta, data["pass_offsets"].astype(np.int64), data["tokens"],
+                  data["ids"].astype(np.int64), data.get("weights"), data.get("probs"),
+                  data.get("spec_probs"))
+    trace.validate(path)
+    return trace

@@ -1,0 +1,1 @@
+"""Training the embedded small MoE: `python -m moejax.train --config=configs/train_small.py`."""
