@@ -36,7 +36,8 @@ def read_hf_config(hf_dir: str) -> dict:
         raise CheckpointError(f"{path}: invalid JSON: {e}") from e
 
 
-def convert(hf_dir: str, out: str, dtype: str | None = None) -> ModelConfig:
+def convert(hf_dir: str, out: str, dtype: str | None = None,
+            compression: str | None = None) -> ModelConfig:
     """Converts `hf_dir` into `out`; returns the model config written. `dtype` overrides the
     stored precision (default: the checkpoint's own)."""
     hf = read_hf_config(hf_dir)
@@ -72,7 +73,7 @@ def convert(hf_dir: str, out: str, dtype: str | None = None) -> ModelConfig:
             logging.info("layer %d: %d experts", layer, cfg.num_experts)
             yield layer, gate_up.astype(target), down.astype(target)
 
-    layout.save(out, cfg, dense, experts(), tokenizer_dir=hf_dir)
+    layout.save(out, cfg, dense, experts(), tokenizer_dir=hf_dir, compression=compression)
     return cfg
 
 
@@ -80,6 +81,8 @@ FLAGS = flags.FLAGS
 flags.DEFINE_string("hf_dir", None, "Hugging Face checkpoint directory (config.json + safetensors).")
 flags.DEFINE_string("out", None, "Output moejax checkpoint directory.")
 flags.DEFINE_string("dtype", None, f"Stored precision, one of {DTYPES} (default: the source's).")
+flags.DEFINE_enum("compression", None, ["blosc"],
+                  "Compress expert chunks (smaller files, slower reads); default: none.")
 
 
 def main(argv):
@@ -87,7 +90,7 @@ def main(argv):
     if not FLAGS.hf_dir or not FLAGS.out:
         raise app.UsageError("--hf_dir and --out are required")
     try:
-        cfg = convert(FLAGS.hf_dir, FLAGS.out, FLAGS.dtype)
+        cfg = convert(FLAGS.hf_dir, FLAGS.out, FLAGS.dtype, FLAGS.compression)
     except (CheckpointError, ConfigError) as e:
         raise SystemExit(f"error: {e}")
     print(f"converted {cfg.family}: {cfg.num_layers} layers, {cfg.num_moe_layers} MoE layers x "

@@ -21,10 +21,42 @@ def base_config() -> ml_collections.ConfigDict:
     c.model.preset = "embedded"
     c.model.family = "olmoe"
     c.model.gmm_impl = "tiled"  # grouped matmul: "tiled" or "ragged_dot"
-    c.model.lookahead = 1  # MoE layers ahead whose gates score this layer's hidden state
+    c.model.lookahead = 2  # MoE layers ahead whose gates score this layer's hidden state
+    # How gate outputs reach the host: "returned" by the router step, or delivered from inside
+    # it by an io_callback (SpecMD's gate hook). benchmarks/gate_path.py compares them.
+    c.model.gate_path = "returned"
+
+    # The expert cache (issue 4). With cache.enabled=False every expert is on the device.
+    c.cache = ml_collections.ConfigDict()
+    c.cache.enabled = True
+    c.cache.capacity_frac = 0.05  # of all routed-expert bytes; ignored when cache.slots > 0
+    c.cache.slots = 0  # an absolute slot count (overrides capacity_frac)
+    # Floor on the slot count. Tiny-scale configs set it to top-k so that 1% of a 256-expert
+    # model stays runnable; below top-k without a floor is an error (DESIGN.md, capacity).
+    c.cache.min_slots = 0
+
+    c.policies = ml_collections.ConfigDict()
+    # Defaults: SpecMD's recommended combination (Table 2, config #5: Score, LS, Fetch, Stnd).
+    c.policies.eviction = "least_stale"  # lru, lru_per_layer, lfu, fld, score, least_stale, ...
+    c.policies.prefetch = "score_percentile(p=80)"  # none, topk(overfetch=1.0, lookahead=1), ...
+    c.policies.miss = "fetch"  # fetch, drop(keep=2), substitute(tol=0.05)
+    c.policies.routing = "standard"  # standard, cache_aware(lam=0.3)
+
+    c.hardware = ml_collections.ConfigDict()
+    c.hardware.preset = "a100_specmd"  # a100_specmd, h100_pcie, h200, cpu
+    # Overrides of the preset (0 keeps the preset's value).
+    c.hardware.h2d_gbps = 0.0
+    c.hardware.h2d_latency_s = 0.0
+    c.hardware.copy_engines = 0
+    c.hardware.peak_tflops = 0.0
+    c.hardware.hbm_gbps = 0.0
+    c.hardware.launch_s = 0.0
+
+    c.clock = ml_collections.ConfigDict()
+    c.clock.kind = "auto"  # auto (virtual off-GPU, wall on GPU), virtual, wall
 
     c.run = ml_collections.ConfigDict()
-    c.run.prompt = "The expert cache"
+    c.run.prompt = "The Python interpreter"
     # Comma-separated token ids, used instead of `prompt` when set (checkpoints without a
     # tokenizer, or exact prompts for comparisons).
     c.run.prompt_ids = ""
@@ -56,4 +88,47 @@ def base_config() -> ml_collections.ConfigDict:
 
     c.profile = ml_collections.ConfigDict()
     c.profile.enabled = False
+    return c
+
+
+# Full-size presets of each family (the grid configs' default scale).
+FULL_PRESETS = {"olmoe": "olmoe-1b-7b", "mixtral": "mixtral-8x7b", "qwen2_moe": "qwen1.5-moe-a2.7b",
+                "phimoe": "phi-3.5-moe"}
+
+
+def parse_args(arg: str | None, defaults: dict) -> dict:
+    """`"scale=tiny,x=1"` -> dict over `defaults`; unknown keys are errors."""
+    out = dict(defaults)
+    for item in filter(None, (arg or "").split(",")):
+        key, sep, value = item.partition("=")
+        if not sep or key not in defaults:
+            raise ValueError(f"config argument {item!r}: expected one of "
+                             f"{sorted(defaults)} as key=value")
+        out[key] = value
+    return out
+
+
+def cache_experiment(family: str, capacity_frac: float, arg: str | None):
+    """A family at a cache capacity (SpecMD's 1%, 5%, 25%).
+
+    `scale=full` (default) is the published model: pass `--config.model.checkpoint=` with a
+    converted checkpoint. `scale=tiny` runs on a CPU: the trained embedded model for OLMoE,
+    random weights in the family's tiny shape otherwise; there the cache is floored at top-k
+    slots (`cache.min_slots`), since 1% of a few hundred experts is below one layer's top-k.
+    """
+    args = parse_args(arg, {"scale": "full"})
+    if args["scale"] not in ("full", "tiny"):
+        raise ValueError(f"scale={args['scale']!r} must be full or tiny")
+    c = base_config()
+    c.model.family = family
+    c.cache.capacity_frac = capacity_frac
+    if args["scale"] == "full":
+        c.model.preset = FULL_PRESETS[family]
+    else:
+        c.model.preset = "embedded" if family == "olmoe" else "tiny"
+        from moejax.families import preset as _preset
+        from moejax.model_source import embedded_config
+
+        tiny = embedded_config() if family == "olmoe" else _preset(family, "tiny")
+        c.cache.min_slots = tiny.top_k
     return c

@@ -15,6 +15,7 @@ from moejax.families import FAMILIES, get_family, preset
 from moejax.models.decoder import MoEDecoder
 from moejax.models.experts import GMM_IMPLS
 from moejax.models.random_init import random_model
+from moejax.models.stepped import GATE_PATHS
 from moejax.tokenizer import Tokenizer, load_tokenizer
 
 
@@ -32,11 +33,18 @@ EMBEDDED = "embedded"
 EMBEDDED_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "assets", "small_moe")
 
 
+def embedded_config() -> ModelConfig:
+    """The embedded model's shape, without loading its weights."""
+    return layout.read_config(EMBEDDED_DIR)
+
+
 def validate_model_config(m: ml_collections.ConfigDict) -> None:
     if m.gmm_impl not in GMM_IMPLS:
         raise ConfigError(f"model.gmm_impl={m.gmm_impl!r} is not one of {GMM_IMPLS}")
     if m.lookahead < 0:
         raise ConfigError(f"model.lookahead={m.lookahead} must be >= 0")
+    if m.gate_path not in GATE_PATHS:
+        raise ConfigError(f"model.gate_path={m.gate_path!r} is not one of {GATE_PATHS}")
     if m.checkpoint:
         if not os.path.isdir(m.checkpoint):
             raise ConfigError(f"model.checkpoint={m.checkpoint!r} is not a directory")

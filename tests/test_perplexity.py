@@ -61,6 +61,7 @@ def test_job_writes_bits_per_byte(tmp_path):
     c = base_config()
     c.job = "perplexity"
     c.model.preset, c.model.family = "tiny", "olmoe"
+    c.cache.capacity_frac = 0.25
     c.text_file = str(text)
     c.eval.window, c.eval.stride = 64, 32
     results = jobs.run(c, str(tmp_path / "w"))

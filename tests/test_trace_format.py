@@ -141,6 +141,7 @@ def generate_job(tmp_path_factory):
     workdir = str(tmp_path_factory.mktemp("gen"))
     config = base_config()
     config.model.family, config.model.preset = "olmoe", "tiny"
+    config.cache.capacity_frac = 0.25
     config.model.checkpoint = ""
     config.trace.record = True
     config.run.max_new_tokens = 4

@@ -27,24 +27,41 @@ def chunk_path(root: str, layer: int, kind: str, expert: int, ndim: int) -> str:
     return os.path.join(kind_path(root, layer, kind), "c", str(expert), *(["0"] * (ndim - 1)))
 
 
-def _spec(path: str, shape=None, dtype: str | None = None) -> dict:
+# Optional chunk compression (the checksum covers the stored bytes either way). Off by default:
+# an uncompressed chunk is a plain read; "blosc" (zstd, bit-shuffled) saves ~28% on bf16
+# weights, which keeps the shipped embedded model small.
+COMPRESSIONS = {
+    None: [],
+    "blosc": [{"name": "blosc", "configuration": {"cname": "zstd", "clevel": 9,
+                                                   "shuffle": "bitshuffle"}}],
+}
+
+
+def _spec(path: str, shape=None, dtype: str | None = None, compression: str | None = None) -> dict:
     spec = {"driver": "zarr3", "kvstore": {"driver": "file", "path": path}}
     if shape is not None:
+        if compression not in COMPRESSIONS:
+            raise ValueError(f"compression={compression!r} is not one of {list(COMPRESSIONS)}")
+        codecs = [{"name": "bytes", "configuration": {"endian": "little"}}]
+        for codec in COMPRESSIONS[compression]:
+            codec = {**codec, "configuration": {**codec["configuration"],
+                                                "typesize": np.dtype(dtype).itemsize}}
+            codecs.append(codec)
         spec["metadata"] = {
             "shape": list(shape),
             "data_type": dtype,
             "chunk_grid": {"name": "regular",
                            "configuration": {"chunk_shape": [1, *shape[1:]]}},
-            "codecs": [{"name": "bytes", "configuration": {"endian": "little"}},
-                       {"name": "crc32c"}],
+            "codecs": codecs + [{"name": "crc32c"}],
         }
     return spec
 
 
-def write_kind(root: str, layer: int, kind: str, array: np.ndarray) -> None:
+def write_kind(root: str, layer: int, kind: str, array: np.ndarray,
+               compression: str | None = None) -> None:
     dtype = np.dtype(array.dtype).name  # "float32", "bfloat16", "float16"
-    store = ts.open(_spec(kind_path(root, layer, kind), array.shape, dtype), create=True,
-                    delete_existing=True).result()
+    store = ts.open(_spec(kind_path(root, layer, kind), array.shape, dtype, compression),
+                    create=True, delete_existing=True).result()
     store.write(array).result()
 
 

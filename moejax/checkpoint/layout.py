@@ -30,7 +30,7 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
 
 def save(out: str, cfg: ModelConfig, dense_params: dict[str, np.ndarray],
          layer_experts: Iterable[tuple[int, np.ndarray, np.ndarray]],
-         tokenizer_dir: str | None = None) -> None:
+         tokenizer_dir: str | None = None, compression: str | None = None) -> None:
     """Writes a checkpoint. `layer_experts` yields `(layer, gate_up, down)` one layer at a time
     so a large model never holds all its experts in memory."""
     os.makedirs(out, exist_ok=True)
@@ -40,8 +40,8 @@ def save(out: str, cfg: ModelConfig, dense_params: dict[str, np.ndarray],
         os.remove(marker)
     written = set()
     for layer, gate_up, down in layer_experts:
-        expert_store.write_kind(out, layer, "gate_up", gate_up)
-        expert_store.write_kind(out, layer, "down", down)
+        expert_store.write_kind(out, layer, "gate_up", gate_up, compression)
+        expert_store.write_kind(out, layer, "down", down, compression)
         written.add(layer)
     if written != set(cfg.moe_layers):
         raise CheckpointError(f"{out}: experts written for layers {sorted(written)}, "
@@ -61,11 +61,11 @@ def save(out: str, cfg: ModelConfig, dense_params: dict[str, np.ndarray],
 
 
 def save_model(out: str, model: MoEDecoder, gate_up: dict[int, np.ndarray],
-               down: dict[int, np.ndarray]) -> None:
+               down: dict[int, np.ndarray], compression: str | None = None) -> None:
     """Saves an in-memory model (tests, training) in the checkpoint layout."""
     params = {k: np.asarray(v) for k, v in flat_params(model).items()}
     save(out, model.cfg, params, ((l, np.asarray(gate_up[l]), np.asarray(down[l]))
-                                  for l in model.cfg.moe_layers))
+                                  for l in model.cfg.moe_layers), compression=compression)
 
 
 def read_config(path: str) -> ModelConfig:

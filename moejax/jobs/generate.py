@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import time
 
@@ -10,9 +11,12 @@ import jax
 import ml_collections
 import numpy as np
 
+from moejax.cache import report
+from moejax.cache.build import expert_source
 from moejax.config import ConfigError
+from moejax.metrics_writer import MetricsWriter
 from moejax.model_source import load_model
-from moejax.models.stepped import ResidentExperts, SteppedDecoder
+from moejax.models.stepped import SteppedDecoder
 from moejax.results import write_json_atomic
 from moejax.tokenizer import parse_ids
 from moejax.traces.recorder import TraceRecorder
@@ -36,6 +40,16 @@ def _progress(enabled: bool, total: int):
     return tqdm(total=total, desc="decode", unit="tok", leave=False)
 
 
+def _header(config, cache) -> str:
+    hw = cache.clock.hw
+    s = cache.shape
+    p = config.policies
+    return (f"cache: {s.num_slots}/{s.total_experts} expert slots "
+            f"({100 * s.num_slots / s.total_experts:.1f}%), eviction {p.eviction}, prefetch "
+            f"{p.prefetch}, miss {p.miss}, routing {p.routing}; {hw.name} at {hw.h2d_gbps:g} "
+            f"GB/s host->device, {cache.clock.kind} clock")
+
+
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     validate(config)
     os.makedirs(workdir, exist_ok=True)
@@ -57,16 +71,21 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
         raise ConfigError(
             f"prompt ({len(prompt_ids)} tokens) + run.max_new_tokens ({config.run.max_new_tokens})"
             f" = {max_len} exceeds the model's max_position_embeddings ({cfg.max_position_embeddings})")
-    experts = ResidentExperts.from_host(loaded.host_gate_up, loaded.host_down)
-    decoder = SteppedDecoder(loaded.model, experts, max_len=max_len,
-                             batch=config.run.batch_size, lookahead=config.model.lookahead,
-                             gmm_impl=config.model.gmm_impl)
+    def make_decoder():
+        source = expert_source(config, loaded)
+        return source, SteppedDecoder(loaded.model, source, max_len=max_len,
+                                      batch=config.run.batch_size,
+                                      lookahead=config.model.lookahead,
+                                      gmm_impl=config.model.gmm_impl,
+                                      gate_path=config.model.gate_path)
+
+    experts, decoder = make_decoder()
     recorder = None
     prompt = np.tile(np.asarray(prompt_ids, np.int32)[None], (config.run.batch_size, 1))
     eos = cfg.eos_token_id if config.run.stop_at_eos else None
 
-    if config.run.warmup:
-        decoder.generate(prompt, min(2, config.run.max_new_tokens))
+    if config.run.warmup:  # compile every step shape on a throwaway cache
+        make_decoder()[1].generate(prompt, min(2, config.run.max_new_tokens))
 
     if config.trace.record:  # attached after warm-up, so the trace holds the timed run only
         recorder = TraceRecorder(cfg, config.model.lookahead, loaded.source,
@@ -77,6 +96,11 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     profile_dir = os.path.join(workdir, "profile")
     tracing = (jax.profiler.trace(profile_dir) if config.profile.enabled
                else contextlib.nullcontext())
+    cache = getattr(experts, "cache", None)
+    if config.profile.enabled:
+        decoder.annotate = jax.profiler.TraceAnnotation
+        if cache is not None:
+            cache.annotate = jax.profiler.TraceAnnotation
     with tracing, _progress(config.log.progress, config.run.max_new_tokens) as bar:
         gen = decoder.generate(prompt, config.run.max_new_tokens, eos_id=eos,
                                on_token=(lambda _: bar.update(1)) if bar is not None else None)
@@ -99,11 +123,28 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
         },
         "config": config.to_dict(),
     }
+    if cache is not None:
+        cache.finish()
+        results["cache"] = {"slots": cache.shape.num_slots,
+                            "capacity_frac": cache.shape.num_slots / cache.shape.total_experts,
+                            "expert_bytes": cache.shape.expert_bytes,
+                            "clock": cache.clock.kind,
+                            "hardware": dataclasses.asdict(cache.clock.hw),
+                            "policies": config.policies.to_dict(),
+                            **cache.metrics.to_dict()}
+        results["timings"]["cache_clock"] = cache.metrics.timing()
+        writer = MetricsWriter(workdir)
+        report.write_tensorboard(writer, cache.metrics)
+        writer.close()
+    if config.profile.enabled:
+        results["profile_dir"] = profile_dir
     if recorder is not None:
         results["trace"] = os.path.join(workdir, "trace.npz")
         recorder.trace().save(results["trace"])
     write_json_atomic(os.path.join(workdir, "results.json"), results)
     print(f"{prompt_text}{text}")
+    if cache is not None:
+        print(report.table(cache.metrics, _header(config, cache)))
     print(f"[{cfg.family} from {loaded.source}] {len(generated)} tokens, "
           f"TTFT {gen.prefill_s * 1e3:.1f} ms, "
           f"decode {results['timings']['decode_tok_per_s'] or 0:.1f} tok/s -> "

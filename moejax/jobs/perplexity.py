@@ -15,9 +15,10 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from moejax.cache.build import expert_source
 from moejax.config import ConfigError
 from moejax.model_source import load_model
-from moejax.models.stepped import ResidentExperts, SteppedDecoder
+from moejax.models.stepped import SteppedDecoder
 from moejax.results import write_json_atomic
 from moejax.tokenizer import ByteTokenizer
 
@@ -76,10 +77,11 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
         raise ConfigError(f"text_file={config.text_file!r} has fewer than 2 tokens")
     window = min(config.eval.window, len(ids), loaded.cfg.max_position_embeddings)
     stride = min(config.eval.stride, window - 1)
-    decoder = SteppedDecoder(loaded.model,
-                             ResidentExperts.from_host(loaded.host_gate_up, loaded.host_down),
-                             max_len=window, lookahead=config.model.lookahead,
-                             gmm_impl=config.model.gmm_impl)
+    # Under the configured cache: drop, substitution and cache-aware routing change quality.
+    experts = expert_source(config, loaded)
+    decoder = SteppedDecoder(loaded.model, experts, max_len=window,
+                             lookahead=config.model.lookahead, gmm_impl=config.model.gmm_impl,
+                                      gate_path=config.model.gate_path)
     t0 = time.perf_counter()
     nll = score(decoder, ids, window, stride)
     elapsed = time.perf_counter() - t0
@@ -100,6 +102,12 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
         "eval_s": elapsed,
         "config": config.to_dict(),
     }
+    cache = getattr(experts, "cache", None)
+    if cache is not None:
+        cache.finish()
+        results["cache"] = {"slots": cache.shape.num_slots, "policies": config.policies.to_dict(),
+                            **cache.metrics.to_dict()}
+        del results["cache"]["passes"]
     write_json_atomic(os.path.join(workdir, "results.json"), results)
     print(f"{config.text_file}: {results['bits_per_byte']:.4f} bits/byte, "
           f"{results['bits_per_token']:.4f} bits/token over {len(nll)} tokens "

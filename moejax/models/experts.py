@@ -80,4 +80,7 @@ def moe_ffn(x: jax.Array, ids: jax.Array, weights: jax.Array, gate_up: jax.Array
     out_sorted = grouped_matmul(h, down, sizes, impl)
     out = jnp.zeros_like(out_sorted).at[order].set(out_sorted)
     out = out.reshape(n, k, -1).astype(jnp.float32) * weights[..., None].astype(jnp.float32)
+    # A zero weight means "not computed here" (a dropped expert, or one of another wave): its
+    # slot may hold anything, so mask rather than trust 0 * garbage.
+    out = jnp.where(weights[..., None] != 0, out, 0.0)
     return jnp.sum(out, axis=1).astype(x.dtype)

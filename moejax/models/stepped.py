@@ -15,21 +15,25 @@ expert: `ResidentExperts` holds every expert on the device; the cache runtime ho
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import time
-from typing import Callable, Protocol
+from typing import Callable, Iterator, NamedTuple, Protocol
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jax.experimental import io_callback
 
 from moejax.models.attention import KVCache
 from moejax.models.decoder import MoEDecoder
 from moejax.models.experts import moe_ffn
 from moejax.models.layers import norm
 from moejax.models.routing import route
+
+GATE_PATHS = ("returned", "io_callback")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,15 +46,41 @@ class GateOutputs:
     probs: jax.Array  # [N, E] float32 softmax of the router logits
     spec_probs: jax.Array  # [lookahead, N, E] next MoE layers' gates on this hidden state
     spec_layers: tuple[int, ...]  # which layers the first rows of spec_probs predict
+    # Host copies of ids and weights when the gate hook already delivered them (io_callback).
+    host_ids: np.ndarray | None = None
+    host_weights: np.ndarray | None = None
+
+    def on_host(self) -> tuple[np.ndarray, ...]:
+        """(ids, weights, probs, spec_probs) as numpy, reading back only what is not there."""
+        ids = self.host_ids if self.host_ids is not None else np.asarray(self.ids)
+        w = self.host_weights if self.host_weights is not None else np.asarray(self.weights)
+        return ids, w, np.asarray(self.probs), np.asarray(self.spec_probs)
+
+
+class ExpertWave(NamedTuple):
+    """What one experts step reads: the slot pool, where each expert sits, and the (possibly
+    edited) selection. Contributions with weight 0 are not computed into the output."""
+
+    gate_up: jax.Array  # [S, H, 2I]
+    down: jax.Array  # [S, I, H]
+    slot_of_expert: jax.Array  # [E] int32 (only experts with a nonzero weight are read)
+    ids: jax.Array  # [N, K]
+    weights: jax.Array  # [N, K]
 
 
 class ExpertSource(Protocol):
     """Provides the expert weights a layer's routed compute reads."""
 
-    def experts_for(self, gate: GateOutputs) -> tuple[jax.Array, jax.Array, jax.Array]:
-        """`(gate_up [S, H, 2I], down [S, I, H], slot_of_expert [E] int32)` for `gate.layer`;
-        every expert in `gate.ids` must be resident in its slot when this returns."""
+    def begin_pass(self, tokens: int, position: int) -> None:
+        """A forward pass of `tokens` tokens starting at `position` begins."""
+
+    def experts_for(self, gate: GateOutputs) -> Iterator[ExpertWave]:
+        """The waves of `gate.layer`'s experts step; each wave's experts are resident when it
+        is yielded. The consumer dispatches a wave's step before asking for the next."""
         ...
+
+    def end_pass(self) -> None:
+        """The pass's logits are computed."""
 
 
 class ResidentExperts:
@@ -70,8 +100,15 @@ class ResidentExperts:
         return cls({k: put(v) for k, v in host_gate_up.items()},
                    {k: put(v) for k, v in host_down.items()})
 
-    def experts_for(self, gate: GateOutputs):
-        return self.gate_up[gate.layer], self.down[gate.layer], self.identity
+    def begin_pass(self, tokens: int, position: int) -> None:
+        pass
+
+    def experts_for(self, gate: GateOutputs) -> Iterator[ExpertWave]:
+        yield ExpertWave(self.gate_up[gate.layer], self.down[gate.layer], self.identity,
+                         gate.ids, gate.weights)
+
+    def end_pass(self) -> None:
+        pass
 
 
 # ---------------------------------------------------------------------------------------------
@@ -125,16 +162,32 @@ def attention_router_step(graphdef: Static, state, spec, x, cache: KVCache, pos,
     return h, h_norm, cache, (ids, weights, probs, spec_probs)
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "cfg", "impl"))
-def experts_step(graphdef: Static, state, h, h_norm, ids, weights, gate_up, down,
-                 slot_of_expert, *, cfg: Static, impl: str):
+@functools.partial(jax.jit, static_argnames=("graphdef", "cfg", "deliver"),
+                   donate_argnames=("cache",))
+def attention_router_step_hooked(graphdef: Static, state, spec, x, cache: KVCache, pos, *,
+                                 cfg: Static, deliver: Static):
+    """`attention_router_step` that hands the gate outputs to the host runtime from inside
+    the compiled step (SpecMD's gate hook) through an ordered `io_callback`, instead of the
+    host reading them back from the step's outputs."""
+    h, h_norm, cache, gate = attention_router_step(graphdef, state, spec, x, cache,
+                                                               pos, cfg=cfg)
+    io_callback(deliver.value, None, *gate, ordered=True)
+    return h, h_norm, cache, gate
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "cfg", "impl", "shared"))
+def experts_step(graphdef: Static, state, residual, h_norm, ids, weights, gate_up, down,
+                 slot_of_expert, *, cfg: Static, impl: str, shared: bool = True):
+    """`residual` plus the routed experts' contributions (plus the shared expert when
+    `shared`: the first wave of a layer)."""
     cfg = cfg.value
     layer = nnx.merge(graphdef.value, state)
     with jax.named_scope("moe/experts"):
         flat = h_norm.reshape(-1, cfg.hidden_size)
         y = moe_ffn(flat, ids, weights, gate_up, down, slot_of_expert, cfg.hidden_act, impl)
-        y = y + layer.shared_expert(flat)
-    return h + y.reshape(h.shape)
+        if shared:
+            y = y + layer.shared_expert(flat)
+    return residual + y.reshape(residual.shape)
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef",), donate_argnames=("cache",))
@@ -191,14 +244,23 @@ class SteppedDecoder:
     def __init__(self, model: MoEDecoder, experts: ExpertSource, *, max_len: int,
                  batch: int = 1, lookahead: int = 1, gmm_impl: str = "tiled",
                  gate_observers: tuple[Callable[[GateOutputs], None], ...] = (),
-                 pass_observers: tuple[Callable[[np.ndarray], None], ...] = ()):
+                 pass_observers: tuple[Callable[[np.ndarray], None], ...] = (),
+                 gate_path: str = "returned"):
         cfg = model.cfg
         if lookahead < 0:
             raise ValueError(f"lookahead must be >= 0, got {lookahead}")
         self.cfg, self.experts, self.max_len, self.batch = cfg, experts, max_len, batch
         self.lookahead, self.gmm_impl = lookahead, gmm_impl
+        if gate_path not in GATE_PATHS:
+            raise ValueError(f"gate_path={gate_path!r} is not one of {GATE_PATHS}")
+        self.gate_path = gate_path
+        self._mailbox: list[tuple[np.ndarray, ...]] = []
+        self._deliver = Static(lambda *gate: self._mailbox.append(gate))
         self.gate_observers = list(gate_observers)
         self.pass_observers = list(pass_observers)
+        # Host-side profiler annotations around each step's dispatch (set when tracing; the
+        # compiled steps also carry named scopes `attention`, `router`, `moe/experts`).
+        self.annotate = lambda name: contextlib.nullcontext()
         self.static_cfg = Static(cfg)
         head_graph, self.head_state = nnx.split(_Head(model))
         self.head_graph = Static(head_graph)
@@ -243,23 +305,38 @@ class SteppedDecoder:
         if self.pos + t > self.max_len:
             raise ValueError(f"position {self.pos}+{t} tokens exceeds max_len={self.max_len}")
         pos = jnp.int32(self.pos)
+        self.experts.begin_pass(t, self.pos)
         x = embed_step(self.head_graph, self.head_state, tokens)
         for l in range(self.cfg.num_layers):
             g, s = self.layer_graph[l], self.layer_state[l]
             if not self.cfg.is_moe_layer(l):
-                x, self.caches[l] = dense_layer_step(g, s, x, self.caches[l], pos)
+                with self.annotate("dense_layer"):
+                    x, self.caches[l] = dense_layer_step(g, s, x, self.caches[l], pos)
                 continue
             spec, spec_layers = self.spec[l]
-            h, h_norm, self.caches[l], (ids, w, probs, sp) = attention_router_step(
-                g, s, spec, x, self.caches[l], pos, cfg=self.static_cfg)
-            gate = GateOutputs(l, ids, w, probs, sp, spec_layers)
+            with self.annotate("attention/router"):
+                if self.gate_path == "io_callback":
+                    h, h_norm, self.caches[l], (ids, w, _, _) = attention_router_step_hooked(
+                        g, s, spec, x, self.caches[l], pos, cfg=self.static_cfg,
+                        deliver=self._deliver)
+                    jax.effects_barrier()  # the callback has run: the gate is on the host
+                    h_ids, h_w, probs, sp = (np.asarray(a) for a in self._mailbox.pop())
+                    gate = GateOutputs(l, ids, w, probs, sp, spec_layers, h_ids, h_w)
+                else:
+                    h, h_norm, self.caches[l], (ids, w, probs, sp) = attention_router_step(
+                        g, s, spec, x, self.caches[l], pos, cfg=self.static_cfg)
+                    gate = GateOutputs(l, ids, w, probs, sp, spec_layers)
             for observe in self.gate_observers:
                 observe(gate)
-            gate_up, down, slot_of = self.experts.experts_for(gate)
-            x = experts_step(g, s, h, h_norm, ids, w, gate_up, down, slot_of,
-                             cfg=self.static_cfg, impl=self.gmm_impl)
+            x = h
+            for i, wave in enumerate(self.experts.experts_for(gate)):
+                with self.annotate("moe/experts"):
+                    x = experts_step(g, s, x, h_norm, wave.ids, wave.weights, wave.gate_up,
+                                     wave.down, wave.slot_of_expert, cfg=self.static_cfg,
+                                     impl=self.gmm_impl, shared=(i == 0))
         self.pos += t
         logits = logits_step(self.head_graph, self.head_state, x)
+        self.experts.end_pass()
         if self.pass_observers:
             host_tokens = np.asarray(tokens)
             for observe in self.pass_observers:

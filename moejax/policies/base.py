@@ -55,8 +55,9 @@ class EvictionPolicy(Protocol):
 
     def victim(self, pos: int, evictable, incoming: Key | None = None) -> Key | None:
         """A resident key to evict, while the layer at `pos` runs, to make room for `incoming`;
-        `evictable(key)` says whether a key may go (not pinned by the running layer, not in
-        flight). None if nothing may."""
+        `evictable(key)` says whether a key may go (not pinned by the running layer's wave, nor
+        prefetched by the same prefetch call; an in-flight key may go, its slot being reused
+        once its transfer lands). None if nothing may."""
 
 
 class PrefetchPolicy(Protocol):
@@ -72,10 +73,11 @@ class MissDecision:
     """What the miss policy made of a layer's selection: the (possibly edited) ids and weights
     the experts step runs, and the experts dropped or substituted."""
 
-    ids: np.ndarray
-    weights: np.ndarray
-    dropped: int = 0
-    substituted: int = 0
+    ids: np.ndarray  # [N, K]
+    weights: np.ndarray  # [N, K]
+    active: np.ndarray  # [N, K] bool: contributions that run (dropped ones do not)
+    dropped: int = 0  # distinct experts dropped
+    substituted: int = 0  # distinct experts replaced
 
 
 class MissPolicy(Protocol):

@@ -37,6 +37,9 @@ def parse(spec: str) -> tuple[str, list[Any], dict[str, Any]]:
     if isinstance(node, ast.Name):
         return node.id, [], {}
     if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+        keys = [k.arg for k in node.keywords]
+        if None in keys or len(set(keys)) != len(keys):
+            raise ConfigError(f"policy spec {spec!r}: an argument is given twice (or **)")
         try:
             args = [ast.literal_eval(a) for a in node.args]
             kwargs = {k.arg: ast.literal_eval(k.value) for k in node.keywords}

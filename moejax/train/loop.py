@@ -76,7 +76,7 @@ def evaluate(model: TrainableMoE, heldout: dict[str, corpus.Split], seq_len: int
     return out
 
 
-def export(model: TrainableMoE, out: str, dtype: str) -> None:
+def export(model: TrainableMoE, out: str, dtype: str, compression: str | None = None) -> None:
     """Writes the model in the moejax checkpoint layout at `dtype`."""
     cfg = dataclasses.replace(model.cfg, dtype=dtype)
     target = np.dtype(dtype) if dtype != "bfloat16" else jnp.bfloat16
@@ -84,7 +84,7 @@ def export(model: TrainableMoE, out: str, dtype: str) -> None:
     gate_up, down = np.asarray(model.gate_up[...]), np.asarray(model.down[...])
     experts = ((l, gate_up[i].astype(target), down[i].astype(target))
                for i, l in enumerate(cfg.moe_layers))
-    layout.save(out, cfg, params, experts)
+    layout.save(out, cfg, params, experts, compression=compression)
 
 
 def _train_state(model: TrainableMoE, optimizer: nnx.Optimizer) -> dict:
@@ -152,7 +152,7 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> dict:
 
     final = evaluate(model, heldout, t.seq_len, config.log.eval_batches, t.batch_size)
     export_dir = os.path.join(workdir, "export")
-    export(model, export_dir, config.export.dtype)
+    export(model, export_dir, config.export.dtype, config.export.compression or None)
     unigram = {d: corpus.unigram_bits_per_byte(train_splits[d].data, heldout[d].data)
                for d in corpus.DOMAINS}
     results = {"job": "train", "steps": t.steps, "model": cfg.to_dict(), "heldout": final,

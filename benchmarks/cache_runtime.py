@@ -1,0 +1,153 @@
+"""Expert-cache runtime benchmarks (issue 4), all in one process on this machine:
+
+    python benchmarks/cache_runtime.py
+
+1. bookkeeping per layer-step (routing + miss + requests + eviction + prefetch decisions and
+   the residency update) for the OLMoE-1B-7B shape (16 layers, 64 experts, top-8), driven by
+   the real OLMoE decode trace in ../shared/data with synthetic speculative scores, in µs;
+2. an offloaded run at 100% capacity against the fully resident model (the embedded model,
+   greedy decode): wall-time ratio, goal <= 1.15;
+3. one expert moved through the runtime (`SlotPool.load`) against a raw `jax.device_put` of
+   the same bytes from pinned host memory: time ratio, goal <= 1.2;
+4. the io_callback gate path against the returned-outputs path: overhead per MoE layer.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import jax
+import numpy as np
+
+from moejax.cache.build import build_cached_experts
+from moejax.cache.cache import CacheShape, ExpertCache
+from moejax.cache.runtime import SlotPool
+from moejax.checkpoint.layout import to_host
+from moejax.job_config import base_config
+from moejax.model_source import load_model
+from moejax.models.stepped import ResidentExperts, SteppedDecoder
+from moejax.policies import build
+from moejax.policies.base import LayerGate
+from moejax.sim import hardware
+from moejax.sim.clock import VirtualClock
+from moejax.traces.importers import load_traces
+
+TRACE = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "traces",
+                     "olmoe_prose.jsonl")
+
+
+def bookkeeping(eviction: str, prefetch: str, steps: int = 256) -> float:
+    trace = load_traces(TRACE)[0]
+    ids = trace.decode_ids()[:steps]
+    layers, e, k = list(range(ids.shape[1])), trace.num_experts, trace.top_k
+    rng = np.random.default_rng(0)
+    shape = CacheShape(tuple(layers), len(layers), e, k, 12 * 2**20, int(0.05 * e * len(layers)))
+    ctx = dict(num_layers=len(layers), num_experts=e, top_k=k, num_slots=shape.num_slots, seed=0,
+               renormalize=False)
+    cache = ExpertCache(shape, build("eviction", eviction, **ctx), build("prefetch", prefetch, **ctx),
+                        build("miss", "fetch", **ctx), build("routing", "standard", **ctx),
+                        VirtualClock(hardware.get("a100_specmd")))
+    gates = []
+    for s in range(len(ids)):
+        row = []
+        for i, layer in enumerate(layers):
+            probs = rng.dirichlet(np.ones(e) * 0.3, 1).astype(np.float32)
+            spec = rng.dirichlet(np.ones(e) * 0.3, (2, 1)).astype(np.float32)
+            nxt = tuple(layers[i + 1:i + 3])
+            row.append(LayerGate(layer, ids[s, i][None], np.full((1, k), 1 / k, np.float32),
+                                 probs, spec[: len(nxt)], nxt))
+        gates.append(row)
+    start = time.perf_counter()
+    for row in gates:
+        cache.begin_pass("decode", 1, 64)
+        for gate in row:
+            for _ in cache.run_layer(gate):
+                pass
+        cache.end_pass()
+    return (time.perf_counter() - start) / (len(gates) * len(layers)) * 1e6
+
+
+def generation_wall(config, loaded, prompt, tokens, gate_path="returned"):
+    if config.cache.enabled:
+        source = build_cached_experts(config, loaded.cfg, loaded.host_gate_up, loaded.host_down)
+    else:
+        source = ResidentExperts.from_host(loaded.host_gate_up, loaded.host_down)
+    dec = SteppedDecoder(loaded.model, source, max_len=prompt.shape[1] + tokens + 1,
+                         lookahead=2, gate_path=gate_path)
+    dec.generate(prompt, 3)  # compile
+    if config.cache.enabled:
+        source = build_cached_experts(config, loaded.cfg, loaded.host_gate_up, loaded.host_down)
+        dec.experts = source
+    best = float("inf")
+    for _ in range(3):
+        if config.cache.enabled:
+            dec.experts = build_cached_experts(config, loaded.cfg, loaded.host_gate_up,
+                                               loaded.host_down)
+        t = time.perf_counter()
+        dec.generate(prompt, tokens)
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
+def transfer_ratio(reps: int = 50) -> tuple[float, float]:
+    e, h, i = 8, 1024, 512  # one expert: gate_up 4 MiB + down 2 MiB in float32
+    gu = to_host(np.random.rand(e, h, 2 * i).astype(np.float32))
+    dn = to_host(np.random.rand(e, i, h).astype(np.float32))
+    pool = SlotPool(4, {0: gu}, {0: dn})
+    single_gu = to_host(np.random.rand(h, 2 * i).astype(np.float32))
+    single_dn = to_host(np.random.rand(i, h).astype(np.float32))
+    dev = jax.sharding.SingleDeviceSharding(jax.devices()[0], memory_kind="device")
+
+    def raw():
+        a, b = jax.device_put(single_gu, dev), jax.device_put(single_dn, dev)
+        a.block_until_ready(), b.block_until_ready()
+
+    def through_runtime():
+        pool.load((0, 3), 1)
+        pool.gate_up.block_until_ready(), pool.down.block_until_ready()
+
+    out = []
+    for f in (raw, through_runtime):
+        f()
+        t = time.perf_counter()
+        for _ in range(reps):
+            f()
+        out.append((time.perf_counter() - t) / reps * 1e3)
+    return out[0], out[1]
+
+
+def main():
+    print("1. bookkeeping per layer-step, OLMoE shape, 5% capacity (51 slots), decode:")
+    for ev in ("lru", "lru_per_layer", "lfu", "fld", "score", "least_stale", "fifo", "random"):
+        for pf in ("none", "score_percentile(p=80)", "topk(overfetch=1.5, lookahead=2)"):
+            print(f"   {ev:14s} {pf:34s} {bookkeeping(ev, pf):7.1f} µs")
+
+    config = base_config()
+    loaded = load_model(config.model)
+    prompt = np.frombuffer(b"The expert cache keeps the experts that", np.uint8)[None].astype(
+        np.int32)
+    tokens = 48
+    config.cache.enabled = False
+    resident = generation_wall(config, loaded, prompt, tokens)
+    config.cache.enabled = True
+    config.cache.capacity_frac = 1.0
+    full = generation_wall(config, loaded, prompt, tokens)
+    print(f"2. embedded model, {tokens} tokens: resident {resident * 1e3:.1f} ms, cache at 100% "
+          f"{full * 1e3:.1f} ms, ratio {full / resident:.3f} (goal <= 1.15)")
+
+    raw, runtime = transfer_ratio()
+    print(f"3. one expert (6 MiB): raw device_put {raw:.3f} ms, through the runtime {runtime:.3f} "
+          f"ms, ratio {runtime / raw:.3f} (goal <= 1.2)")
+
+    config.cache.capacity_frac = 0.05
+    returned = generation_wall(config, loaded, prompt, tokens, "returned")
+    hooked = generation_wall(config, loaded, prompt, tokens, "io_callback")
+    layer_steps = (tokens + 1) * loaded.cfg.num_moe_layers
+    print(f"4. 5% cache, {tokens} tokens: returned path {returned * 1e3:.1f} ms, io_callback "
+          f"{hooked * 1e3:.1f} ms: {(hooked - returned) / layer_steps * 1e6:+.1f} µs per MoE "
+          f"layer-step for the callback")
+
+
+if __name__ == "__main__":
+    main()

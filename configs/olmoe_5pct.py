@@ -1,0 +1,11 @@
+"""olmoe with 5% of its routed-expert bytes in the device cache.
+
+python -m moejax.main --config=configs/olmoe_5pct.py --workdir=W --config.model.checkpoint=CKPT
+python -m moejax.main --config=configs/olmoe_5pct.py:scale=tiny --workdir=W
+"""
+
+from moejax.job_config import cache_experiment
+
+
+def get_config(arg: str | None = None):
+    return cache_experiment("olmoe", 0.05, arg)

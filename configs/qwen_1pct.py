@@ -1,0 +1,11 @@
+"""qwen with 1% of its routed-expert bytes in the device cache.
+
+python -m moejax.main --config=configs/qwen_1pct.py --workdir=W --config.model.checkpoint=CKPT
+python -m moejax.main --config=configs/qwen_1pct.py:scale=tiny --workdir=W
+"""
+
+from moejax.job_config import cache_experiment
+
+
+def get_config(arg: str | None = None):
+    return cache_experiment("qwen2_moe", 0.01, arg)

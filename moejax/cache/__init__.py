@@ -1,0 +1,1 @@
+"""The expert cache: residency, transfers, metrics, and the live runtime."""

@@ -1,0 +1,87 @@
+"""Builds an `ExpertCache` (and, live, its `CachedExperts`) from the job config groups
+`cache`, `policies`, `hardware` and `clock`."""
+
+from __future__ import annotations
+
+import jax
+import ml_collections
+
+from moejax.cache.cache import CacheShape, ExpertCache, slots_for
+from moejax.cache.runtime import CachedExperts, SlotPool
+from moejax.config import ConfigError, ModelConfig
+from moejax.models.stepped import ResidentExperts
+from moejax.policies import build
+from moejax.sim import hardware as hw_lib
+from moejax.sim.clock import VirtualClock, WallClock
+from moejax.sim.cost import CostModel
+
+CLOCKS = ("auto", "virtual", "wall")
+
+
+def hardware_from(config: ml_collections.ConfigDict) -> hw_lib.Hardware:
+    h = config.hardware
+    return hw_lib.get(h.preset, h2d_gbps=h.h2d_gbps, h2d_latency_s=h.h2d_latency_s,
+                      copy_engines=h.copy_engines, peak_tflops=h.peak_tflops,
+                      hbm_gbps=h.hbm_gbps, launch_s=h.launch_s)
+
+
+def clock_kind(config: ml_collections.ConfigDict) -> str:
+    kind = config.clock.kind
+    if kind not in CLOCKS:
+        raise ConfigError(f"clock.kind={kind!r} is not one of {CLOCKS}")
+    if kind == "auto":  # DESIGN.md: virtual off-GPU (deterministic), wall on a GPU
+        return "wall" if jax.default_backend() == "gpu" else "virtual"
+    return kind
+
+
+def num_slots(config: ml_collections.ConfigDict, layers: int, num_experts: int, top_k: int,
+              expert_bytes: int) -> int:
+    c = config.cache
+    slots = c.slots if c.slots > 0 else None
+    frac = None if slots is not None else c.capacity_frac
+    if c.min_slots < 0:
+        raise ConfigError(f"cache.min_slots={c.min_slots} must be >= 0")
+    if c.min_slots:
+        wanted = slots if slots is not None else int(frac * layers * num_experts)
+        slots, frac = max(wanted, c.min_slots), None
+    return slots_for(layers * num_experts, top_k, expert_bytes, frac, slots)
+
+
+def policy_context(shape: CacheShape, cfg_router_renorm: bool, seed: int) -> dict:
+    return dict(num_layers=len(shape.layers), num_experts=shape.num_experts, top_k=shape.top_k,
+                num_slots=shape.num_slots, seed=seed, renormalize=cfg_router_renorm)
+
+
+def build_policies(config: ml_collections.ConfigDict, shape: CacheShape, renormalize: bool):
+    ctx = policy_context(shape, renormalize, config.seed)
+    p = config.policies
+    return (build("eviction", p.eviction, **ctx), build("prefetch", p.prefetch, **ctx),
+            build("miss", p.miss, **ctx), build("routing", p.routing, **ctx))
+
+
+def build_cache(config: ml_collections.ConfigDict, shape: CacheShape,
+                model_cfg: ModelConfig | None, renormalize: bool) -> ExpertCache:
+    eviction, prefetch, miss, routing = build_policies(config, shape, renormalize)
+    hw = hardware_from(config)
+    kind = clock_kind(config)
+    clock = VirtualClock(hw) if kind == "virtual" else WallClock(hw)
+    cost = CostModel(model_cfg, hw) if (model_cfg is not None and kind == "virtual") else None
+    return ExpertCache(shape, eviction, prefetch, miss, routing, clock, cost,
+                       lookahead_scores=max(1, prefetch.lookahead) if model_cfg else 0)
+
+
+def build_cached_experts(config: ml_collections.ConfigDict, cfg: ModelConfig, host_gate_up,
+                         host_down) -> CachedExperts:
+    s = num_slots(config, cfg.num_moe_layers, cfg.num_experts, cfg.top_k, cfg.expert_bytes)
+    shape = CacheShape(tuple(cfg.moe_layers), cfg.num_layers, cfg.num_experts, cfg.top_k,
+                       cfg.expert_bytes, s)
+    cache = build_cache(config, shape, cfg, cfg.norm_topk_prob)
+    return CachedExperts(cache, SlotPool(s, host_gate_up, host_down), cfg.num_experts)
+
+
+def expert_source(config: ml_collections.ConfigDict, loaded):
+    """The cache runtime for a loaded model, or every expert on the device when
+    `cache.enabled` is False."""
+    if not config.cache.enabled:
+        return ResidentExperts.from_host(loaded.host_gate_up, loaded.host_down)
+    return build_cached_experts(config, loaded.cfg, loaded.host_gate_up, loaded.host_down)

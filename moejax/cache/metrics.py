@@ -1,0 +1,97 @@
+"""Cache metrics exactly as DESIGN.md defines them, per MoE layer and in total.
+
+* request: a (pass, layer, expert) the layer's computation needs after routing and miss policy;
+* hit: resident and ready; late hit: in flight when needed; miss: neither
+  (hits + late_hits + misses == requests);
+* collision miss: a miss on an expert resident at the start of the pass or admitted during it;
+* prefetch precision = prefetched experts used by the pass-layer they were fetched for /
+  experts prefetched; recall = requests served by a prefetch / requests in layers that had a
+  prediction;
+* stall: time compute waits on transfers; bytes host->device split demand / prefetch, and
+  wasted prefetch bytes (prefetched, evicted or left at the end without ever being used).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+COUNTERS = ("requests", "hits", "late_hits", "misses", "collision_misses", "dropped",
+            "substituted", "prefetch_issued", "prefetch_used", "recall_served",
+            "recall_requests", "evictions", "waves")
+SECONDS = ("stall_s",)
+BYTES = ("demand_bytes", "prefetch_bytes", "wasted_prefetch_bytes")
+
+
+@dataclasses.dataclass
+class PassTiming:
+    kind: str  # "prefill" or "decode"
+    tokens: int
+    start_s: float
+    end_s: float
+    stall_s: float
+
+
+class CacheMetrics:
+    def __init__(self, layers: list[int]):
+        self.layers = list(layers)
+        n = len(layers)
+        self.per_layer = {k: np.zeros(n, np.int64) for k in COUNTERS + BYTES}
+        self.per_layer.update({k: np.zeros(n) for k in SECONDS})
+        self.passes: list[PassTiming] = []
+        self.snapshots: list[dict] = []  # running totals after each pass (TensorBoard series)
+
+    def add(self, pos: int, **values) -> None:
+        for key, value in values.items():
+            self.per_layer[key][pos] += value
+
+    # -- summaries ---------------------------------------------------------------------------
+    @staticmethod
+    def _rates(c: dict) -> dict:
+        req = c["requests"]
+        issued = c["prefetch_issued"]
+        return {
+            "hit_rate": (c["hits"] + c["late_hits"]) / req if req else None,
+            "late_hit_rate": c["late_hits"] / req if req else None,
+            "miss_rate": c["misses"] / req if req else None,
+            "collision_miss_rate": c["collision_misses"] / req if req else None,
+            "prefetch_precision": c["prefetch_used"] / issued if issued else None,
+            "prefetch_recall": (c["recall_served"] / c["recall_requests"]
+                                if c["recall_requests"] else None),
+        }
+
+    def totals(self) -> dict:
+        c = {k: v.sum().item() for k, v in self.per_layer.items()}
+        c["h2d_bytes"] = c["demand_bytes"] + c["prefetch_bytes"]
+        return {**c, **self._rates(c)}
+
+    def snapshot(self) -> None:
+        t = self.totals()
+        t["pass_s"] = self.passes[-1].end_s - self.passes[-1].start_s if self.passes else 0.0
+        self.snapshots.append(t)
+
+    def layer_table(self) -> list[dict]:
+        rows = []
+        for pos, layer in enumerate(self.layers):
+            c = {k: v[pos].item() for k, v in self.per_layer.items()}
+            rows.append({"layer": layer, **c, **self._rates(c)})
+        return rows
+
+    def timing(self) -> dict:
+        prefill = [p for p in self.passes if p.kind == "prefill"]
+        decode = [p for p in self.passes if p.kind == "decode"]
+        decode_s = sum(p.end_s - p.start_s for p in decode)
+        return {
+            "ttft_s": (prefill[0].end_s - prefill[0].start_s) if prefill else None,
+            "decode_s": decode_s,
+            "decode_tokens": sum(p.tokens for p in decode),
+            "decode_tok_per_s": (sum(p.tokens for p in decode) / decode_s) if decode_s else None,
+            "total_s": (self.passes[-1].end_s - self.passes[0].start_s) if self.passes else 0.0,
+            "prefill_stall_s": sum(p.stall_s for p in prefill),
+            "decode_stall_s": sum(p.stall_s for p in decode),
+        }
+
+    def to_dict(self) -> dict:
+        return {"total": self.totals(), "per_layer": self.layer_table(), "timing": self.timing(),
+                "passes": [dataclasses.asdict(p) for p in self.passes]}

@@ -1,0 +1,65 @@
+"""Routing policies: `standard` keeps the router's choice; `cache_aware(lam)` biases the
+selection toward cached experts (Skliar et al.; SpecMD §3):
+
+    z' = z + lam * delta_avg * 1_C
+
+selection by z' (top-k), contribution weights from the *original* router probabilities
+(dual-logit semantics), renormalised over the new selection when the family renormalises.
+`z` is the log of the router softmax (logits up to a per-token constant, which neither the
+selection nor the bias depends on). `delta_avg` is the running average, per layer, of the
+per-token logit range max(z) - min(z): the historical scale of the logits, so `lam` is a
+fraction of it (SpecMD finds 0.1-0.5 works best).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from moejax.config import ConfigError
+from moejax.policies.base import LayerGate
+from moejax.policies.registry import register
+
+
+@register("routing", "standard")
+class Standard:
+    name = "standard"
+
+    def select(self, gate, cached):
+        return gate.ids, gate.weights
+
+
+@register("routing", "cache_aware")
+class CacheAware:
+    name = "cache_aware"
+
+    def __init__(self, top_k: int, renormalize: bool, lam: float = 0.3):
+        if lam < 0:
+            raise ValueError(f"lam={lam} must be >= 0")
+        self.top_k, self.renormalize, self.lam = top_k, renormalize, lam
+        self.range_sum: dict[int, float] = {}
+        self.range_count: dict[int, int] = {}
+
+    def select(self, gate: LayerGate, cached: set[int]):
+        if gate.probs is None:
+            raise ConfigError("routing policy 'cache_aware' needs router probabilities; this "
+                              "source has none (an id-only trace?)")
+        probs = gate.probs.astype(np.float64)
+        z = np.log(np.maximum(probs, 1e-30))
+        self.range_sum[gate.layer] = self.range_sum.get(gate.layer, 0.0) + float(
+            (z.max(-1) - z.min(-1)).sum())
+        self.range_count[gate.layer] = self.range_count.get(gate.layer, 0) + len(z)
+        if not cached or self.lam == 0:
+            return gate.ids, gate.weights
+        delta = self.range_sum[gate.layer] / self.range_count[gate.layer]
+        bias = np.zeros(z.shape[-1])
+        bias[list(cached)] = self.lam * delta
+        ids = np.argsort(-(z + bias), axis=-1, kind="stable")[:, : self.top_k]
+        weights = np.take_along_axis(probs, ids, axis=-1)
+        if self.renormalize:
+            weights = weights / weights.sum(-1, keepdims=True)
+        ids, weights = ids.astype(gate.ids.dtype), weights.astype(np.float32)
+        # Tokens whose expert set did not change keep the router's own ids and weights exactly
+        # (this also keeps families with other weight rules, e.g. sparsemixer, unchanged).
+        same = (np.sort(ids, -1) == np.sort(gate.ids, -1)).all(-1)
+        ids[same], weights[same] = gate.ids[same], gate.weights[same]
+        return ids, weights

@@ -1,0 +1,76 @@
+"""The shipped model (moejax/assets/small_moe): trained by moejax, loads, has learned.
+
+Also the scored traces recorded from it (moejax/assets/traces): routing a cache can exploit."""
+
+from __future__ import annotations
+
+import glob
+import os
+
+import numpy as np
+import pytest
+
+from moejax import jobs
+from moejax.analysis.routing import summarize
+from moejax.job_config import base_config
+from moejax.model_source import EMBEDDED_DIR, embedded_config
+from moejax.traces.format import load
+from moejax.train import corpus
+
+TRACES = sorted(glob.glob(os.path.join(os.path.dirname(EMBEDDED_DIR), "traces", "*.npz")))
+
+
+def _dir_bytes(path: str) -> int:
+    return sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(path) for f in fs)
+
+
+def test_shape_keeps_the_ratios_that_make_caching_interesting():
+    cfg = embedded_config()
+    assert cfg.family == "olmoe" and cfg.vocab_size == 256
+    assert cfg.num_moe_layers >= 8 and cfg.num_experts >= 32 and cfg.top_k >= 4
+    assert _dir_bytes(EMBEDDED_DIR) <= 12 * 10**6
+
+
+def _perplexity(tmp_path, text: bytes, name: str) -> float:
+    path = tmp_path / f"{name}.txt"
+    path.write_bytes(text)
+    c = base_config()
+    c.job = "perplexity"
+    c.text_file = str(path)
+    c.cache.enabled = False  # the cache is exact; resident is faster here
+    return jobs.run(c, str(tmp_path / name))["bits_per_byte"]
+
+
+@pytest.mark.parametrize("domain", corpus.DOMAINS)
+def test_heldout_bits_per_byte_well_below_unigram(domain, tmp_path):
+    train, heldout = corpus.load_domain(domain, False), corpus.load_domain(domain, True)
+    sample = heldout.data[:3000]
+    bpb = _perplexity(tmp_path, sample.tobytes(), domain)
+    unigram = corpus.unigram_bits_per_byte(train.data, sample)
+    assert bpb < 0.6 * unigram, (bpb, unigram)
+
+
+def test_unseen_text_below_unigram(tmp_path):
+    """A text file the project never saw: the Apache license that tensorstore ships."""
+    import tensorstore
+
+    text = open(os.path.join(os.path.dirname(tensorstore.__file__), "LICENSE"), "rb").read()[:4000]
+    train = np.concatenate([corpus.load_domain(d, False).data for d in corpus.DOMAINS])
+    bpb = _perplexity(tmp_path, text, "license")
+    assert bpb < corpus.unigram_bits_per_byte(train, np.frombuffer(text, np.uint8)) < 8.0
+    assert bpb < 4.0
+
+
+def test_scored_traces_cover_the_domains_with_learned_routing():
+    assert {os.path.basename(p).split("_")[0] for p in TRACES} == set(corpus.DOMAINS)
+    for path in TRACES:
+        trace = load(path)
+        assert trace.has_scores and trace.spec_probs is not None
+        assert trace.meta["info"]["teacher_forced"] is True
+        s = summarize(trace)
+        # Learned routing: the next layer's gate on this hidden state predicts the next
+        # layer's experts far better than chance (top_k / num_experts).
+        assert s["spec_topk_precision"] > 3 * trace.top_k / trace.num_experts
+        # ... and tokens re-use the previous token's experts more than independent choices.
+        assert s["reuse"] > s["reuse_uniform"]
+        assert s["entropy_frac"] < 0.99
