@@ -139,3 +139,24 @@ def test_quality_policies_change_the_model_and_still_keep_the_budget(tiny, miss,
     ours, theirs = np.concatenate(out.step_logits), np.concatenate(ref.step_logits)
     assert not np.allclose(ours, theirs, atol=1e-4), \
         "a lossy policy that changed the selection must change the logits"
+
+
+def test_io_callback_gate_path_matches_returned_path(tiny):
+    """SpecMD's gate hook (io_callback from inside the router step) and the plain path feed
+    the cache the same gate outputs: same tokens, same counters, same virtual times."""
+    cfg, model, _, _, (hgu, hdn) = tiny
+    prompt, _ = _resident(tiny, 23, 0)
+    runs = []
+    for path in ("returned", "io_callback"):
+        c = base_config()
+        c.cache.slots, c.policies.eviction = 7, "least_stale"
+        c.policies.prefetch = "score_percentile(p=80)"
+        source = build_cached_experts(c, cfg, hgu, hdn)
+        dec = SteppedDecoder(model, source, max_len=MAX_LEN, lookahead=2, gate_path=path)
+        out = dec.generate(prompt, NEW, keep_logits=True)
+        source.cache.finish()
+        runs.append((out, source.cache.metrics.to_dict()))
+    (a, ma), (b, mb) = runs
+    assert a.generated_ids == b.generated_ids
+    np.testing.assert_array_equal(a.prefill_logits, b.prefill_logits)
+    assert ma == mb

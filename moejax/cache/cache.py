@@ -87,6 +87,7 @@ class ExpertCache:
         self.clock, self.cost, self.sink = clock, cost, sink
         self.lookahead_scores = lookahead_scores
         self.pos_of = {l: p for p, l in enumerate(shape.layers)}
+        self._eviction_reads_scores = getattr(eviction, "needs_probs", False)
         if hasattr(eviction, "set_layer_positions"):
             eviction.set_layer_positions(self.pos_of)
         self.metrics = CacheMetrics(list(shape.layers))
@@ -103,6 +104,12 @@ class ExpertCache:
         self._pass: dict | None = None
         # Profiler annotation around host work (`jax.profiler.TraceAnnotation` when tracing).
         self.annotate = lambda name: contextlib.nullcontext()
+
+    def needs_scores(self) -> tuple[bool, bool]:
+        """Whether the policies read router probabilities, and speculative scores."""
+        probs = any(getattr(p, "needs_probs", False)
+                    for p in (self.eviction, self.prefetch, self.miss, self.routing))
+        return probs, getattr(self.prefetch, "needs_spec", False)
 
     # -- passes --------------------------------------------------------------------------------
     def begin_pass(self, kind: str, tokens: int, context_end: int) -> None:
@@ -156,9 +163,10 @@ class ExpertCache:
         self.in_cache[key[0]].discard(key[1])
         self.eviction.on_evict(key)
         pos = self.pos_of[key[0]]
-        self.metrics.add(pos, evictions=1)
+        c = self.metrics.c
+        c["evictions"][pos] += 1
         if self.prefetch_origin.pop(key, None) is not None:
-            self.metrics.add(pos, wasted_prefetch_bytes=self.shape.expert_bytes)
+            c["wasted_prefetch_bytes"][pos] += self.shape.expert_bytes
         return slot
 
     def _allocate(self, pos: int, pinned: set[Key], incoming: Key) -> int | None:
@@ -197,61 +205,80 @@ class ExpertCache:
             self.clock.compute(self.cost.attention_router(tokens, p["context"],
                                                           self.lookahead_scores))
         p["next_layer"] = layer + 1
-        if gate.probs is not None:
+        if gate.probs is not None and self._eviction_reads_scores:
             self.eviction.on_scores(layer, gate.probs)
 
-        cached = set(self.in_cache[layer])
+        cached = self.in_cache[layer]
         ids, weights = self.routing.select(gate, cached)
         if weights is None:  # id-only traces: the experts step is not run
             weights = np.ones(ids.shape, np.float32)
         decision = self.miss.handle(gate, ids, weights, cached)
         ids, weights, active = decision.ids, decision.weights, decision.active
-        self.metrics.add(pos, dropped=decision.dropped, substituted=decision.substituted)
+        c = self.metrics.c
+        if decision.dropped or decision.substituted:
+            c["dropped"][pos] += decision.dropped
+            c["substituted"][pos] += decision.substituted
         # Requests in router-rank order: rank-major over tokens, first occurrence wins.
-        order = ids.T.reshape(-1)[active.T.reshape(-1)]
-        _, first = np.unique(order, return_index=True)
-        requests = [int(e) for e in order[np.sort(first)]]
-        had_prediction = (self.pass_id, layer) in self.predicted
-        self.predicted.discard((self.pass_id, layer))
+        if tokens == 1:
+            requests = [int(e) for e, a in zip(ids[0].tolist(), active[0].tolist()) if a]
+        else:
+            order = ids.T.reshape(-1)[active.T.reshape(-1)]
+            _, first = np.unique(order, return_index=True)
+            requests = order[np.sort(first)].tolist()
+        here = (self.pass_id, layer)
+        had_prediction = here in self.predicted
+        self.predicted.discard(here)
 
         s = self.shape.num_slots
+        slot_of, slot_ready, origins = self.slot_of, self.slot_ready, self.prefetch_origin
+        on_access = self.eviction.on_access
         if len(requests) > s:  # waves: resident experts first, so no wave evicts them
-            requests = ([e for e in requests if (layer, e) in self.slot_of] +
-                        [e for e in requests if (layer, e) not in self.slot_of])
+            requests = ([e for e in requests if (layer, e) in slot_of] +
+                        [e for e in requests if (layer, e) not in slot_of])
         chunks = [requests[i:i + s] for i in range(0, len(requests), s)] or [[]]
         for w, chunk in enumerate(chunks):
             now = self.clock.now()
             pinned = {(layer, e) for e in chunk}
             ready = now
+            hits = late_hits = misses = collisions = used = 0
             for e in chunk:
                 key = (layer, e)
-                if key in self.slot_of:
-                    late = self.slot_ready[self.slot_of[key]] > now
-                    self.metrics.add(pos, requests=1, late_hits=int(late), hits=int(not late))
-                    ready = max(ready, self.slot_ready[self.slot_of[key]])
-                    origin = self.prefetch_origin.pop(key, None)
-                    if origin == (self.pass_id, layer):
-                        self.metrics.add(pos, prefetch_used=1)
-                        if had_prediction:
-                            self.metrics.add(pos, recall_served=1)
+                slot = slot_of.get(key)
+                if slot is not None:
+                    at = slot_ready[slot]
+                    if at > now:
+                        late_hits += 1
+                        ready = max(ready, at)
+                    else:
+                        hits += 1
+                    if origins and origins.pop(key, None) == here:
+                        used += 1
                 else:
-                    collision = key in self.seen_this_pass
+                    collisions += key in self.seen_this_pass
                     slot = self._allocate(pos, pinned, key)
                     if slot is None:
                         raise AssertionError("no slot for a demand fetch although the wave "
                                              "fits the cache")
                     ready = max(ready, self._admit(key, slot, now, False, pos))
-                    self.metrics.add(pos, requests=1, misses=1, collision_misses=int(collision),
-                                     demand_bytes=self.shape.expert_bytes)
-                self.eviction.on_access(key, pos)
+                    misses += 1
+                on_access(key, pos)
+            c["requests"][pos] += len(chunk)
+            c["hits"][pos] += hits
+            c["late_hits"][pos] += late_hits
+            c["misses"][pos] += misses
+            c["collision_misses"][pos] += collisions
+            c["demand_bytes"][pos] += misses * self.shape.expert_bytes
+            c["prefetch_used"][pos] += used
             if had_prediction:
-                self.metrics.add(pos, recall_requests=len(chunk))
+                c["recall_served"][pos] += used
+                c["recall_requests"][pos] += len(chunk)
             if w == 0:
                 self._prefetch(gate, pos, pinned, now)
             stall = self.clock.wait(ready)
             p["stall"] += stall
-            self.metrics.add(pos, stall_s=stall, waves=1)
-            wave_active = active & np.isin(ids, chunk)
+            c["stall_s"][pos] += stall
+            c["waves"][pos] += 1
+            wave_active = active if len(chunks) == 1 else active & np.isin(ids, chunk)
             yield Wave(layer, {e: self.slot_of[(layer, e)] for e in chunk}, ids, weights,
                        wave_active, first=(w == 0))
             if self.cost is not None:
@@ -276,7 +303,9 @@ class ExpertCache:
                 batch.add(key)
                 self._admit(key, slot, issue_at, True, pos)
                 self.prefetch_origin[key] = (self.pass_id, target)
-                self.metrics.add(tpos, prefetch_issued=1, prefetch_bytes=self.shape.expert_bytes)
+                c = self.metrics.c
+                c["prefetch_issued"][tpos] += 1
+                c["prefetch_bytes"][tpos] += self.shape.expert_bytes
 
     # -- checks --------------------------------------------------------------------------------
     def check_invariants(self) -> None:

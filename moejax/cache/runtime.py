@@ -62,13 +62,15 @@ class SlotPool:
 class CachedExperts:
     """`ExpertSource` backed by an `ExpertCache` and a `SlotPool`."""
 
-    def __init__(self, cache: ExpertCache, pool: SlotPool, num_experts: int,
-                 gate_observer=None):
+    def __init__(self, cache: ExpertCache, pool: SlotPool, num_experts: int):
         self.cache, self.pool = cache, pool
         self.num_experts = num_experts
         self._queued: list[tuple[Key, int]] = []
-        self.gate_observer = gate_observer
         cache.sink = self
+        # Which gate outputs the policies read: the others never leave the device.
+        self.needs_probs, self.needs_spec = cache.needs_scores()
+        # Per layer: the slot map last uploaded, reused while the layer's residency is unchanged.
+        self._slot_maps: dict[int, tuple[tuple, jax.Array]] = {}
 
     # SlotSink
     def load(self, key: Key, slot: int, prefetch: bool) -> None:
@@ -96,17 +98,35 @@ class CachedExperts:
         self.cache.end_pass()
 
     def experts_for(self, gate: GateOutputs) -> Iterator[ExpertWave]:
-        ids, weights, probs, spec = gate.on_host()
-        host = LayerGate(gate.layer, ids, weights, probs, spec[: len(gate.spec_layers)],
+        # (With the io_callback gate path these are host arrays already: device_get passes
+        # them through.)
+        wanted = [gate.ids if gate.host_ids is None else gate.host_ids,
+                  gate.weights if gate.host_weights is None else gate.host_weights]
+        if self.needs_probs:
+            wanted.append(gate.probs)
+        if self.needs_spec:
+            wanted.append(gate.spec_probs)
+        got = jax.device_get(wanted)  # one host round trip for what the policies read
+        spec = got[-1][: len(gate.spec_layers)] if self.needs_spec else None
+        host = LayerGate(gate.layer, got[0], got[1], got[2] if self.needs_probs else None, spec,
                          gate.spec_layers)
         for wave in self.cache.run_layer(host):
-            slot_of = np.zeros(self.num_experts, np.int32)
-            for e, slot in wave.slot_of.items():
-                slot_of[e] = slot
             unchanged = wave.ids is host.ids and wave.active.all()
             ids = gate.ids if unchanged else jnp.asarray(wave.ids, jnp.int32)
             weights = gate.weights if unchanged and wave.weights is host.weights else \
                 jnp.asarray(np.where(wave.active, wave.weights, 0.0), jnp.float32)
-            yield ExpertWave(self.pool.gate_up, self.pool.down, jnp.asarray(slot_of), ids,
+            yield ExpertWave(self.pool.gate_up, self.pool.down, self._slot_map(wave), ids,
                              weights)
             self._flush()  # prefetches go after this wave's experts step was dispatched
+
+    def _slot_map(self, wave) -> jax.Array:
+        signature = tuple(sorted(wave.slot_of.items()))
+        cached = self._slot_maps.get(wave.layer)
+        if cached is not None and cached[0] == signature:
+            return cached[1]
+        slot_of = np.zeros(self.num_experts, np.int32)
+        for e, slot in wave.slot_of.items():
+            slot_of[e] = slot
+        device = jnp.asarray(slot_of)
+        self._slot_maps[wave.layer] = (signature, device)
+        return device

@@ -214,32 +214,51 @@ class ScoreBased(_Base):
     gate-score history of Zhu et al.), ignoring position in the pass."""
 
     name = "score"
+    needs_probs = True
 
     def __init__(self, num_layers: int, num_experts: int):
         super().__init__(num_layers, num_experts)
         self.score = np.zeros((num_layers, num_experts))
         self.resident = np.zeros((num_layers, num_experts), bool)
+        # score where resident, +inf elsewhere: kept current so a victim is one partition.
+        self.masked = np.full(num_layers * num_experts, np.inf)
+
+    def set_layer_positions(self, pos_of):
+        super().set_layer_positions(pos_of)
+        self.layer_of = {p: l for l, p in self.pos_of.items()}
 
     def on_scores(self, layer, probs):
-        self.score[self.pos_of[layer]] += probs.sum(axis=0)
+        p = self.pos_of[layer]
+        self.score[p] += probs.sum(axis=0)
+        row = slice(p * self.num_experts, (p + 1) * self.num_experts)
+        self.masked[row] = np.where(self.resident[p], self.score[p], np.inf)
 
     def on_admit(self, key, pos, prefetch):
-        self.resident[self.pos_of[key[0]], key[1]] = True
+        p = self.pos_of[key[0]]
+        self.resident[p, key[1]] = True
+        self.masked[p * self.num_experts + key[1]] = self.score[p, key[1]]
 
     def on_evict(self, key):
-        self.resident[self.pos_of[key[0]], key[1]] = False
+        p = self.pos_of[key[0]]
+        self.resident[p, key[1]] = False
+        self.masked[p * self.num_experts + key[1]] = np.inf
 
     def victim(self, pos, evictable, incoming=None):
-        masked = np.where(self.resident, self.score, np.inf)
-        layer_of = {p: l for l, p in self.pos_of.items()}
-        for flat in np.argsort(masked, axis=None, kind="stable"):
-            p, e = divmod(int(flat), self.num_experts)
-            if not self.resident[p, e]:
+        n = self.masked.size
+        k = 8
+        while True:  # the lowest scores are rarely all pinned: look at the k lowest first
+            k = min(k, n)
+            cand = np.argpartition(self.masked, k - 1)[:k] if k < n else np.arange(n)
+            for flat in cand[np.lexsort((cand, self.masked[cand]))].tolist():
+                if self.masked[flat] == np.inf:
+                    return None
+                p, e = divmod(flat, self.num_experts)
+                key = (self.layer_of[p], e)
+                if evictable(key):
+                    return key
+            if k == n:
                 return None
-            key = (layer_of[p], e)
-            if evictable(key):
-                return key
-        return None
+            k *= 4
 
 
 @register("eviction", "least_stale")
@@ -282,10 +301,11 @@ class LeastStale(_Base):
     def victim(self, pos, evictable, incoming=None):
         for queue in (self.stale, self.current):
             # Ascending layer position: left of (or at) the running layer, then to its right.
-            for p in range(self.num_layers):
-                key = _first_evictable(queue[p], evictable)
-                if key is not None:
-                    return key
+            for layer_queue in queue:
+                if layer_queue:
+                    for key in layer_queue:
+                        if evictable(key):
+                            return key
         return None
 
 

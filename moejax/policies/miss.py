@@ -53,6 +53,7 @@ class Substitute:
     original weight. Otherwise the expert is fetched."""
 
     name = "substitute"
+    needs_probs = True
 
     def __init__(self, tol: float = 0.05):
         if tol < 0:

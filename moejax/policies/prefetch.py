@@ -15,6 +15,7 @@ from moejax.policies.registry import register
 
 class _SpecPrefetch:
     lookahead = 1
+    needs_spec = True
 
     def __init__(self, top_k: int, num_experts: int, lookahead: int):
         if not isinstance(lookahead, int) or isinstance(lookahead, bool) or lookahead < 1:
@@ -26,7 +27,9 @@ class _SpecPrefetch:
             raise ConfigError(f"prefetch policy {self.name!r} needs speculative gate scores; "
                               "this source has none (an id-only trace?)")
         for a, layer in enumerate(gate.spec_layers[: self.lookahead]):
-            yield layer, gate.spec[a].astype(np.float64).mean(axis=0)
+            rows = gate.spec[a]
+            yield layer, (rows[0].astype(np.float64) if len(rows) == 1
+                          else rows.astype(np.float64).mean(axis=0))
 
     def predict(self, gate: LayerGate) -> list[tuple[int, list[int]]]:
         return [(layer, self._choose(scores)) for layer, scores in self._scores(gate)]
@@ -84,10 +87,12 @@ class ScorePercentilePrefetch(_SpecPrefetch):
         out = []
         for layer, scores in self._scores(gate):
             hist = self.hist.setdefault(layer, np.zeros(len(_EDGES) - 1, np.int64))
-            hist += np.histogram(scores, _EDGES)[0]
+            # Bin i holds scores in [_EDGES[i], _EDGES[i+1]).
+            hist += np.bincount(np.searchsorted(_EDGES, scores, side="right") - 1,
+                                minlength=len(hist))
             cum = np.cumsum(hist)
             b = int(np.searchsorted(cum, self.p / 100 * cum[-1], side="left"))
             threshold = _EDGES[b + 1] if b + 1 < len(_EDGES) - 1 else _EDGES[-2]
-            order = np.argsort(-scores, kind="stable")
-            out.append((layer, [int(e) for e in order if scores[e] > threshold]))
+            above = np.flatnonzero(scores > threshold)
+            out.append((layer, above[np.argsort(-scores[above], kind="stable")].tolist()))
         return out

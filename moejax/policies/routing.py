@@ -31,6 +31,7 @@ class Standard:
 @register("routing", "cache_aware")
 class CacheAware:
     name = "cache_aware"
+    needs_probs = True
 
     def __init__(self, top_k: int, renormalize: bool, lam: float = 0.3):
         if lam < 0:
