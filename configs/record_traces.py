@@ -13,7 +13,7 @@ def get_config(arg: str | None = None):
     c = base_config()
     c.job = "record_traces"
     c.run.max_new_tokens = 192
-    c.trace.prompts_per_domain = 2
-    c.trace.prompt_tokens = 64
+    c.tracing.prompts_per_domain = 2
+    c.tracing.prompt_tokens = 64
     c.log.progress = False
     return c

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import ml_collections
 
-JOBS = ("generate", "perplexity", "record_traces")
+JOBS = ("generate", "perplexity", "record_traces", "replay")
 
 
 def base_config() -> ml_collections.ConfigDict:
@@ -34,6 +34,13 @@ def base_config() -> ml_collections.ConfigDict:
     # Floor on the slot count. Tiny-scale configs set it to top-k so that 1% of a 256-expert
     # model stays runnable; below top-k without a floor is an error (DESIGN.md, capacity).
     c.cache.min_slots = 0
+    # What a demand fetch may not evict: "layer" (the running layer's experts, resident
+    # together for the grouped matmul; live runs need it) or "request" (only the expert being
+    # fetched: SpecMD's expert-at-a-time execution, the classic cache model; replay only).
+    c.cache.pin_scope = "layer"
+    # Replay of traces that do not record expert sizes (capture / vLLM logs): bytes per expert
+    # (0: from the trace or model.preset; unknown sizes still give exact counts).
+    c.cache.expert_bytes = 0
 
     c.policies = ml_collections.ConfigDict()
     # Defaults: SpecMD's recommended combination (Table 2, config #5: Score, LS, Fetch, Stnd).
@@ -68,7 +75,8 @@ def base_config() -> ml_collections.ConfigDict:
     c.run.warmup = True
 
     c.log = ml_collections.ConfigDict()
-    c.log.progress = True  # a progress bar over decode steps
+    c.log.progress = True  # a progress bar over decode steps (replay: over passes)
+    c.log.tensorboard = True  # TensorBoard events in the workdir (grids turn this off)
 
     # The perplexity job: bits per byte of the model on `text_file`, in windows of `eval.window`
     # tokens advanced by `eval.stride` (each token scored once, with >= window-stride context).
@@ -78,13 +86,17 @@ def base_config() -> ml_collections.ConfigDict:
     c.eval.stride = 128
     c.eval.max_tokens = 0  # score at most this many tokens of the file (0: all)
 
-    # Routing traces (moejax/traces/format.py). `record` makes the generate job write
+    # Routing traces (moejax/traces/format.py). `tracing.record` makes the generate job write
     # WORKDIR/trace.npz; the record_traces job writes one trace per held-out prompt and domain.
-    c.trace = ml_collections.ConfigDict()
-    c.trace.record = False
-    c.trace.prompts_per_domain = 2
-    c.trace.prompt_tokens = 64
-    c.trace.teacher_forced = True  # decode steps consume the held-out text, not the argmax
+    c.tracing = ml_collections.ConfigDict()
+    c.tracing.record = False
+    c.tracing.prompts_per_domain = 2
+    c.tracing.prompt_tokens = 64
+    c.tracing.teacher_forced = True  # decode steps consume the held-out text, not the argmax
+
+    # The replay job: a trace file (moejax .npz, capture JSONL or vLLM rows JSONL) replayed
+    # through the cache instead of running a model.
+    c.trace = ""
 
     c.profile = ml_collections.ConfigDict()
     c.profile.enabled = False

@@ -143,7 +143,7 @@ def generate_job(tmp_path_factory):
     config.model.family, config.model.preset = "olmoe", "tiny"
     config.cache.capacity_frac = 0.25
     config.model.checkpoint = ""
-    config.trace.record = True
+    config.tracing.record = True
     config.run.max_new_tokens = 4
     config.run.stop_at_eos = False
     config.log.progress = False

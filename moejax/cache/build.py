@@ -67,15 +67,24 @@ def build_cache(config: ml_collections.ConfigDict, shape: CacheShape,
     clock = VirtualClock(hw) if kind == "virtual" else WallClock(hw)
     cost = CostModel(model_cfg, hw) if (model_cfg is not None and kind == "virtual") else None
     return ExpertCache(shape, eviction, prefetch, miss, routing, clock, cost,
-                       lookahead_scores=max(1, prefetch.lookahead) if model_cfg else 0)
+                       lookahead_scores=max(1, prefetch.lookahead) if model_cfg else 0,
+                       pin_scope=config.cache.pin_scope)
 
 
 def build_cached_experts(config: ml_collections.ConfigDict, cfg: ModelConfig, host_gate_up,
                          host_down) -> CachedExperts:
+    if config.cache.pin_scope != "layer":
+        raise ConfigError(f"cache.pin_scope={config.cache.pin_scope!r}: a live run computes a "
+                          "layer's experts as one grouped matmul, so they must be resident "
+                          "together (pin_scope='layer'); 'request' is for replay")
     s = num_slots(config, cfg.num_moe_layers, cfg.num_experts, cfg.top_k, cfg.expert_bytes)
     shape = CacheShape(tuple(cfg.moe_layers), cfg.num_layers, cfg.num_experts, cfg.top_k,
                        cfg.expert_bytes, s)
     cache = build_cache(config, shape, cfg, cfg.norm_topk_prob)
+    for kind, policy in (("eviction", cache.eviction), ("prefetch", cache.prefetch)):
+        if getattr(policy, "replay_only", False):
+            raise ConfigError(f"{kind} policy {policy.name!r} needs the future routing: it runs "
+                              "in trace replay only (configs/replay.py)")
     return CachedExperts(cache, SlotPool(s, host_gate_up, host_down), cfg.num_experts)
 
 

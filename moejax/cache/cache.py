@@ -61,6 +61,13 @@ def slots_for(shape_experts: int, top_k: int, expert_bytes: int, capacity_frac: 
     return min(n, shape_experts)
 
 
+# What a demand fetch may not evict. "layer": any expert the running layer (wave) requests —
+# its experts run as one grouped matmul, so they must be resident together (moejax's live
+# runtime). "request": only the expert being fetched — experts run one at a time, an earlier
+# one of the same layer may go once used (SpecMD's per-expert execution; replay only).
+PIN_SCOPES = ("layer", "request")
+
+
 class SlotSink(Protocol):
     def load(self, key: Key, slot: int, prefetch: bool) -> None:
         """Start copying expert `key` into `slot` (asynchronously)."""
@@ -81,8 +88,10 @@ class Wave:
 class ExpertCache:
     def __init__(self, shape: CacheShape, eviction, prefetch, miss, routing, clock,
                  cost: CostModel | None = None, sink: SlotSink | None = None,
-                 lookahead_scores: int = 0):
-        self.shape = shape
+                 lookahead_scores: int = 0, pin_scope: str = "layer"):
+        if pin_scope not in PIN_SCOPES:
+            raise ConfigError(f"cache.pin_scope={pin_scope!r} is not one of {PIN_SCOPES}")
+        self.shape, self.pin_scope = shape, pin_scope
         self.eviction, self.prefetch, self.miss, self.routing = eviction, prefetch, miss, routing
         self.clock, self.cost, self.sink = clock, cost, sink
         self.lookahead_scores = lookahead_scores
@@ -232,6 +241,7 @@ class ExpertCache:
         s = self.shape.num_slots
         slot_of, slot_ready, origins = self.slot_of, self.slot_ready, self.prefetch_origin
         on_access = self.eviction.on_access
+        by_layer = self.pin_scope == "layer"
         if len(requests) > s:  # waves: resident experts first, so no wave evicts them
             requests = ([e for e in requests if (layer, e) in slot_of] +
                         [e for e in requests if (layer, e) not in slot_of])
@@ -255,7 +265,7 @@ class ExpertCache:
                         used += 1
                 else:
                     collisions += key in self.seen_this_pass
-                    slot = self._allocate(pos, pinned, key)
+                    slot = self._allocate(pos, pinned if by_layer else {key}, key)
                     if slot is None:
                         raise AssertionError("no slot for a demand fetch although the wave "
                                              "fits the cache")
@@ -279,8 +289,9 @@ class ExpertCache:
             c["stall_s"][pos] += stall
             c["waves"][pos] += 1
             wave_active = active if len(chunks) == 1 else active & np.isin(ids, chunk)
-            yield Wave(layer, {e: self.slot_of[(layer, e)] for e in chunk}, ids, weights,
-                       wave_active, first=(w == 0))
+            # (With pin_scope="request" an expert of the wave may already be gone again.)
+            yield Wave(layer, {e: slot_of[(layer, e)] for e in chunk if (layer, e) in slot_of},
+                       ids, weights, wave_active, first=(w == 0))
             if self.cost is not None:
                 pairs = int(wave_active.sum())
                 self.clock.compute(self.cost.experts(pairs, len(chunk), tokens, shared=(w == 0)))

@@ -23,4 +23,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
         from moejax.jobs import record_traces
 
         return record_traces.run(config, workdir)
+    if config.job == "replay":
+        from moejax.jobs import replay
+
+        return replay.run(config, workdir)
     raise AssertionError(config.job)

@@ -87,7 +87,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     if config.run.warmup:  # compile every step shape on a throwaway cache
         make_decoder()[1].generate(prompt, min(2, config.run.max_new_tokens))
 
-    if config.trace.record:  # attached after warm-up, so the trace holds the timed run only
+    if config.tracing.record:  # attached after warm-up, so the trace holds the timed run only
         recorder = TraceRecorder(cfg, config.model.lookahead, loaded.source,
                                  {"prompt": prompt_text})
         decoder.gate_observers.append(recorder.on_gate)

@@ -39,17 +39,17 @@ def _prompt_starts(data: np.ndarray, count: int, length: int, seed: int) -> list
 
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
-    t = config.trace
+    t = config.tracing
     steps = config.run.max_new_tokens
     if t.prompts_per_domain < 1 or t.prompt_tokens < 1 or steps < 1:
-        raise ConfigError("trace.prompts_per_domain, trace.prompt_tokens and "
+        raise ConfigError("tracing.prompts_per_domain, tracing.prompt_tokens and "
                           "run.max_new_tokens must be >= 1")
     loaded = load_model(config.model, config.seed)
     if not isinstance(loaded.tokenizer, ByteTokenizer):
         raise ConfigError("record_traces feeds held-out bytes: it needs a byte-level model")
     total = t.prompt_tokens + steps
     if total > loaded.cfg.max_position_embeddings:
-        raise ConfigError(f"trace.prompt_tokens + run.max_new_tokens = {total} exceeds "
+        raise ConfigError(f"tracing.prompt_tokens + run.max_new_tokens = {total} exceeds "
                           f"max_position_embeddings={loaded.cfg.max_position_embeddings}")
     os.makedirs(workdir, exist_ok=True)
     heldout = corpus.load_splits(True)

@@ -6,6 +6,7 @@ All take `num_layers` (MoE layers) and `num_experts` from the cache; `random` ta
 
 from __future__ import annotations
 
+import bisect
 import random as _random
 from collections import OrderedDict
 
@@ -338,6 +339,64 @@ class RandomEviction(_Base):
             if evictable(self.keys[i]):
                 return self.keys[i]
         return None
+
+
+@register("eviction", "belady")
+class Belady(_Base):
+    """Belady's MIN, the offline optimum (replay only): evict the resident expert whose next
+    use is furthest in the future (never used again first). The future is the trace's router
+    selection, so it needs standard routing and the fetch miss policy. Always admits on a
+    miss (demand fetch)."""
+
+    name = "belady"
+    needs_future = True
+    replay_only = True
+
+    def __init__(self, num_layers: int, num_experts: int):
+        super().__init__(num_layers, num_experts)
+        self.future = None
+        self.resident: set[Key] = set()
+        self.where = (-1, -1)  # (pass, position) of the requests being counted
+        self.done = 0  # requests of that layer served so far
+
+    def set_future(self, future, cache) -> None:
+        self.future, self.cache = future, cache
+
+    def _now(self, pos: int) -> int:
+        """Index of the request being served (the cache serves them in the future's order)."""
+        here = (self.cache.pass_id, pos)
+        if here != self.where:
+            self.where, self.done = here, 0
+        return self.future.layer_start[here[0]][pos] + self.done
+
+    def on_access(self, key, pos):
+        self._now(pos)
+        self.done += 1
+
+    def on_admit(self, key, pos, prefetch):
+        self.resident.add(key)
+
+    def on_evict(self, key):
+        self.resident.discard(key)
+
+    def next_use(self, key: Key, now: int) -> float:
+        uses = self.future.uses.get(key)
+        if not uses:
+            return float("inf")
+        i = bisect.bisect_left(uses, now)
+        return uses[i] if i < len(uses) else float("inf")
+
+    def victim(self, pos, evictable, incoming=None):
+        if self.future is None:
+            raise RuntimeError("belady needs the future: it runs in replay only")
+        now = self._now(pos)
+        best, best_use = None, None
+        for key in self.resident:
+            if evictable(key):
+                use = self.next_use(key, now)
+                if best is None or use > best_use or (use == best_use and key < best):
+                    best, best_use = key, use
+        return best
 
 
 @register("eviction", "lhu")

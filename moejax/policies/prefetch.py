@@ -96,3 +96,94 @@ class ScorePercentilePrefetch(_SpecPrefetch):
             above = np.flatnonzero(scores > threshold)
             out.append((layer, above[np.argsort(-scores[above], kind="stable")].tolist()))
         return out
+
+
+class _Lookahead:
+    """Targets: the next `lookahead` MoE layers after the gate's layer."""
+
+    def __init__(self, lookahead: int):
+        if not isinstance(lookahead, int) or isinstance(lookahead, bool) or lookahead < 1:
+            raise ValueError(f"lookahead={lookahead} must be an integer >= 1")
+        self.lookahead = lookahead
+        self.layers: list[int] | None = None
+
+    def targets(self, layer: int, layers: list[int]) -> list[int]:
+        i = layers.index(layer)
+        return layers[i + 1:i + 1 + self.lookahead]
+
+
+@register("prefetch", "oracle")
+class OraclePrefetch(_Lookahead):
+    """The true future routing of the next layers (replay only): the prefetch ceiling."""
+
+    name = "oracle"
+    needs_future = True
+    replay_only = True
+
+    def __init__(self, lookahead: int = 1):
+        super().__init__(lookahead)
+        self.future = None
+
+    def set_future(self, future, cache) -> None:
+        self.future, self.cache = future, cache
+
+    def _true(self, target: int) -> list[int]:
+        return list(self.future.requests(self.cache.pass_id, target))
+
+    def predict(self, gate: LayerGate):
+        if self.future is None:
+            raise ConfigError(f"prefetch policy {self.name!r} needs the future: replay only")
+        return [(t, self._true(t)) for t in self.targets(gate.layer, self.future.layers)]
+
+
+@register("prefetch", "noisy_oracle")
+class NoisyOraclePrefetch(OraclePrefetch):
+    """The oracle with each true expert kept with probability `precision` and otherwise
+    replaced by a random wrong expert of the layer (seeded): prediction quality as a knob."""
+
+    name = "noisy_oracle"
+
+    def __init__(self, num_experts: int, precision: float = 0.8, lookahead: int = 1,
+                 seed: int = 0):
+        super().__init__(lookahead)
+        if not 0 <= precision <= 1:
+            raise ValueError(f"precision={precision} must be in [0, 1]")
+        self.num_experts, self.precision, self.seed = num_experts, precision, seed
+
+    def _true(self, target: int) -> list[int]:
+        true = super()._true(target)
+        rng = np.random.default_rng([self.seed, self.cache.pass_id, target])
+        wrong = [e for e in range(self.num_experts) if e not in true]
+        out = []
+        for e in true:
+            if rng.random() < self.precision or not wrong:
+                out.append(e)
+            else:
+                out.append(wrong.pop(int(rng.integers(len(wrong)))))
+        return out
+
+
+@register("prefetch", "temporal")
+class TemporalPrefetch(_Lookahead):
+    """The experts the target layer used in the previous pass (no scores needed: works on
+    id-only traces and live)."""
+
+    name = "temporal"
+
+    def __init__(self, lookahead: int = 1):
+        super().__init__(lookahead)
+        self.last: dict[int, list[int]] = {}
+        self.order: list[int] = []
+
+    def predict(self, gate: LayerGate):
+        if gate.layer not in self.order:
+            self.order.append(gate.layer)
+            self.order.sort()
+        ids = gate.ids
+        order = ids.T.reshape(-1)
+        _, first = np.unique(order, return_index=True)
+        self.last[gate.layer] = order[np.sort(first)].tolist()
+        known = self.order
+        i = known.index(gate.layer)
+        targets = known[i + 1:i + 1 + self.lookahead]
+        return [(t, self.last[t]) for t in targets if t in self.last]

@@ -1,0 +1,21 @@
+"""Replays a routing trace through the expert cache (no model runs).
+
+python -m moejax.main --config=configs/replay.py --config.trace=PATH --config.cache.slots=N \
+    --config.policies.eviction=lru --config.policies.prefetch=none --config.policies.miss=fetch \
+    --workdir=W
+
+Traces: moejax .npz (live runs with `tracing.record`, moejax/assets/traces), capture JSONL
+(../shared/data/traces), vLLM routing-logger JSONL. Id-only traces need the model named for
+expert sizes: --config.model.family=olmoe --config.model.preset=olmoe-1b-7b.
+"""
+
+from moejax.job_config import base_config
+
+
+def get_config(arg: str | None = None):
+    del arg
+    c = base_config()
+    c.job = "replay"
+    c.model.preset = ""  # the trace's own model config, or a family preset named here
+    c.clock.kind = "virtual"
+    return c

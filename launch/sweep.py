@@ -1,0 +1,265 @@
+"""Runs a config file's sweep: every `add(**overrides)` call of its `sweep(add)` is one cell,
+run into DIR/cells/<name>/ (results.json marks it finished).
+
+    python -m launch.sweep --config=configs/NAME.py[:ARG] --sweep_dir=DIR [--workers=2]
+        [--only=REGEX] [--dry_run] [--slurm [--time=04:00:00] [--partition=P] [--gres=gpu:1]]
+
+Locally, cells run in a pool of `--workers` spawned processes (this process never imports
+JAX); finished cells are skipped, so re-running an interrupted sweep finishes it. Failed cells
+are listed in DIR/failures.json and make the exit status 1. `--slurm` writes DIR/cells.txt and
+DIR/slurm.sbatch (a job array) instead of running anything. See launch/README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import contextlib
+import fcntl
+import json
+import multiprocessing
+import os
+import signal
+import sys
+import time
+from concurrent.futures.process import BrokenProcessPool
+
+from launch import cells as cells_lib
+from launch import slurm, worker
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# Several JAX processes share one accelerator in a local pool: none may grab most of its
+# memory up front. Set the variable yourself to override.
+WORKER_ENV = {"XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m launch.sweep", description=__doc__.split("\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--config", required=True, help="config file, PATH[:ARG]")
+    p.add_argument("--sweep_dir", required=True, help="output directory of the sweep")
+    p.add_argument("--workers", type=int, default=2, help="local pool processes")
+    p.add_argument("--only", default=None, help="only cells whose name matches this regex "
+                                                "(re.search)")
+    p.add_argument("--dry_run", action="store_true", help="list the cells; run nothing")
+    p.add_argument("--slurm", action="store_true", help="write a Slurm job array, run nothing")
+    d = slurm.SlurmOptions()
+    p.add_argument("--time", default=d.time, help="Slurm --time per cell")
+    p.add_argument("--partition", default=d.partition, help="Slurm --partition (empty: default)")
+    p.add_argument("--gres", default=d.gres, help="Slurm --gres (empty: none)")
+    p.add_argument("--cpus_per_task", type=int, default=d.cpus_per_task)
+    p.add_argument("--mem", default=d.mem, help="Slurm --mem per cell")
+    p.add_argument("--max_parallel", type=int, default=d.max_parallel,
+                   help="Slurm array throttle %%K (0: none)")
+    p.add_argument("--job_name", default=d.job_name, help="Slurm job name "
+                                                          "(empty: moejax-<sweep dir>)")
+    args = p.parse_args(argv)
+    if args.workers < 1:
+        p.error("--workers must be >= 1")
+    return args
+
+
+def write_sweep_json(sweep_dir: str, config: str, arg: str | None,
+                     cells: list[cells_lib.Cell]) -> None:
+    from moejax.results import write_json_atomic  # json/os only: no JAX
+
+    write_json_atomic(os.path.join(sweep_dir, "sweep.json"), {
+        "config": config,
+        "config_arg": arg,
+        "launcher": cells_lib.launcher_argv(),
+        "cells": [{"name": c.name, "overrides": c.overrides,
+                   "command": cells_lib.command(config, arg,
+                                                cells_lib.cell_dir(sweep_dir, c.name),
+                                                c.overrides)}
+                  for c in cells],
+    })
+
+
+@contextlib.contextmanager
+def _sweep_lock(sweep_dir: str):
+    """One local launcher per sweep directory: a second one would re-run (and first empty) the
+    cells the first is running. The lock goes with the process, however it ends."""
+    f = open(os.path.join(sweep_dir, ".lock"), "w")
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.close()
+        raise SystemExit(f"error: another launcher is running the sweep in {sweep_dir}")
+    try:
+        yield
+    finally:
+        f.close()
+
+
+def _on_sigterm(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def _new_pool(workers: int) -> cf.ProcessPoolExecutor:
+    # spawn: JAX does not survive fork after it has initialised, and workers should start clean.
+    return cf.ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context(
+        "spawn"), initializer=worker.init, initargs=(WORKER_ENV,))
+
+
+def _stop(pool: cf.ProcessPoolExecutor) -> None:
+    pool.shutdown(wait=False, cancel_futures=True)
+    for p in list(getattr(pool, "_processes", {}).values()):  # running cells are killed too
+        if p.is_alive():
+            p.terminate()
+
+
+class _Runner:
+    """The local pool. A worker that dies (segfault, OOM kill) breaks the whole pool and fails
+    every cell in it, so those cells are retried one at a time afterwards, where a death is
+    the cell's own."""
+
+    def __init__(self, config: str, arg: str | None, sweep_dir: str, workers: int, bar):
+        self.config, self.arg, self.sweep_dir, self.workers = config, arg, sweep_dir, workers
+        self.bar = bar
+        self.failures: dict[str, str] = {}
+        self.done = 0
+
+    def _submit(self, pool, cell):
+        return pool.submit(worker.run_cell, self.config, self.arg, cell.name, cell.overrides,
+                           cells_lib.cell_dir(self.sweep_dir, cell.name))
+
+    def _record(self, cell, outcome: dict) -> None:
+        if outcome["ok"]:
+            self.done += 1
+        else:
+            self.failures[cell.name] = outcome["error"]
+            self.bar.write(f"FAILED {cell.name}: {outcome['error']}")
+        self.bar.update(1)
+        self.bar.set_postfix(failed=len(self.failures), refresh=True)
+
+    def _outcome(self, cell, fut) -> dict | None:
+        """The cell's outcome, or None when its worker died (the pool is broken)."""
+        try:
+            return fut.result()
+        except BrokenProcessPool:
+            return None
+        except Exception as e:  # run_cell returns failures; this is the pool's own error
+            return {"ok": False, "error": f"{type(e).__name__}: {e}"}
+
+    def run(self, todo: list[cells_lib.Cell]) -> None:
+        suspects = []
+        pool = _new_pool(min(self.workers, len(todo)))
+        try:
+            futures = {self._submit(pool, c): c for c in todo}
+            for fut in cf.as_completed(futures):
+                cell = futures[fut]
+                outcome = self._outcome(cell, fut)
+                if outcome is None:
+                    suspects.append(cell)
+                else:
+                    self._record(cell, outcome)
+        except BaseException:
+            _stop(pool)
+            raise
+        pool.shutdown(wait=True)
+        if not suspects:
+            return
+        self.bar.write(f"a worker process died; re-running {len(suspects)} cells one at a time")
+        pool = None
+        try:
+            for cell in suspects:
+                pool = pool or _new_pool(1)
+                outcome = self._outcome(cell, self._submit(pool, cell))
+                if outcome is None:  # alone in the pool: this cell killed its worker
+                    outcome = {"ok": False, "error": "the worker process died running this "
+                                                     "cell (crash or out of memory)"}
+                    _stop(pool)
+                    pool = None
+                self._record(cell, outcome)
+        finally:
+            if pool is not None:
+                _stop(pool)
+
+
+def run_local(config: str, arg: str | None, sweep_dir: str, selected: list[cells_lib.Cell],
+              workers: int) -> int:
+    from tqdm import tqdm
+
+    finished = [c for c in selected
+                if cells_lib.is_finished(cells_lib.results_path(sweep_dir, c.name))]
+    done = {c.name for c in finished}
+    todo = [c for c in selected if c.name not in done]
+    t0 = time.perf_counter()
+    failures_json = os.path.join(sweep_dir, "failures.json")
+    with tqdm(total=len(selected), initial=len(finished), desc="cells", unit="cell",
+              dynamic_ncols=True) as bar:
+        bar.set_postfix(failed=0)
+        runner = _Runner(config, arg, sweep_dir, workers, bar)
+        if todo:
+            runner.run(todo)
+    elapsed = time.perf_counter() - t0
+    from moejax.results import write_json_atomic
+
+    if runner.failures:
+        write_json_atomic(failures_json, [{"name": n, "error": e}
+                                          for n, e in sorted(runner.failures.items())])
+    elif os.path.exists(failures_json):
+        os.unlink(failures_json)  # left by an earlier run whose failures are now fixed
+    print(f"{len(selected)} cells: {len(finished)} finished before, {runner.done} ran now, "
+          f"{len(runner.failures)} failed ({elapsed:.1f} s)")
+    if runner.failures:
+        for name, error in sorted(runner.failures.items()):
+            print(f"  FAILED {name}: {error.splitlines()[0] if error else ''}")
+        print(f"failures: {failures_json}; each cell's log.txt and error.txt under "
+              f"{os.path.join(sweep_dir, 'cells')}")
+        return 1
+    return 0
+
+
+def dry_run(sweep_dir: str, selected: list[cells_lib.Cell], total: int) -> int:
+    n_done = 0
+    for c in selected:
+        done = cells_lib.is_finished(cells_lib.results_path(sweep_dir, c.name))
+        failed = os.path.exists(os.path.join(cells_lib.cell_dir(sweep_dir, c.name), "error.txt"))
+        n_done += done
+        status = "finished" if done else ("failed" if failed else "todo")
+        print(f"{status:9} {c.name}  {json.dumps(c.overrides)}")
+    print(f"{len(selected)} of {total} cells selected, {n_done} finished, "
+          f"{len(selected) - n_done} to run")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    path, arg = cells_lib.split_config(args.config)
+    config = os.path.abspath(path)
+    sweep_dir = os.path.abspath(args.sweep_dir)
+    try:
+        all_cells = cells_lib.cells_from_config(config, arg)
+    except (cells_lib.SweepError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    selected = cells_lib.select(all_cells, args.only)
+    if args.dry_run:
+        return dry_run(sweep_dir, selected, len(all_cells))
+    if not selected:
+        print(f"error: no cell name matches --only={args.only!r}", file=sys.stderr)
+        return 2
+    os.makedirs(os.path.join(sweep_dir, "cells"), exist_ok=True)
+    write_sweep_json(sweep_dir, config, arg, all_cells)
+    if args.slurm:
+        options = slurm.SlurmOptions(time=args.time, partition=args.partition, gres=args.gres,
+                                     cpus_per_task=args.cpus_per_task, mem=args.mem,
+                                     max_parallel=args.max_parallel, job_name=args.job_name)
+        cells_txt, sbatch = slurm.write(sweep_dir, config, arg, selected, options, REPO)
+        print(f"{len(selected)} cells -> {cells_txt}\nsubmit with:  sbatch {sbatch}")
+        if len(selected) > slurm.MAX_ARRAY:
+            print(f"note: {len(selected)} array tasks exceed Slurm's default MaxArraySize "
+                  f"({slurm.MAX_ARRAY}); split the sweep with --only or raise the limit")
+        return 0
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        with _sweep_lock(sweep_dir):
+            return run_local(config, arg, sweep_dir, selected, args.workers)
+    except KeyboardInterrupt:
+        print("interrupted; run the same command again to finish the sweep", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

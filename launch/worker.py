@@ -1,0 +1,105 @@
+"""One cell in a pool process: a fresh `get_config(arg)`, the cell's overrides on its declared
+fields, `moejax.jobs.run(config, cell_dir)`. Output goes to the cell's `log.txt`; a failure is
+returned (and kept in `error.txt`), never raised, so one bad cell does not stop the others."""
+
+from __future__ import annotations
+
+import contextlib
+import difflib
+import os
+import shutil
+import sys
+import time
+import traceback
+from typing import Any
+
+from launch import cells as cells_lib
+
+
+class OverrideError(ValueError):
+    """An override names an undeclared field or has the wrong type for it."""
+
+
+def apply_overrides(config, overrides: dict[str, Any]) -> None:
+    """Sets each dotted field on a locked ConfigDict: an undeclared field or a value of the
+    wrong type is an error naming the field (as `--config.FIELD=VALUE` would be)."""
+    import ml_collections
+
+    config.lock()
+    for key, value in overrides.items():
+        node, parts = config, key.split(".")
+        for i, part in enumerate(parts):
+            where = ".".join(parts[:i]) or "the config"
+            if not isinstance(node, ml_collections.ConfigDict):
+                raise OverrideError(f"{key}: {where} is a {type(node).__name__}, not a group")
+            if part not in node:
+                close = difflib.get_close_matches(part, list(node.keys()), n=1)
+                hint = f" (did you mean {'.'.join(parts[:i] + close)}?)" if close else ""
+                raise OverrideError(f"{key} is not a declared field: {where} has no field "
+                                    f"{part!r}{hint}")
+            if i < len(parts) - 1:
+                node = node[part]
+        try:
+            node[parts[-1]] = value
+        except TypeError as e:
+            raise OverrideError(f"{key}={value!r}: {e}") from None
+
+
+def build_config(config_path: str, arg: str | None, overrides: dict[str, Any]):
+    config = cells_lib.call_get_config(cells_lib.load_config_module(config_path), arg)
+    apply_overrides(config, overrides)
+    return config
+
+
+@contextlib.contextmanager
+def _output_to(path: str):
+    """Points fds 1 and 2 at `path` (XLA's C++ logging included), restoring them after."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = os.dup(1), os.dup(2)
+    with open(path, "a") as log:
+        os.dup2(log.fileno(), 1)
+        os.dup2(log.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            os.close(saved[0])
+            os.close(saved[1])
+
+
+def init(env: dict[str, str]) -> None:
+    """Pool initializer: environment defaults (os.environ wins) before anything imports JAX."""
+    for key, value in env.items():
+        os.environ.setdefault(key, value)
+
+
+def run_cell(config_path: str, arg: str | None, name: str, overrides: dict[str, Any],
+             workdir: str) -> dict:
+    """Runs one cell into `workdir`, which is emptied first (a killed run's partial events or
+    traces must not mix with the new run's). Returns {"name", "ok", "error", "seconds"}."""
+    t0 = time.perf_counter()
+    shutil.rmtree(workdir, ignore_errors=True)
+    os.makedirs(workdir)
+    error = None
+    with _output_to(os.path.join(workdir, "log.txt")):
+        try:
+            config = build_config(config_path, arg, overrides)
+            from moejax import jobs
+
+            result = jobs.run(config, workdir)
+            path = os.path.join(workdir, "results.json")
+            if not cells_lib.is_finished(path):  # a job that returns its result unwritten
+                from moejax.results import write_json_atomic
+
+                write_json_atomic(path, result)
+        except (Exception, SystemExit) as e:
+            error = f"{type(e).__name__}: {e}"
+            traceback.print_exc()
+            with open(os.path.join(workdir, "error.txt"), "w") as f:
+                f.write(traceback.format_exc())
+    return {"name": name, "ok": error is None, "error": error,
+            "seconds": time.perf_counter() - t0}

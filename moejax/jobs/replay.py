@@ -1,0 +1,131 @@
+"""The replay job: a recorded or imported routing trace through the expert cache.
+
+    python -m moejax.main --config=configs/replay.py --config.trace=PATH --config.cache.slots=N \\
+        --config.policies.eviction=lru --workdir=W
+
+Writes `W/results.json` in the live schema (`cache`: totals, per layer, timing). The model
+shape comes from the trace; expert bytes (and the cost model of the virtual clock) from the
+trace's model config when it has one (moejax traces), else from `model.family`/`model.preset`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+
+import ml_collections
+
+from moejax.cache import report
+from moejax.cache.build import build_cache, clock_kind, num_slots
+from moejax.cache.cache import CacheShape
+from moejax.config import ConfigError, ModelConfig
+from moejax.families import FAMILIES, preset
+from moejax.metrics_writer import MetricsWriter
+from moejax.replay import replay
+from moejax.results import write_json_atomic
+from moejax.traces.format import Trace, TraceError
+from moejax.traces.importers import load_traces
+
+
+def _model_config(config: ml_collections.ConfigDict, trace: Trace) -> ModelConfig | None:
+    model = trace.meta.get("model") or {}
+    if "family" in model and "hidden_size" in model:
+        return ModelConfig.from_dict(model)
+    m = config.model
+    if m.preset in ("", "embedded"):
+        return None
+    if m.family not in FAMILIES:
+        raise ConfigError(f"model.family={m.family!r} is not one of {sorted(FAMILIES)}")
+    cfg = preset(m.family, m.preset)
+    if (cfg.num_moe_layers, cfg.num_experts, cfg.top_k) != (len(trace.layers), trace.num_experts,
+                                                           trace.top_k):
+        raise ConfigError(
+            f"model.preset={m.family}/{m.preset} has {cfg.num_moe_layers} MoE layers x "
+            f"{cfg.num_experts} experts, top-{cfg.top_k}; the trace has {len(trace.layers)} x "
+            f"{trace.num_experts}, top-{trace.top_k}")
+    return cfg
+
+
+def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
+    if not config.trace:
+        raise ConfigError("trace is empty: pass --config.trace=PATH")
+    if not os.path.isfile(config.trace):
+        raise ConfigError(f"trace={config.trace!r} is not a file")
+    if clock_kind(config) != "virtual":
+        raise ConfigError("replay runs on the virtual clock: set clock.kind=virtual (or auto)")
+    try:
+        traces = load_traces(config.trace)
+    except TraceError as e:
+        raise ConfigError(str(e)) from e
+    first = traces[0]
+    for t in traces[1:]:
+        if (t.layers, t.num_experts, t.top_k) != (first.layers, first.num_experts, first.top_k):
+            raise ConfigError(f"{config.trace}: sequences of different model shapes")
+    cfg = _model_config(config, first)
+    expert_bytes = (config.cache.expert_bytes or first.meta.get("expert_bytes")
+                    or (cfg.expert_bytes if cfg else None))
+    bytes_known = bool(expert_bytes)
+    if not bytes_known:
+        # Counts (hits, misses, collisions, prefetch precision) do not depend on expert size;
+        # bytes and transfer times do: they are reported as unknown.
+        expert_bytes = 1
+        if config.cache.slots <= 0:
+            raise ConfigError(f"{config.trace} does not record expert bytes, so a capacity "
+                              "fraction cannot be turned into slots: give --config.cache.slots=N, "
+                              "or name the model (--config.model.family=F "
+                              "--config.model.preset=P, e.g. olmoe / olmoe-1b-7b), or "
+                              "--config.cache.expert_bytes=B")
+    layers = first.layers
+    slots = num_slots(config, len(layers), first.num_experts, first.top_k, expert_bytes)
+    shape = CacheShape(tuple(layers), cfg.num_layers if cfg else max(layers) + 1,
+                       first.num_experts, first.top_k, expert_bytes, slots)
+    cache = build_cache(config, shape, cfg, cfg.norm_topk_prob if cfg else False)
+    if getattr(cache.eviction, "needs_future", False) and (
+            config.policies.routing != "standard" or config.policies.miss != "fetch"):
+        raise ConfigError("belady's future is the trace's router selection: it needs "
+                          "policies.routing=standard and policies.miss=fetch")
+    prompt = int(first.meta.get("info", {}).get("prompt_tokens", 0) or 0)
+    context = [prompt if t.prefill_passes == 0 else 0 for t in traces]
+
+    passes = sum(t.num_passes for t in traces)
+    bar = None
+    if config.log.progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=passes, desc="replay", unit="pass", leave=False)
+    start = time.perf_counter()
+    try:
+        replay(cache, traces, context, bar.update if bar is not None else None)
+    except ConfigError:
+        raise
+    finally:
+        if bar is not None:
+            bar.close()
+    elapsed = time.perf_counter() - start
+    requests = cache.metrics.totals()["requests"]
+    results = {
+        "job": "replay",
+        "trace": {"path": os.path.abspath(config.trace),
+                  "name": os.path.splitext(os.path.basename(config.trace))[0],
+                  "sequences": len(traces), "passes": passes, "has_scores": first.has_scores,
+                  "layers": layers, "num_experts": first.num_experts, "top_k": first.top_k},
+        "cache": {"slots": slots, "capacity_frac": slots / shape.total_experts,
+                  "expert_bytes": expert_bytes if bytes_known else None,
+                  "clock": cache.clock.kind,
+                  "hardware": dataclasses.asdict(cache.clock.hw),
+                  "policies": config.policies.to_dict(), **cache.metrics.to_dict()},
+        "replay": {"seconds": elapsed, "requests_per_s": requests / elapsed if elapsed else None},
+        "config": config.to_dict(),
+    }
+    del results["cache"]["passes"]  # per-pass timings: in TensorBoard, not in every cell file
+    if config.log.tensorboard:
+        writer = MetricsWriter(workdir)
+        report.write_tensorboard(writer, cache.metrics)
+        writer.close()
+    write_json_atomic(os.path.join(workdir, "results.json"), results)
+    if config.log.progress:
+        print(report.table(cache.metrics, f"replay of {config.trace}: {slots}/"
+                                          f"{shape.total_experts} slots, {config.policies.eviction}"
+                                          f" / {config.policies.prefetch}"))
+    return results

@@ -1,0 +1,108 @@
+"""Trace replay: drives the very same `ExpertCache`, policies and clock the live runtime uses
+from recorded gate outputs instead of a model (DESIGN.md: one policy code path).
+
+Passes are replayed in order; a trace's first `prefill_passes` passes are prefill, the rest
+decode steps. A file holding several sequences (a vLLM log's problems) is replayed sequence
+after sequence through one cache, as a server would see them.
+
+Replay-only policies (Belady eviction, oracle prefetch) see the future through `Future`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from moejax.cache.cache import ExpertCache
+from moejax.policies.base import Key, LayerGate
+from moejax.traces.format import Trace
+
+
+@dataclasses.dataclass
+class Future:
+    """The requests of a replay known in advance (the router's own choices): per global pass
+    (sequences concatenated) and MoE layer position, the experts in router-rank order."""
+
+    passes: list[list[list[int]]]  # [global pass][layer position] -> experts
+    layers: list[int]  # MoE layer index of each position
+
+    def __post_init__(self):
+        # Global request clock: pass -> layer -> router rank.
+        self.layer_start: list[list[int]] = []
+        self.uses: dict[Key, list[int]] = {}
+        t = 0
+        for passes in self.passes:
+            starts = []
+            for pos, experts in enumerate(passes):
+                starts.append(t)
+                for e in experts:
+                    self.uses.setdefault((self.layers[pos], e), []).append(t)
+                    t += 1
+            self.layer_start.append(starts)
+
+    def requests(self, pass_id: int, layer: int) -> list[int]:
+        if pass_id >= len(self.passes):
+            return []
+        return self.passes[pass_id][self.layers.index(layer)]
+
+
+def layer_requests(ids: np.ndarray) -> list[int]:
+    """Unique experts of one pass-layer's `[N, K]` ids, in router-rank order (rank-major over
+    tokens, first occurrence), as the cache orders standard-routing requests."""
+    order = ids.T.reshape(-1)
+    _, first = np.unique(order, return_index=True)
+    return order[np.sort(first)].tolist()
+
+
+def future_of(traces: list[Trace]) -> Future:
+    passes = []
+    for trace in traces:
+        for p in range(trace.num_passes):
+            rows = trace.ids[trace.pass_rows(p)]
+            passes.append([layer_requests(rows[:, i]) for i in range(rows.shape[1])])
+    return Future(passes, list(traces[0].layers))
+
+
+def layer_gates(trace: Trace, p: int) -> list[LayerGate]:
+    """The `LayerGate`s of pass `p`, exactly as the live runtime built them."""
+    rows = trace.pass_rows(p)
+    layers = trace.layers
+    lookahead = int(trace.meta.get("lookahead", 0))
+    gates = []
+    for i, layer in enumerate(layers):
+        spec_layers = tuple(layers[i + 1:i + 1 + lookahead])
+        spec = None
+        if trace.spec_probs is not None:
+            spec = np.ascontiguousarray(
+                np.moveaxis(trace.spec_probs[rows, i, :len(spec_layers)], 1, 0))
+        gates.append(LayerGate(
+            layer, trace.ids[rows, i],
+            None if trace.weights is None else trace.weights[rows, i],
+            None if trace.probs is None else trace.probs[rows, i], spec, spec_layers))
+    return gates
+
+
+def replay(cache: ExpertCache, traces: list[Trace], context_start: list[int] | None = None,
+           progress=None) -> None:
+    """Replays `traces` through `cache` (then `cache.finish()`). `context_start[i]`: tokens
+    already in context before sequence i's first pass (capture traces start after a prompt
+    that is not in the file)."""
+    for policy in (cache.eviction, cache.prefetch):
+        if getattr(policy, "needs_future", False):
+            policy.set_future(future_of(traces), cache)
+    for s, trace in enumerate(traces):
+        context = context_start[s] if context_start else 0
+        for p in range(trace.num_passes):
+            gates = layer_gates(trace, p)
+            tokens = len(gates[0].ids)
+            context += tokens
+            kind = "prefill" if p < trace.prefill_passes else "decode"
+            cache.begin_pass(kind, tokens, context)
+            for gate in gates:
+                for _ in cache.run_layer(gate):
+                    pass
+            cache.end_pass()
+            if progress is not None:
+                progress(1)
+    cache.finish()

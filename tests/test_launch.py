@@ -1,0 +1,292 @@
+"""The sweep launcher (`python -m launch.sweep`) with real processes: a pool sweep of tiny
+generate cells, a re-run that skips them, a sweep killed half-way and resumed, failing cells,
+the Slurm job array's command lines, and the cell names.
+
+The subprocesses share a JAX persistent compilation cache in a session temporary directory, so
+only the first pool worker compiles the tiny model's steps from scratch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from launch import cells as cells_lib
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# Cells of the test config, by config argument (`sweep.py:main`): get_config ignores it, sweep
+# picks its cells by it, so the argument is seen to reach both.
+SWEEP_CONFIG = textwrap.dedent('''
+    from moejax.job_config import base_config
+
+    SETS = {
+        "main": [
+            {"cache.capacity_frac": 0.25, "policies.eviction": "lru"},
+            {"cache.capacity_frac": 0.25, "policies.eviction": "lfu"},
+            {"cache.capacity_frac": 0.5, "policies.eviction": "lru"},
+            # a spec string with '(' and '=', a bool, an int: the flag formats of cells.txt
+            {"policies.prefetch": "topk(overfetch=1.5)", "run.stop_at_eos": False,
+             "run.max_new_tokens": 3},
+        ],
+        # distinct slot counts: each cell compiles, so the sweep is slow enough to kill
+        "kill": [{"cache.capacity_frac": f, "policies.eviction": "lru"}
+                 for f in (0.3, 0.35, 0.4, 0.45, 0.55, 0.6)],
+        "fail": [
+            {"cache.capacity_frac": 0.25, "policies.eviction": "lru"},
+            {"run.max_new_token": 3},  # undeclared (max_new_tokens)
+            {"policies.eviction": "no_such_policy"},
+        ],
+    }
+
+
+    def get_config(arg=None):
+        assert arg in SETS, arg
+        c = base_config()
+        c.model.preset = "tiny"
+        c.model.family = "olmoe"
+        c.cache.capacity_frac = 0.25
+        c.run.max_new_tokens = 2
+        c.run.warmup = False
+        c.log.progress = False
+        return c
+
+
+    def sweep(add, arg):
+        for overrides in SETS[arg]:
+            add(**overrides)
+''')
+
+
+@pytest.fixture(scope="session")
+def env(tmp_path_factory):
+    """Subprocess environment: this venv's python first on PATH (cells.txt says `python`), a
+    shared persistent compilation cache."""
+    e = dict(os.environ)
+    e["PATH"] = os.path.dirname(sys.executable) + os.pathsep + e.get("PATH", "")
+    e["PYTHONPATH"] = ROOT + os.pathsep + e.get("PYTHONPATH", "")
+    e["JAX_COMPILATION_CACHE_DIR"] = str(tmp_path_factory.mktemp("jax_cache"))
+    e["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+    e["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
+    e["JAX_PLATFORMS"] = e.get("JAX_PLATFORMS", "cpu")
+    return e
+
+
+@pytest.fixture(scope="session")
+def config_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("configs") / "tiny_sweep.py"
+    path.write_text(SWEEP_CONFIG)
+    return str(path)
+
+
+def launch(env, config, sweep_dir, *flags, timeout=120):
+    return subprocess.run([sys.executable, "-m", "launch.sweep", f"--config={config}",
+                           f"--sweep_dir={sweep_dir}", *flags], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def results(sweep_dir) -> dict[str, dict]:
+    """Every results.json under DIR/cells, parsed (a corrupt one fails the test)."""
+    out = {}
+    cells_dir = os.path.join(sweep_dir, "cells")
+    for name in sorted(os.listdir(cells_dir)):
+        path = os.path.join(cells_dir, name, "results.json")
+        if os.path.exists(path):
+            with open(path) as f:
+                out[name] = json.load(f)
+    return out
+
+
+def mtimes(sweep_dir) -> dict[str, int]:
+    return {n: os.stat(os.path.join(sweep_dir, "cells", n, "results.json")).st_mtime_ns
+            for n in results(sweep_dir)}
+
+
+def sweep_cells(sweep_dir) -> list[dict]:
+    with open(os.path.join(sweep_dir, "sweep.json")) as f:
+        return json.load(f)["cells"]
+
+
+@pytest.fixture(scope="session")
+def main_sweep(env, config_file, tmp_path_factory):
+    """The `main` set run once in a pool of two workers (shared by the tests that read it)."""
+    sweep_dir = str(tmp_path_factory.mktemp("main_sweep"))
+    proc = launch(env, f"{config_file}:main", sweep_dir, "--workers=2")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return sweep_dir, proc
+
+
+def test_pool_runs_every_cell_and_a_rerun_skips_them(main_sweep, env, config_file):
+    sweep_dir, proc = main_sweep
+    cells = sweep_cells(sweep_dir)
+    assert len(cells) == 4
+    done = results(sweep_dir)
+    assert sorted(done) == sorted(c["name"] for c in cells)
+    for c in cells:
+        r = done[c["name"]]
+        assert len(r["generated_token_ids"]) == c["overrides"].get("run.max_new_tokens", 2)
+        assert r["cache"]["policies"]["eviction"] == c["overrides"].get("policies.eviction",
+                                                                       "least_stale")
+    assert "4 cells: 0 finished before, 4 ran now, 0 failed" in proc.stdout
+    assert not os.path.exists(os.path.join(sweep_dir, "failures.json"))
+
+    before = mtimes(sweep_dir)
+    t0 = time.perf_counter()
+    again = launch(env, f"{config_file}:main", sweep_dir, "--workers=2")
+    assert again.returncode == 0, again.stderr
+    assert time.perf_counter() - t0 < 10  # no worker (and no JAX) started
+    assert "4 finished before, 0 ran now" in again.stdout
+    assert mtimes(sweep_dir) == before
+
+    dry = launch(env, f"{config_file}:main", sweep_dir, "--dry_run", "--only=eviction=lfu")
+    assert dry.returncode == 0, dry.stderr
+    listed = [line for line in dry.stdout.splitlines() if line.startswith("finished")]
+    assert len(listed) == 1 and "eviction=lfu" in listed[0]
+    assert "1 of 4 cells selected, 1 finished, 0 to run" in dry.stdout
+
+
+def test_killed_sweep_resumes_complete_and_uncorrupted(env, config_file, tmp_path):
+    sweep_dir = str(tmp_path / "sweep")
+    cmd = [sys.executable, "-m", "launch.sweep", f"--config={config_file}:kill",
+           f"--sweep_dir={sweep_dir}", "--workers=2"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 90
+    cells_dir = os.path.join(sweep_dir, "cells")
+    try:
+        while time.monotonic() < deadline and proc.poll() is None:
+            names = os.listdir(cells_dir) if os.path.isdir(cells_dir) else []
+            if any(os.path.exists(os.path.join(cells_dir, n, "results.json")) for n in names):
+                break
+            time.sleep(0.02)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)  # the launcher and its workers
+        proc.wait()
+    partial = results(sweep_dir)  # every results.json left behind parses
+    assert 1 <= len(partial) < 6, "the kill should land between the first and the last cell"
+
+    rerun = launch(env, f"{config_file}:kill", sweep_dir, "--workers=2")
+    assert rerun.returncode == 0, rerun.stdout + rerun.stderr
+    assert f"{len(partial)} finished before, {6 - len(partial)} ran now" in rerun.stdout
+    done = results(sweep_dir)
+    assert len(done) == 6
+    assert all(len(r["generated_token_ids"]) == 2 for r in done.values())
+    slots = {r["cache"]["slots"] for r in done.values()}
+    assert len(slots) == 6  # each cell ran with its own capacity
+    leftovers = [f for n in done for f in os.listdir(os.path.join(cells_dir, n))
+                 if f.startswith(".tmp-")]
+    assert not leftovers
+
+
+def test_failing_cells_are_reported_and_do_not_stop_the_others(env, config_file, tmp_path):
+    sweep_dir = str(tmp_path / "sweep")
+    proc = launch(env, f"{config_file}:fail", sweep_dir, "--workers=2")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    names = [c["name"] for c in sweep_cells(sweep_dir)]
+    assert list(results(sweep_dir)) == [names[0]]
+    with open(os.path.join(sweep_dir, "failures.json")) as f:
+        failures = {x["name"]: x["error"] for x in json.load(f)}
+    assert sorted(failures) == sorted(names[1:])
+    assert "run.max_new_token is not a declared field" in failures[names[1]]
+    assert "max_new_tokens" in failures[names[1]]  # the suggestion
+    assert "no_such_policy" in failures[names[2]]
+    assert "2 failed" in proc.stdout
+    assert os.path.exists(os.path.join(sweep_dir, "cells", names[2], "error.txt"))
+
+
+def test_slurm_array_and_its_command_lines(main_sweep, env, config_file, tmp_path):
+    pool_dir, _ = main_sweep
+    sweep_dir = str(tmp_path / "slurm")
+    proc = launch(env, f"{config_file}:main", sweep_dir, "--slurm", "--time=00:30:00",
+                  "--partition=debug", "--gres=gpu:h200:1")
+    assert proc.returncode == 0, proc.stderr
+    assert "sbatch " in proc.stdout
+    cells = sweep_cells(sweep_dir)
+    lines = open(os.path.join(sweep_dir, "cells.txt")).read().splitlines()
+    assert lines == [c["command"] for c in cells]
+    assert all(line.startswith("python -m moejax.main --config=") for line in lines)
+    sbatch = open(os.path.join(sweep_dir, "slurm.sbatch")).read()
+    assert "#SBATCH --array=0-3\n" in sbatch
+    assert f"#SBATCH --output={sweep_dir}/logs/%A_%a.out" in sbatch
+    for flag in ("--time=00:30:00", "--partition=debug", "--gres=gpu:h200:1"):
+        assert f"#SBATCH {flag}\n" in sbatch
+    assert os.path.isdir(os.path.join(sweep_dir, "logs"))
+    assert not os.path.exists(os.path.join(sweep_dir, "cells", cells[3]["name"]))  # ran nothing
+
+    # The cell with a spec string, a bool and an int, run alone from its line.
+    i = 3
+    assert "'--config.policies.prefetch=topk(overfetch=1.5)'" in lines[i]
+    assert "--config.run.stop_at_eos=false" in lines[i]
+    run = subprocess.run(["bash", "-c", lines[i]], cwd=ROOT, env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert run.returncode == 0, run.stdout + run.stderr
+    alone = results(sweep_dir)[cells[i]["name"]]
+    pooled = results(pool_dir)[cells[i]["name"]]
+    assert alone["generated_token_ids"] == pooled["generated_token_ids"]
+    assert len(alone["generated_token_ids"]) == 3
+    assert alone["cache"]["policies"] == pooled["cache"]["policies"]
+
+    # The array task for that line finds the cell finished and skips it.
+    before = mtimes(sweep_dir)
+    task = subprocess.run(["bash", os.path.join(sweep_dir, "slurm.sbatch")], cwd=ROOT,
+                          env={**env, "SLURM_ARRAY_TASK_ID": str(i)}, capture_output=True,
+                          text=True, timeout=60)
+    assert task.returncode == 0, task.stdout + task.stderr
+    assert "finished already" in task.stdout
+    assert mtimes(sweep_dir) == before
+
+
+# -- cell names ------------------------------------------------------------------------------
+_part = st.sampled_from(["a", "b", "cache", "policies", "capacity_frac", "eviction", "x_1"])
+_key = st.lists(_part, min_size=1, max_size=3).map(".".join)
+_value = st.one_of(st.text(max_size=40), st.integers(), st.booleans(),
+                   st.floats(allow_nan=True, allow_infinity=True),
+                   st.sampled_from(["lru", "LRU", "topk(overfetch=1.5)", "topk(overfetch=1.5 )",
+                                    "/data/a/trace.jsonl", "/data/b/trace.jsonl", "a,b", "a b"]))
+_overrides = st.dictionaries(_key, _value, max_size=5)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_overrides, max_size=12, unique_by=cells_lib.canonical))
+def test_cell_names_are_deterministic_safe_and_unique(sweep):
+    names = cells_lib.cell_names(sweep)
+    assert len({n.lower() for n in names}) == len(names)  # case-insensitive file systems too
+    for n in names:
+        assert cells_lib.NAME_RE.match(n) and len(n) <= cells_lib.MAX_NAME
+        assert n not in (".", "..") and not n.startswith(("-", "."))
+    # Independent of dict order, of the process, and stable under re-expansion.
+    reordered = [dict(reversed(list(o.items()))) for o in sweep]
+    assert cells_lib.cell_names(reordered) == names
+    assert [c.name for c in cells_lib.make_cells(sweep)] == names
+
+
+def test_cell_names_read_like_their_overrides():
+    names = cells_lib.cell_names([
+        {"cache.capacity_frac": 0.05, "policies.eviction": "lru",
+         "policies.prefetch": "topk(overfetch=1.5)"},
+        {"trace": "/data/traces/olmoe/chat.jsonl", "cache.slots": 8},
+        {"model.preset": "tiny", "hardware.preset": "h200"},
+        {"policies.eviction": "a:b"}, {"policies.eviction": "a_b"},  # collide once sanitised
+    ])
+    assert names[0] == "capacity_frac=0.05,eviction=lru,prefetch=topk_overfetch-1.5"
+    assert names[1] == "slots=8,trace=chat.jsonl"
+    assert names[2] == "hardware.preset=h200,model.preset=tiny"
+    assert re.fullmatch(r"eviction=a_b-h[0-9a-f]{8}", names[3])
+    assert re.fullmatch(r"eviction=a_b-h[0-9a-f]{8}", names[4])
+    assert names[3] != names[4]
+    assert cells_lib.readable_name({"run.prompt": "x" * 400}).endswith(
+        "-h" + cells_lib.overrides_hash({"run.prompt": "x" * 400}))
+    with pytest.raises(cells_lib.SweepError, match="same overrides"):
+        cells_lib.make_cells([{"a.b": 1}, {"a.b": 1}])
+    with pytest.raises(cells_lib.SweepError, match="dotted field name"):
+        cells_lib.collect(lambda add: add(**{"cache..x": 1}))

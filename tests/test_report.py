@@ -1,0 +1,225 @@
+"""The sweep report over a synthetic sweep: loading, report.md's tables, the figures."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import matplotlib.image
+import numpy as np
+import pytest
+
+from moejax.analysis import report
+from moejax.cache.metrics import CacheMetrics, PassTiming
+from moejax.results import write_json_atomic
+
+TRACES = ("prose_0", "code_0")
+CAPACITIES = (0.05, 0.25)
+EVICTIONS = ("lru", "fld", "least_stale")
+PREFETCHES = ("none", "score_percentile(p=80)")
+LAYERS = 4
+TOTAL_EXPERTS = LAYERS * 32
+
+
+def _results(trace: str, frac: float, eviction: str, prefetch: str, seed: int,
+             h2d_gbps: float = 5.0) -> dict:
+    """A generate/replay-shaped results.json built through CacheMetrics, so totals and rates
+    follow metrics.py exactly (hits + late + misses == requests, collisions <= misses)."""
+    rng = np.random.default_rng(seed)
+    m = CacheMetrics(list(range(1, LAYERS + 1)))
+    for pos in range(LAYERS):
+        requests = 200
+        hits = int(rng.integers(60, 160))
+        late = int(rng.integers(0, requests - hits))
+        misses = requests - hits - late
+        collisions = int(rng.integers(0, misses + 1))
+        values = dict(requests=requests, hits=hits, late_hits=late, misses=misses,
+                      collision_misses=collisions, stall_s=float(rng.uniform(1e-3, 1e-2)),
+                      demand_bytes=misses * 1000, evictions=misses)
+        if prefetch != "none":
+            issued = int(rng.integers(10, 60))
+            values.update(prefetch_issued=issued, prefetch_used=int(rng.integers(0, issued + 1)),
+                          recall_requests=requests, recall_served=int(rng.integers(0, hits + 1)),
+                          prefetch_bytes=issued * 1000,
+                          wasted_prefetch_bytes=int(rng.integers(0, issued)) * 1000)
+        m.add(pos, **values)
+    m.passes = [PassTiming("prefill", 64, 0.0, float(rng.uniform(0.01, 0.05)), 0.001),
+                PassTiming("decode", 1, 0.05, 0.06, 0.0), PassTiming("decode", 1, 0.06, 0.07, 0.0)]
+    slots = max(4, round(frac * TOTAL_EXPERTS))
+    policies = {"eviction": eviction, "prefetch": prefetch, "miss": "fetch",
+                "routing": "standard"}
+    return {
+        "job": "replay",
+        "config": {"cache": {"capacity_frac": frac, "slots": 0},
+                   "hardware": {"preset": "a100_specmd", "h2d_gbps": 0.0},
+                   "policies": policies, "trace": f"/traces/{trace}.npz"},
+        "trace": {"path": f"/traces/{trace}.npz", "name": trace},
+        "cache": {"slots": slots, "capacity_frac": slots / TOTAL_EXPERTS, "expert_bytes": 1000,
+                  "clock": "virtual", "hardware": {"name": "a100_specmd", "h2d_gbps": h2d_gbps},
+                  "policies": policies, **m.to_dict()},
+    }
+
+
+def _cell_name(trace, frac, eviction, prefetch):
+    return f"trace={trace},cap={frac},ev={eviction},pf={prefetch.split('(')[0]}"
+
+
+def _sweep(root, traces=TRACES, capacities=CAPACITIES, bad_cells=True) -> dict:
+    cells = {}
+    seed = 0
+    for trace in traces:
+        for frac in capacities:
+            for ev in EVICTIONS:
+                for pf in PREFETCHES:
+                    name = _cell_name(trace, frac, ev, pf)
+                    cells[name] = _results(trace, frac, ev, pf, seed)
+                    write_json_atomic(os.path.join(root, "cells", name, "results.json"),
+                                      cells[name])
+                    seed += 1
+    if bad_cells:
+        os.makedirs(os.path.join(root, "cells", "unfinished_cell"))
+        os.makedirs(os.path.join(root, "cells", "corrupt_cell"))
+        with open(os.path.join(root, "cells", "corrupt_cell", "results.json"), "w") as f:
+            f.write('{"cache": {"total": ')
+        os.makedirs(os.path.join(root, "cells", "crashed_cell"))  # as launch/worker.py leaves it
+        with open(os.path.join(root, "cells", "crashed_cell", "error.txt"), "w") as f:
+            f.write("Traceback (most recent call last):\n  ...\nConfigError: slots < top_k\n")
+    return cells
+
+
+def test_load_cells_skips_unfinished_and_corrupt(tmp_path):
+    cells = _sweep(str(tmp_path))
+    rows = report.load_cells(str(tmp_path))
+    assert len(rows) == 24 == len(cells)
+    sweep = report.scan(str(tmp_path))
+    assert sweep.unfinished == ["unfinished_cell"]
+    assert sorted(sweep.failed) == ["corrupt_cell", "crashed_cell"]
+    assert sweep.failed["crashed_cell"] == "ConfigError: slots < top_k"
+    assert sweep.failed["corrupt_cell"].startswith("JSONDecodeError")
+
+    name = _cell_name("code_0", 0.05, "least_stale", "score_percentile(p=80)")
+    row = next(r for r in rows if r["name"] == name)
+    total = cells[name]["cache"]["total"]
+    assert (row["trace"], row["capacity"], row["eviction"], row["prefetch"]) == (
+        "code_0", "5%", "least_stale", "score_percentile(p=80)")
+    assert row["h2d_gbps"] == 5.0  # the effective value, not the config's 0
+    assert row["capacity_frac"] == pytest.approx(6 / TOTAL_EXPERTS)
+    assert row["hit_rate"] == pytest.approx(
+        (total["hits"] + total["late_hits"]) / total["requests"])
+    assert row["requests"] == LAYERS * 200
+    assert row["ttft_s"] == cells[name]["cache"]["timing"]["ttft_s"]
+    assert row["decode_tok_per_s"] == pytest.approx(100.0)  # 2 tokens in 20 ms
+    assert len(row["layer_collision_miss_rate"]) == LAYERS
+    for rate in row["layer_collision_miss_rate"]:
+        assert 0 <= rate <= 1
+
+
+def test_trace_name_falls_back_to_the_config_path(tmp_path):
+    r = _results("math_1", 0.05, "lru", "none", 0)
+    del r["trace"]
+    write_json_atomic(str(tmp_path / "cells" / "a" / "results.json"), r)
+    r = _results("x", 0.05, "lru", "none", 1)
+    del r["trace"], r["config"]["trace"]
+    write_json_atomic(str(tmp_path / "cells" / "b" / "results.json"), r)
+    assert [row["trace"] for row in report.load_cells(str(tmp_path))] == ["math_1", "live"]
+
+
+def _assert_png(path):
+    assert os.path.getsize(path) > 1000
+    img = matplotlib.image.imread(path)
+    assert img.ndim == 3 and img.shape[2] in (3, 4)
+    assert 200 < img.shape[0] < 4000 and 300 < img.shape[1] < 6000
+
+
+def test_write_report(tmp_path):
+    cells = _sweep(str(tmp_path))
+    path = report.write_report(str(tmp_path))
+    assert path == os.path.join(str(tmp_path), "report.md")
+    text = open(path).read()
+    assert "24 finished cells of 27 cell directories (1 unfinished, 2 failed)" in text
+    assert "Unfinished: unfinished_cell." in text
+    assert "Failed: `crashed_cell` — ConfigError: slots < top_k" in text
+    # One table per trace and capacity, a row per eviction policy in each.
+    assert text.count("**capacity 5%**") == 2 and text.count("**capacity 25%**") == 2
+    for ev in EVICTIONS:
+        assert text.count(f"\n| {ev} | ") == 4
+    assert "| eviction \\ prefetch | none | score_percentile(p=80) |" in text
+
+    name = _cell_name("prose_0", 0.25, "fld", "none")
+    t = cells[name]["cache"]["total"]
+    hit = 100 * (t["hits"] + t["late_hits"]) / t["requests"]
+    coll = 100 * t["collision_misses"] / t["requests"]
+    ttft_ms = 1e3 * cells[name]["cache"]["timing"]["ttft_s"]
+    entry = f"{hit:.1f}% / {coll:.1f}% / {ttft_ms:.1f} ms"
+    section = text.split("### prose_0")[1].split("**capacity 25%**")[1]
+    fld_row = next(line for line in section.splitlines() if line.startswith("| fld |"))
+    assert fld_row.split(" | ")[1] == entry
+
+    # The best-by-TTFT entry for (prose_0, 5%) is the cell with the smallest TTFT there.
+    group = {n: c for n, c in cells.items() if n.startswith("trace=prose_0,cap=0.05,")}
+    best = min(group, key=lambda n: group[n]["cache"]["timing"]["ttft_s"])
+    pol = group[best]["cache"]["policies"]
+    best_line = next(line for line in text.splitlines() if line.startswith("| prose_0 | 5% |"))
+    assert f"| {pol['eviction']} · {pol['prefetch']} |" in best_line
+
+    for fig in report.FIGURES:
+        _assert_png(os.path.join(str(tmp_path), fig))
+    assert len(open(os.path.join(str(tmp_path), "cells.csv")).read().splitlines()) == 25
+
+
+def test_single_trace_single_capacity_and_partial_values(tmp_path):
+    cells = _sweep(str(tmp_path), traces=("math_0",), capacities=(0.05,), bad_cells=False)
+    # A cell without timing or prefetch numbers, and a policy only it uses.
+    r = next(iter(cells.values()))
+    r["cache"]["timing"]["ttft_s"] = None
+    r["cache"]["timing"]["decode_tok_per_s"] = None
+    r["cache"]["policies"]["eviction"] = r["config"]["policies"]["eviction"] = "lfu"
+    r["cache"]["per_layer"][0]["collision_miss_rate"] = None
+    write_json_atomic(str(tmp_path / "cells" / "lfu" / "results.json"), r)
+    path = report.write_report(str(tmp_path))
+    text = open(path).read()
+    assert "7 finished cells of 7 cell directories" in text
+    lfu_row = next(line for line in text.splitlines() if line.startswith("| lfu |"))
+    assert lfu_row.split(" | ")[1].endswith("% / –")  # no TTFT; no score_percentile cell
+    assert lfu_row.endswith("|  |")
+    for fig in report.FIGURES:
+        _assert_png(os.path.join(str(tmp_path), fig))
+
+
+def test_empty_sweep_and_cli(tmp_path, capsys):
+    report.main([f"--sweep_dir={tmp_path}"])
+    out = capsys.readouterr().out.strip()
+    assert out == os.path.join(str(tmp_path), "report.md")
+    assert "No finished cells" in open(out).read()
+    for fig in report.FIGURES:
+        assert os.path.getsize(os.path.join(str(tmp_path), fig)) > 0
+
+
+def test_json_roundtrip_of_none_rates(tmp_path):
+    """A cell with zero requests (all rates None) loads and renders."""
+    r = _results("prose_0", 0.05, "lru", "none", 3)
+    for key in ("hit_rate", "late_hit_rate", "miss_rate", "collision_miss_rate"):
+        r["cache"]["total"][key] = None
+    os.makedirs(tmp_path / "cells" / "z")
+    (tmp_path / "cells" / "z" / "results.json").write_text(json.dumps(r))
+    report.write_report(str(tmp_path))
+    assert "| lru | – / – / " in open(tmp_path / "report.md").read()
+
+
+def test_varying_miss_policy_and_bandwidth(tmp_path):
+    """Tables stay at the lowest bandwidth; a varying miss policy joins the row label."""
+    for i, (miss, gbps) in enumerate([("fetch", 5.0), ("drop(keep=2)", 5.0), ("fetch", 25.0)]):
+        for ev in ("least_stale", "lru"):
+            r = _results("prose_0", 0.05, ev, "none", 10 * i + len(ev), h2d_gbps=gbps)
+            r["cache"]["policies"]["miss"] = r["config"]["policies"]["miss"] = miss
+            write_json_atomic(str(tmp_path / "cells" / f"{i}{ev}" / "results.json"), r)
+    text = open(report.write_report(str(tmp_path))).read()
+    assert "## By trace, at H2D 5 GB/s (the lowest present)" in text
+    assert "| eviction · miss \\ prefetch | none |" in text
+    labels = [line.split(" | ")[0] for line in text.splitlines() if line.startswith("| l")]
+    assert labels == ["| lru · drop(keep=2)", "| lru · fetch", "| least_stale · drop(keep=2)",
+                      "| least_stale · fetch"]
+    best = [line for line in text.splitlines() if line.startswith("| prose_0 | 5% |")]
+    assert [line.split(" | ")[2] for line in best] == ["5", "25"]
+    for fig in report.FIGURES:
+        _assert_png(os.path.join(str(tmp_path), fig))
