@@ -4,6 +4,7 @@ runs line `$SLURM_ARRAY_TASK_ID + 1` of it unless that cell already has a result
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
 import shlex
 import sys
@@ -34,7 +35,8 @@ def _environment_lines(repo: str) -> list[str]:
     return lines
 
 
-def sbatch_script(sweep_dir: str, n: int, options: SlurmOptions, repo: str) -> str:
+def sbatch_script(sweep_dir: str, n: int, options: SlurmOptions, repo: str,
+                  cells_sha256: str) -> str:
     name = options.job_name or f"moejax-{os.path.basename(os.path.normpath(sweep_dir))}"
     array = f"0-{n - 1}" + (f"%{options.max_parallel}" if options.max_parallel > 0 else "")
     header = [
@@ -60,6 +62,13 @@ def sbatch_script(sweep_dir: str, n: int, options: SlurmOptions, repo: str) -> s
         "set -euo pipefail",
         *_environment_lines(repo),
         f"CELLS={cells_txt}",
+        "# Tasks still pending read cells.txt when they start: one rewritten since (another",
+        "# --slurm run) would give them other cells, so they stop instead.",
+        f'if [ "$(sha256sum < "$CELLS" | cut -d" " -f1)" != {cells_sha256} ]; then',
+        '  echo "$CELLS changed since this script was written: rerun launch.sweep --slurm and'
+        ' resubmit" >&2',
+        "  exit 1",
+        "fi",
         'LINE=$((SLURM_ARRAY_TASK_ID + 1))',
         'CMD=$(sed -n "${LINE}p" "$CELLS")',
         'if [ -z "$CMD" ]; then echo "no line $LINE in $CELLS" >&2; exit 1; fi',
@@ -104,7 +113,9 @@ def write(sweep_dir: str, config: str, arg: str | None, cells: list[cells_lib.Ce
     cells_txt = os.path.join(sweep_dir, "cells.txt")
     sbatch = os.path.join(sweep_dir, "slurm.sbatch")
     os.makedirs(os.path.join(sweep_dir, "logs"), exist_ok=True)
-    write_text_atomic(cells_txt, "\n".join(lines) + "\n")
-    write_text_atomic(sbatch, sbatch_script(sweep_dir, len(cells), options, repo))
+    text = "\n".join(lines) + "\n"
+    digest = hashlib.sha256(text.encode()).hexdigest()
+    write_text_atomic(cells_txt, text)
+    write_text_atomic(sbatch, sbatch_script(sweep_dir, len(cells), options, repo, digest))
     os.chmod(sbatch, 0o755)
     return cells_txt, sbatch

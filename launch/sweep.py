@@ -34,7 +34,8 @@ WORKER_ENV = {"XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m launch.sweep", description=__doc__.split("\n")[0],
+    p = argparse.ArgumentParser(prog="python -m launch.sweep", description="Runs a config file's sweep(add): one "
+                                "job per cell, locally in a process pool or as a Slurm array.",
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--config", required=True, help="config file, PATH[:ARG]")
     p.add_argument("--sweep_dir", required=True, help="output directory of the sweep")
@@ -98,20 +99,26 @@ def _on_sigterm(signum, frame):
 def _new_pool(workers: int) -> cf.ProcessPoolExecutor:
     # spawn: JAX does not survive fork after it has initialised, and workers should start clean.
     return cf.ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context(
-        "spawn"), initializer=worker.init, initargs=(WORKER_ENV,))
+        "spawn"), initializer=worker.init, initargs=(WORKER_ENV if workers > 1 else {},))
 
 
 def _stop(pool: cf.ProcessPoolExecutor) -> None:
-    pool.shutdown(wait=False, cancel_futures=True)
-    for p in list(getattr(pool, "_processes", {}).values()):  # running cells are killed too
+    """Kills the workers (their running cells leave no results.json) and drops queued cells.
+    The processes are taken first: shutdown() forgets them."""
+    processes = list((getattr(pool, "_processes", None) or {}).values())
+    for p in processes:
         if p.is_alive():
             p.terminate()
+    pool.shutdown(wait=False, cancel_futures=True)
+    for p in processes:
+        p.join(timeout=10)
 
 
 class _Runner:
-    """The local pool. A worker that dies (segfault, OOM kill) breaks the whole pool and fails
-    every cell in it, so those cells are retried one at a time afterwards, where a death is
-    the cell's own."""
+    """The local pool. A worker that dies (segfault, OOM kill) breaks the whole pool: every
+    cell still in it fails with BrokenProcessPool. Cells that had not started go to a fresh
+    pool; those that were running (their RUNNING marker is left behind) run again one at a
+    time at the end, where a worker's death is the cell's own and fails only that cell."""
 
     def __init__(self, config: str, arg: str | None, sweep_dir: str, workers: int, bar):
         self.config, self.arg, self.sweep_dir, self.workers = config, arg, sweep_dir, workers
@@ -119,7 +126,12 @@ class _Runner:
         self.failures: dict[str, str] = {}
         self.done = 0
 
+    def _marker(self, cell) -> str:
+        return os.path.join(cells_lib.cell_dir(self.sweep_dir, cell.name), worker.RUNNING)
+
     def _submit(self, pool, cell):
+        with contextlib.suppress(FileNotFoundError):  # left by a killed launcher
+            os.unlink(self._marker(cell))
         return pool.submit(worker.run_cell, self.config, self.arg, cell.name, cell.overrides,
                            cells_lib.cell_dir(self.sweep_dir, cell.name))
 
@@ -132,7 +144,7 @@ class _Runner:
         self.bar.update(1)
         self.bar.set_postfix(failed=len(self.failures), refresh=True)
 
-    def _outcome(self, cell, fut) -> dict | None:
+    def _outcome(self, fut) -> dict | None:
         """The cell's outcome, or None when its worker died (the pool is broken)."""
         try:
             return fut.result()
@@ -141,39 +153,55 @@ class _Runner:
         except Exception as e:  # run_cell returns failures; this is the pool's own error
             return {"ok": False, "error": f"{type(e).__name__}: {e}"}
 
-    def run(self, todo: list[cells_lib.Cell]) -> None:
-        suspects = []
-        pool = _new_pool(min(self.workers, len(todo)))
+    def _round(self, cells: list[cells_lib.Cell]) -> list[cells_lib.Cell]:
+        """Runs `cells` in a pool; returns those a broken pool left without an outcome."""
+        broken = []
+        pool = _new_pool(min(self.workers, len(cells)))
         try:
-            futures = {self._submit(pool, c): c for c in todo}
+            futures = {self._submit(pool, c): c for c in cells}
             for fut in cf.as_completed(futures):
-                cell = futures[fut]
-                outcome = self._outcome(cell, fut)
+                outcome = self._outcome(fut)
                 if outcome is None:
-                    suspects.append(cell)
+                    broken.append(futures[fut])
                 else:
-                    self._record(cell, outcome)
+                    self._record(futures[fut], outcome)
         except BaseException:
             _stop(pool)
             raise
         pool.shutdown(wait=True)
-        if not suspects:
-            return
-        self.bar.write(f"a worker process died; re-running {len(suspects)} cells one at a time")
+        return broken
+
+    def run(self, todo: list[cells_lib.Cell]) -> None:
+        pending, alone = list(todo), []
+        while pending:
+            broken = self._round(pending)
+            running = [c for c in broken if os.path.exists(self._marker(c))]
+            if broken:
+                self.bar.write(f"a worker process died while running "
+                               f"{', '.join(c.name for c in running) or 'no cell'}; "
+                               f"{'they run' if running else 'the rest runs'} alone at the end")
+            if not running:  # died outside any cell: do not loop, isolate them all
+                alone += broken
+                break
+            alone += running
+            pending = [c for c in broken if c not in running]
         pool = None
         try:
-            for cell in suspects:
+            for cell in alone:
                 pool = pool or _new_pool(1)
-                outcome = self._outcome(cell, self._submit(pool, cell))
+                outcome = self._outcome(self._submit(pool, cell))
                 if outcome is None:  # alone in the pool: this cell killed its worker
                     outcome = {"ok": False, "error": "the worker process died running this "
-                                                     "cell (crash or out of memory)"}
+                                                     "cell (a crash, or killed: out of memory?)"}
                     _stop(pool)
                     pool = None
                 self._record(cell, outcome)
-        finally:
+        except BaseException:
             if pool is not None:
                 _stop(pool)
+            raise
+        if pool is not None:
+            pool.shutdown(wait=True)
 
 
 def run_local(config: str, arg: str | None, sweep_dir: str, selected: list[cells_lib.Cell],

@@ -15,6 +15,10 @@ from typing import Any
 
 from launch import cells as cells_lib
 
+# In a cell's directory while a worker runs it: left behind, it names the cell a dead worker
+# was running.
+RUNNING = ".running"
+
 
 class OverrideError(ValueError):
     """An override names an undeclared field or has the wrong type for it."""
@@ -84,6 +88,9 @@ def run_cell(config_path: str, arg: str | None, name: str, overrides: dict[str, 
     t0 = time.perf_counter()
     shutil.rmtree(workdir, ignore_errors=True)
     os.makedirs(workdir)
+    marker = os.path.join(workdir, RUNNING)
+    with open(marker, "w") as f:
+        f.write(str(os.getpid()))
     error = None
     with _output_to(os.path.join(workdir, "log.txt")):
         try:
@@ -101,5 +108,6 @@ def run_cell(config_path: str, arg: str | None, name: str, overrides: dict[str, 
             traceback.print_exc()
             with open(os.path.join(workdir, "error.txt"), "w") as f:
                 f.write(traceback.format_exc())
+    os.unlink(marker)
     return {"name": name, "ok": error is None, "error": error,
             "seconds": time.perf_counter() - t0}

@@ -48,6 +48,9 @@ def base_config() -> ml_collections.ConfigDict:
     c.policies.prefetch = "score_percentile(p=80)"  # none, topk(overfetch=1.0, lookahead=1), ...
     c.policies.miss = "fetch"  # fetch, drop(keep=2), substitute(tol=0.05)
     c.policies.routing = "standard"  # standard, cache_aware(lam=0.3)
+    # A named combination (moejax/policies/presets.py: SpecMD Table 2, specmd_1..specmd_5);
+    # when set it replaces all four fields above.
+    c.policies.preset = ""
 
     c.hardware = ml_collections.ConfigDict()
     c.hardware.preset = "a100_specmd"  # a100_specmd, h100_pcie, h200, cpu

@@ -135,3 +135,21 @@ def test_tiny_scale_grid_config_runs(tmp_path):
     c.run.max_new_tokens, c.log.progress = 3, False
     results = jobs.run(c, str(tmp_path))
     assert results["cache"]["slots"] == 2  # 1% of 32 experts, floored at top-k
+
+
+def test_specmd_presets(tmp_path):
+    from moejax.policies.presets import PRESETS
+
+    assert set(PRESETS) == {f"specmd_{i}" for i in range(1, 6)}
+    c = _tiny()
+    c.policies.preset = "specmd_5"
+    res = jobs.run(c, str(tmp_path / "a"))
+    assert res["cache"]["policies"] == {"prefetch": "score_percentile(p=80)",
+                                        "eviction": "least_stale", "miss": "fetch",
+                                        "routing": "standard", "preset": "specmd_5"}
+    c.policies.preset = "specmd_3"  # LHU + precision cascade: needs quantized tiers
+    with pytest.raises(ConfigError, match="quantized"):
+        jobs.run(c, str(tmp_path / "b"))
+    c.policies.preset = "specmd_9"
+    with pytest.raises(ConfigError, match="policies.preset='specmd_9'"):
+        jobs.run(c, str(tmp_path / "c"))

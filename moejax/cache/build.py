@@ -10,7 +10,7 @@ from moejax.cache.cache import CacheShape, ExpertCache, slots_for
 from moejax.cache.runtime import CachedExperts, SlotPool
 from moejax.config import ConfigError, ModelConfig
 from moejax.models.stepped import ResidentExperts
-from moejax.policies import build
+from moejax.policies import build, presets
 from moejax.sim import hardware as hw_lib
 from moejax.sim.clock import VirtualClock, WallClock
 from moejax.sim.cost import CostModel
@@ -54,9 +54,9 @@ def policy_context(shape: CacheShape, cfg_router_renorm: bool, seed: int) -> dic
 
 def build_policies(config: ml_collections.ConfigDict, shape: CacheShape, renormalize: bool):
     ctx = policy_context(shape, renormalize, config.seed)
-    p = config.policies
-    return (build("eviction", p.eviction, **ctx), build("prefetch", p.prefetch, **ctx),
-            build("miss", p.miss, **ctx), build("routing", p.routing, **ctx))
+    p = presets.resolve(config.policies)
+    return (build("eviction", p["eviction"], **ctx), build("prefetch", p["prefetch"], **ctx),
+            build("miss", p["miss"], **ctx), build("routing", p["routing"], **ctx))
 
 
 def build_cache(config: ml_collections.ConfigDict, shape: CacheShape,

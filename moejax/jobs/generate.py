@@ -17,6 +17,7 @@ from moejax.config import ConfigError
 from moejax.metrics_writer import MetricsWriter
 from moejax.model_source import load_model
 from moejax.models.stepped import SteppedDecoder
+from moejax.policies import presets
 from moejax.results import write_json_atomic
 from moejax.tokenizer import parse_ids
 from moejax.traces.recorder import TraceRecorder
@@ -43,10 +44,10 @@ def _progress(enabled: bool, total: int):
 def _header(config, cache) -> str:
     hw = cache.clock.hw
     s = cache.shape
-    p = config.policies
+    p = presets.resolve(config.policies)
     return (f"cache: {s.num_slots}/{s.total_experts} expert slots "
-            f"({100 * s.num_slots / s.total_experts:.1f}%), eviction {p.eviction}, prefetch "
-            f"{p.prefetch}, miss {p.miss}, routing {p.routing}; {hw.name} at {hw.h2d_gbps:g} "
+            f"({100 * s.num_slots / s.total_experts:.1f}%), eviction {p['eviction']}, prefetch "
+            f"{p['prefetch']}, miss {p['miss']}, routing {p['routing']}; {hw.name} at {hw.h2d_gbps:g} "
             f"GB/s host->device, {cache.clock.kind} clock")
 
 
@@ -130,7 +131,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
                             "expert_bytes": cache.shape.expert_bytes,
                             "clock": cache.clock.kind,
                             "hardware": dataclasses.asdict(cache.clock.hw),
-                            "policies": config.policies.to_dict(),
+                            "policies": presets.report(config.policies),
                             **cache.metrics.to_dict()}
         results["timings"]["cache_clock"] = cache.metrics.timing()
         writer = MetricsWriter(workdir)

@@ -19,6 +19,7 @@ from moejax.cache.build import expert_source
 from moejax.config import ConfigError
 from moejax.model_source import load_model
 from moejax.models.stepped import SteppedDecoder
+from moejax.policies import presets
 from moejax.results import write_json_atomic
 from moejax.tokenizer import ByteTokenizer
 
@@ -105,7 +106,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     cache = getattr(experts, "cache", None)
     if cache is not None:
         cache.finish()
-        results["cache"] = {"slots": cache.shape.num_slots, "policies": config.policies.to_dict(),
+        results["cache"] = {"slots": cache.shape.num_slots, "policies": presets.report(config.policies),
                             **cache.metrics.to_dict()}
         del results["cache"]["passes"]
     write_json_atomic(os.path.join(workdir, "results.json"), results)

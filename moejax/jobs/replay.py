@@ -22,6 +22,7 @@ from moejax.cache.cache import CacheShape
 from moejax.config import ConfigError, ModelConfig
 from moejax.families import FAMILIES, preset
 from moejax.metrics_writer import MetricsWriter
+from moejax.policies import presets
 from moejax.replay import replay
 from moejax.results import write_json_atomic
 from moejax.traces.format import Trace, TraceError
@@ -81,8 +82,9 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     shape = CacheShape(tuple(layers), cfg.num_layers if cfg else max(layers) + 1,
                        first.num_experts, first.top_k, expert_bytes, slots)
     cache = build_cache(config, shape, cfg, cfg.norm_topk_prob if cfg else False)
+    chosen = presets.resolve(config.policies)
     if getattr(cache.eviction, "needs_future", False) and (
-            config.policies.routing != "standard" or config.policies.miss != "fetch"):
+            chosen["routing"] != "standard" or chosen["miss"] != "fetch"):
         raise ConfigError("belady's future is the trace's router selection: it needs "
                           "policies.routing=standard and policies.miss=fetch")
     prompt = int(first.meta.get("info", {}).get("prompt_tokens", 0) or 0)
@@ -114,7 +116,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
                   "expert_bytes": expert_bytes if bytes_known else None,
                   "clock": cache.clock.kind,
                   "hardware": dataclasses.asdict(cache.clock.hw),
-                  "policies": config.policies.to_dict(), **cache.metrics.to_dict()},
+                  "policies": presets.report(config.policies), **cache.metrics.to_dict()},
         "replay": {"seconds": elapsed, "requests_per_s": requests / elapsed if elapsed else None},
         "config": config.to_dict(),
     }
@@ -126,6 +128,6 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     write_json_atomic(os.path.join(workdir, "results.json"), results)
     if config.log.progress:
         print(report.table(cache.metrics, f"replay of {config.trace}: {slots}/"
-                                          f"{shape.total_experts} slots, {config.policies.eviction}"
-                                          f" / {config.policies.prefetch}"))
+                                          f"{shape.total_experts} slots, {chosen['eviction']}"
+                                          f" / {chosen['prefetch']}"))
     return results
