@@ -15,7 +15,7 @@ import dataclasses
 import numpy as np
 
 from moejax.cache.cache import ExpertCache
-from moejax.policies.base import Key, LayerGate
+from moejax.policies.base import Key, LayerGate, requests_in_rank_order
 from moejax.traces.format import Trace
 
 
@@ -47,20 +47,12 @@ class Future:
         return self.passes[pass_id][self.layers.index(layer)]
 
 
-def layer_requests(ids: np.ndarray) -> list[int]:
-    """Unique experts of one pass-layer's `[N, K]` ids, in router-rank order (rank-major over
-    tokens, first occurrence), as the cache orders standard-routing requests."""
-    order = ids.T.reshape(-1)
-    _, first = np.unique(order, return_index=True)
-    return order[np.sort(first)].tolist()
-
-
 def future_of(traces: list[Trace]) -> Future:
     passes = []
     for trace in traces:
         for p in range(trace.num_passes):
             rows = trace.ids[trace.pass_rows(p)]
-            passes.append([layer_requests(rows[:, i]) for i in range(rows.shape[1])])
+            passes.append([requests_in_rank_order(rows[:, i]) for i in range(rows.shape[1])])
     return Future(passes, list(traces[0].layers))
 
 

@@ -23,7 +23,7 @@ import numpy as np
 
 from moejax.cache.metrics import CacheMetrics, PassTiming
 from moejax.config import ConfigError
-from moejax.policies.base import Key, LayerGate
+from moejax.policies.base import Key, LayerGate, requests_in_rank_order
 from moejax.sim.cost import CostModel
 
 
@@ -231,9 +231,7 @@ class ExpertCache:
         if tokens == 1:
             requests = [int(e) for e, a in zip(ids[0].tolist(), active[0].tolist()) if a]
         else:
-            order = ids.T.reshape(-1)[active.T.reshape(-1)]
-            _, first = np.unique(order, return_index=True)
-            requests = order[np.sort(first)].tolist()
+            requests = requests_in_rank_order(ids, active)
         here = (self.pass_id, layer)
         had_prediction = here in self.predicted
         self.predicted.discard(here)

@@ -50,12 +50,6 @@ class GateOutputs:
     host_ids: np.ndarray | None = None
     host_weights: np.ndarray | None = None
 
-    def on_host(self) -> tuple[np.ndarray, ...]:
-        """(ids, weights, probs, spec_probs) as numpy, reading back only what is not there."""
-        ids = self.host_ids if self.host_ids is not None else np.asarray(self.ids)
-        w = self.host_weights if self.host_weights is not None else np.asarray(self.weights)
-        return ids, w, np.asarray(self.probs), np.asarray(self.spec_probs)
-
 
 class ExpertWave(NamedTuple):
     """What one experts step reads: the slot pool, where each expert sits, and the (possibly

@@ -18,6 +18,16 @@ import numpy as np
 Key = tuple[int, int]
 
 
+def requests_in_rank_order(ids: np.ndarray, active: np.ndarray | None = None) -> list[int]:
+    """The distinct experts of a pass-layer's `[N, K]` selection in router-rank order:
+    rank-major over the tokens, first occurrence wins (only `active` contributions)."""
+    order = ids.T.reshape(-1)
+    if active is not None:
+        order = order[active.T.reshape(-1)]
+    _, first = np.unique(order, return_index=True)
+    return order[np.sort(first)].tolist()
+
+
 @dataclasses.dataclass
 class LayerGate:
     """One MoE layer's gate outputs for one pass, on the host (numpy).

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from moejax.config import ConfigError
-from moejax.policies.base import LayerGate
+from moejax.policies.base import LayerGate, requests_in_rank_order
 from moejax.policies.registry import register
 
 
@@ -179,10 +179,7 @@ class TemporalPrefetch(_Lookahead):
         if gate.layer not in self.order:
             self.order.append(gate.layer)
             self.order.sort()
-        ids = gate.ids
-        order = ids.T.reshape(-1)
-        _, first = np.unique(order, return_index=True)
-        self.last[gate.layer] = order[np.sort(first)].tolist()
+        self.last[gate.layer] = requests_in_rank_order(gate.ids)
         known = self.order
         i = known.index(gate.layer)
         targets = known[i + 1:i + 1 + self.lookahead]
