@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from moejax.cache.metrics import CacheMetrics
 from moejax.metrics_writer import MetricsWriter
+from moejax.policies import presets
 
 
 def _pct(x) -> str:
@@ -55,3 +58,17 @@ def write_tensorboard(writer: MetricsWriter, metrics: CacheMetrics) -> None:
     last = max(0, len(metrics.snapshots) - 1)
     writer.scalars(last, {"perf/ttft_s": tm["ttft_s"], "perf/decode_tok_per_s":
                           tm["decode_tok_per_s"], "perf/decode_s": tm["decode_s"]})
+
+
+def cache_results(cache, policies, passes: bool = True,
+                  expert_bytes_known: bool = True) -> dict:
+    """The `cache` section of a job's results.json (schema in WORKSPACE.md), one place for the
+    generate, perplexity and replay jobs. `passes=False` leaves out the per-pass timings."""
+    shape = cache.shape
+    out = {"slots": shape.num_slots, "capacity_frac": shape.num_slots / shape.total_experts,
+           "expert_bytes": shape.expert_bytes if expert_bytes_known else None,
+           "clock": cache.clock.kind, "hardware": dataclasses.asdict(cache.clock.hw),
+           "policies": presets.report(policies), **cache.metrics.to_dict()}
+    if not passes:
+        del out["passes"]
+    return out

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
 import time
 
@@ -126,13 +125,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     }
     if cache is not None:
         cache.finish()
-        results["cache"] = {"slots": cache.shape.num_slots,
-                            "capacity_frac": cache.shape.num_slots / cache.shape.total_experts,
-                            "expert_bytes": cache.shape.expert_bytes,
-                            "clock": cache.clock.kind,
-                            "hardware": dataclasses.asdict(cache.clock.hw),
-                            "policies": presets.report(config.policies),
-                            **cache.metrics.to_dict()}
+        results["cache"] = report.cache_results(cache, config.policies)
         results["timings"]["cache_clock"] = cache.metrics.timing()
         writer = MetricsWriter(workdir)
         report.write_tensorboard(writer, cache.metrics)

@@ -15,11 +15,11 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from moejax.cache import report
 from moejax.cache.build import expert_source
 from moejax.config import ConfigError
 from moejax.model_source import load_model
 from moejax.models.stepped import SteppedDecoder
-from moejax.policies import presets
 from moejax.results import write_json_atomic
 from moejax.tokenizer import ByteTokenizer
 
@@ -106,9 +106,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     cache = getattr(experts, "cache", None)
     if cache is not None:
         cache.finish()
-        results["cache"] = {"slots": cache.shape.num_slots, "policies": presets.report(config.policies),
-                            **cache.metrics.to_dict()}
-        del results["cache"]["passes"]
+        results["cache"] = report.cache_results(cache, config.policies, passes=False)
     write_json_atomic(os.path.join(workdir, "results.json"), results)
     print(f"{config.text_file}: {results['bits_per_byte']:.4f} bits/byte, "
           f"{results['bits_per_token']:.4f} bits/token over {len(nll)} tokens "

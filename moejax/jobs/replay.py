@@ -10,7 +10,6 @@ trace's model config when it has one (moejax traces), else from `model.family`/`
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import time
 
@@ -112,15 +111,12 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
                   "name": os.path.splitext(os.path.basename(config.trace))[0],
                   "sequences": len(traces), "passes": passes, "has_scores": first.has_scores,
                   "layers": layers, "num_experts": first.num_experts, "top_k": first.top_k},
-        "cache": {"slots": slots, "capacity_frac": slots / shape.total_experts,
-                  "expert_bytes": expert_bytes if bytes_known else None,
-                  "clock": cache.clock.kind,
-                  "hardware": dataclasses.asdict(cache.clock.hw),
-                  "policies": presets.report(config.policies), **cache.metrics.to_dict()},
+        # Per-pass timings: in TensorBoard, not in every cell file.
+        "cache": report.cache_results(cache, config.policies, passes=False,
+                                      expert_bytes_known=bytes_known),
         "replay": {"seconds": elapsed, "requests_per_s": requests / elapsed if elapsed else None},
         "config": config.to_dict(),
     }
-    del results["cache"]["passes"]  # per-pass timings: in TensorBoard, not in every cell file
     if config.log.tensorboard:
         writer = MetricsWriter(workdir)
         report.write_tensorboard(writer, cache.metrics)
