@@ -4,7 +4,7 @@
 
 1. bookkeeping per layer-step (routing + miss + requests + eviction + prefetch decisions and
    the residency update) for the OLMoE-1B-7B shape (16 layers, 64 experts, top-8), driven by
-   the real OLMoE decode trace in ../shared/data with synthetic speculative scores, in µs;
+   the real OLMoE decode capture (moejax/assets/captures) with synthetic speculative scores, in µs;
 2. an offloaded run at 100% capacity against the fully resident model (the embedded model,
    greedy decode): wall-time ratio, goal <= 1.15;
 3. one expert moved through the runtime (`SlotPool.load`) against a raw `jax.device_put` of
@@ -14,12 +14,12 @@
 
 from __future__ import annotations
 
-import os
 import time
 
 import jax
 import numpy as np
 
+from moejax import bundled
 from moejax.cache.build import build_cached_experts
 from moejax.cache.cache import CacheShape, ExpertCache
 from moejax.cache.runtime import SlotPool
@@ -28,13 +28,12 @@ from moejax.job_config import base_config
 from moejax.model_source import load_model
 from moejax.models.stepped import ResidentExperts, SteppedDecoder
 from moejax.policies import build
-from moejax.policies.base import LayerGate
+from moejax.seam import LayerGate
 from moejax.sim import hardware
 from moejax.sim.clock import VirtualClock
 from moejax.traces.importers import load_traces
 
-TRACE = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "traces",
-                     "olmoe_prose.jsonl")
+TRACE = bundled.capture_path("olmoe_prose")
 
 
 def bookkeeping(eviction: str, prefetch: str, steps: int = 256) -> float:

@@ -6,15 +6,14 @@ decode trace (512 steps x 16 layers x top-8 = 65 536 requests) at 5% capacity.
 
 from __future__ import annotations
 
-import os
 import tempfile
 import time
 
 from moejax import jobs
+from moejax.bundled import capture_path
 from moejax.job_config import base_config
 
-TRACE = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "traces",
-                     "olmoe_prose.jsonl")
+TRACE = capture_path("olmoe_prose")
 CASES = [("lru", "none"), ("lru_per_layer", "none"), ("lfu", "none"), ("fld", "none"),
          ("least_stale", "none"), ("fifo", "none"), ("random", "none"), ("belady", "none"),
          ("least_stale", "temporal"), ("least_stale", "oracle"), ("lru", "oracle")]

@@ -1,16 +1,16 @@
 """SpecMD's capacity x bandwidth x policy grid, replayed on routing traces.
 
 python -m launch.sweep --config=configs/grid_specmd.py --sweep_dir=/tmp/grid --workers=2
-python -m launch.sweep --config=configs/grid_specmd.py:traces=shared --sweep_dir=/tmp/grid_shared
+python -m launch.sweep --config=configs/grid_specmd.py:traces=captures --sweep_dir=/tmp/grid_real
 python -m moejax.analysis.report --sweep_dir=/tmp/grid
 
 Axes: capacity {1%, 5%, 25%} x host->device bandwidth {5, 16, 32 GB/s} x eviction {lru,
 lru_per_layer, lfu, fld, score, least_stale, belady} x prefetch {none, topk(1.0), topk(1.5),
 score_percentile(80), oracle}, over
-* `shared`: the four real traces in ../shared/data/traces (OLMoE-1B-7B, Qwen1.5-MoE-A2.7B;
-  ids only: policies that need gate scores — score eviction, top-k and score-percentile
-  prefetch — cannot run on them, so those cells are left out and the score-free `temporal`
-  predictor (same layer, previous token) takes their place);
+* `captures`: the four real capture traces bundled in moejax/assets/captures (OLMoE-1B-7B,
+  Qwen1.5-MoE-A2.7B; ids only: policies that need gate scores — score eviction, top-k and
+  score-percentile prefetch — cannot run on them, so those cells are left out and the
+  score-free `temporal` predictor (same layer, previous token) takes their place);
 * `scored`: the embedded model's six scored traces (moejax/assets/traces), every cell. At 1%
   these 256-expert traces get the top-k floor of 4 slots (1% would be 2).
 `traces=all` (default) is both.
@@ -19,13 +19,8 @@ score_percentile(80), oracle}, over
 import glob
 import os
 
+from moejax import bundled
 from moejax.job_config import base_config, parse_args
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SHARED = os.path.join(os.path.dirname(ROOT), "shared", "data", "traces")
-SCORED = os.path.join(ROOT, "moejax", "assets", "traces")
-# The model each shared trace was captured from: expert sizes and the cost model.
-SHARED_MODELS = {"olmoe": ("olmoe", "olmoe-1b-7b"), "qwen": ("qwen2_moe", "qwen1.5-moe-a2.7b")}
 
 CAPACITIES = (0.01, 0.05, 0.25)
 BANDWIDTHS_GBPS = (5.0, 16.0, 32.0)
@@ -48,15 +43,15 @@ def get_config(arg: str | None = None):
 
 def traces(which: str) -> list[tuple[str, dict]]:
     out = []
-    if which in ("all", "shared"):
-        for path in sorted(glob.glob(os.path.join(SHARED, "*.jsonl"))):
-            family, preset = SHARED_MODELS[os.path.basename(path).split("_")[0]]
+    if which in ("all", "captures"):
+        for path in bundled.capture_files():
+            family, preset = bundled.capture_model(path)
             out.append((path, {"model.family": family, "model.preset": preset}))
     if which in ("all", "scored"):
-        for path in sorted(glob.glob(os.path.join(SCORED, "*.npz"))):
+        for path in sorted(glob.glob(os.path.join(bundled.SCORED_TRACES_DIR, "*.npz"))):
             out.append((path, {"cache.min_slots": 4}))
     if not out:
-        raise ValueError(f"traces={which!r}: expected all, shared or scored (and trace files)")
+        raise ValueError(f"traces={which!r}: expected all, captures or scored (and trace files)")
     return out
 
 

@@ -5,7 +5,7 @@ python -m moejax.main --config=configs/replay.py --config.trace=PATH --config.ca
     --workdir=W
 
 Traces: moejax .npz (live runs with `tracing.record`, moejax/assets/traces), capture JSONL
-(../shared/data/traces), vLLM routing-logger JSONL. Id-only traces need the model named for
+(moejax/assets/captures), vLLM routing-logger JSONL. Id-only traces need the model named for
 expert sizes: --config.model.family=olmoe --config.model.preset=olmoe-1b-7b.
 """
 

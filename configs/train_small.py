@@ -1,6 +1,7 @@
 """Trains the embedded small MoE (OLMoE family, byte-level) on prose, code and math.
 
-python -m moejax.train --config=configs/train_small.py --workdir=/tmp/moejax-train
+python -m moejax.main --config=configs/train_small.py --workdir=/tmp/moejax-train
+(`python -m moejax.train ...` is the same door.)
 
 About 30 minutes on 2 CPU cores. Re-running the same command resumes from the last checkpoint.
 `--config=configs/train_small.py:smoke` is a seconds-long run for tests.
@@ -13,6 +14,7 @@ from moejax.train.corpus import DEFAULT_GSM8K
 
 def get_config(arg: str | None = None):
     c = ml_collections.ConfigDict()
+    c.job = "train"
     c.seed = 0
     c.model = ml_collections.ConfigDict(dict(
         hidden_size=96, num_layers=8, num_heads=3, num_kv_heads=3, num_experts=32, top_k=4,

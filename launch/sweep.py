@@ -171,10 +171,23 @@ class _Runner:
         pool.shutdown(wait=True)
         return broken
 
+    def _finished_anyway(self, broken: list[cells_lib.Cell]) -> list[cells_lib.Cell]:
+        """Records as done the cells of a broken pool whose worker died after their job wrote
+        a complete results.json (their stale marker removed); returns the others."""
+        rest = []
+        for c in broken:
+            if worker.clear_stale_marker(cells_lib.cell_dir(self.sweep_dir, c.name)):
+                self.bar.write(f"a worker process died after finishing {c.name}; its "
+                               f"results.json is complete")
+                self._record(c, {"ok": True, "error": None})
+            else:
+                rest.append(c)
+        return rest
+
     def run(self, todo: list[cells_lib.Cell]) -> None:
         pending, alone = list(todo), []
         while pending:
-            broken = self._round(pending)
+            broken = self._finished_anyway(self._round(pending))
             running = [c for c in broken if os.path.exists(self._marker(c))]
             if broken:
                 self.bar.write(f"a worker process died while running "
@@ -191,10 +204,14 @@ class _Runner:
                 pool = pool or _new_pool(1)
                 outcome = self._outcome(self._submit(pool, cell))
                 if outcome is None:  # alone in the pool: this cell killed its worker
-                    outcome = {"ok": False, "error": "the worker process died running this "
-                                                     "cell (a crash, or killed: out of memory?)"}
                     _stop(pool)
                     pool = None
+                    if worker.clear_stale_marker(cells_lib.cell_dir(self.sweep_dir,
+                                                                    cell.name)):
+                        outcome = {"ok": True, "error": None}  # died after finishing
+                    else:
+                        outcome = {"ok": False, "error": "the worker process died running "
+                                   "this cell (a crash, or killed: out of memory?)"}
                 self._record(cell, outcome)
         except BaseException:
             if pool is not None:
@@ -208,8 +225,10 @@ def run_local(config: str, arg: str | None, sweep_dir: str, selected: list[cells
               workers: int) -> int:
     from tqdm import tqdm
 
+    # A finished cell (complete results.json) is skipped; a worker killed just after writing
+    # it left its RUNNING marker too, removed here so no finished cell keeps one.
     finished = [c for c in selected
-                if cells_lib.is_finished(cells_lib.results_path(sweep_dir, c.name))]
+                if worker.clear_stale_marker(cells_lib.cell_dir(sweep_dir, c.name))]
     done = {c.name for c in finished}
     todo = [c for c in selected if c.name not in done]
     t0 = time.perf_counter()

@@ -15,9 +15,21 @@ from typing import Any
 
 from launch import cells as cells_lib
 
-# In a cell's directory while a worker runs it: left behind, it names the cell a dead worker
-# was running.
+# In a cell's directory while a worker runs it: left behind without a complete results.json, it
+# names the cell a dead worker was running. A worker killed between the job's atomic write of
+# results.json and the marker's removal leaves both: the cell is finished, and the launcher
+# removes the stale marker (`clear_stale_marker`) when it next looks at the cell.
 RUNNING = ".running"
+
+
+def clear_stale_marker(workdir: str) -> bool:
+    """Removes `workdir`'s RUNNING marker if its results.json is complete (a finished cell never
+    keeps one); returns whether the cell is finished."""
+    if not cells_lib.is_finished(os.path.join(workdir, "results.json")):
+        return False
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(os.path.join(workdir, RUNNING))
+    return True
 
 
 class OverrideError(ValueError):
@@ -92,22 +104,25 @@ def run_cell(config_path: str, arg: str | None, name: str, overrides: dict[str, 
     with open(marker, "w") as f:
         f.write(str(os.getpid()))
     error = None
-    with _output_to(os.path.join(workdir, "log.txt")):
-        try:
-            config = build_config(config_path, arg, overrides)
-            from moejax import jobs
+    try:
+        with _output_to(os.path.join(workdir, "log.txt")):
+            try:
+                config = build_config(config_path, arg, overrides)
+                from moejax import jobs
 
-            result = jobs.run(config, workdir)
-            path = os.path.join(workdir, "results.json")
-            if not cells_lib.is_finished(path):  # a job that returns its result unwritten
-                from moejax.results import write_json_atomic
+                result = jobs.run(config, workdir)
+                path = os.path.join(workdir, "results.json")
+                if not cells_lib.is_finished(path):  # a job that returns its result unwritten
+                    from moejax.results import write_json_atomic
 
-                write_json_atomic(path, result)
-        except (Exception, SystemExit) as e:
-            error = f"{type(e).__name__}: {e}"
-            traceback.print_exc()
-            with open(os.path.join(workdir, "error.txt"), "w") as f:
-                f.write(traceback.format_exc())
-    os.unlink(marker)
+                    write_json_atomic(path, result)
+            except (Exception, SystemExit) as e:
+                error = f"{type(e).__name__}: {e}"
+                traceback.print_exc()
+                with open(os.path.join(workdir, "error.txt"), "w") as f:
+                    f.write(traceback.format_exc())
+    finally:  # whatever ends the run short of killing the process (KeyboardInterrupt too)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(marker)
     return {"name": name, "ok": error is None, "error": error,
             "seconds": time.perf_counter() - t0}

@@ -2,7 +2,8 @@
 
 A `ModelConfig` is what a moejax checkpoint's `config.json` holds and what every model,
 converter and runtime component reads. Family modules (`moejax.families`) build it from a
-Hugging Face config; presets (`moejax.presets`) build it from published dimensions.
+Hugging Face config; each family's `PRESETS` (`moejax.families.preset`) build it from published
+dimensions.
 """
 
 from __future__ import annotations

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import ml_collections
 
-JOBS = ("generate", "perplexity", "record_traces", "replay")
+# `train` has its own config shape (configs/train_small.py), not this one.
+JOBS = ("generate", "perplexity", "record_traces", "replay", "train")
 
 
 def base_config() -> ml_collections.ConfigDict:
@@ -23,7 +24,8 @@ def base_config() -> ml_collections.ConfigDict:
     c.model.gmm_impl = "tiled"  # grouped matmul: "tiled" or "ragged_dot"
     c.model.lookahead = 2  # MoE layers ahead whose gates score this layer's hidden state
     # How gate outputs reach the host: "returned" by the router step, or delivered from inside
-    # it by an io_callback (SpecMD's gate hook). benchmarks/gate_path.py compares them.
+    # it by an io_callback (SpecMD's gate hook). benchmarks/cache_runtime.py (part 4) compares
+    # them.
     c.model.gate_path = "returned"
 
     # The expert cache (issue 4). With cache.enabled=False every expert is on the device.
@@ -43,24 +45,30 @@ def base_config() -> ml_collections.ConfigDict:
     c.cache.expert_bytes = 0
 
     c.policies = ml_collections.ConfigDict()
-    # Defaults: SpecMD's recommended combination (Table 2, config #5: Score, LS, Fetch, Stnd).
-    c.policies.eviction = "least_stale"  # lru, lru_per_layer, lfu, fld, score, least_stale, ...
-    c.policies.prefetch = "score_percentile(p=80)"  # none, topk(overfetch=1.0, lookahead=1), ...
-    c.policies.miss = "fetch"  # fetch, drop(keep=2), substitute(tol=0.05)
-    c.policies.routing = "standard"  # standard, cache_aware(lam=0.3)
-    # A named combination (moejax/policies/presets.py: SpecMD Table 2, specmd_1..specmd_5);
-    # when set it replaces all four fields above.
+    # Policy specs; "" (not given) takes the preset's spec, or with no preset the default
+    # combination, SpecMD's recommended one (Table 2, #5): least_stale, score_percentile(p=80),
+    # fetch, standard (moejax/policies/presets.py: DEFAULTS). A given field always wins over
+    # the preset's. presets.resolve(config.policies) is the four specs that run.
+    c.policies.eviction = ""  # lru, lru_per_layer, lfu, fld, score, least_stale, ...
+    c.policies.prefetch = ""  # none, topk(overfetch=1.0, lookahead=1), score_percentile(p=80), ...
+    c.policies.miss = ""  # fetch, drop(keep=2), substitute(tol=0.05)
+    c.policies.routing = ""  # standard, cache_aware(lam=0.3)
+    # A named combination (SpecMD Table 2, specmd_1..specmd_5): fills the fields not given, so
+    # `preset=specmd_1 eviction=least_stale` is specmd_1 with Least-Stale eviction.
     c.policies.preset = ""
 
     c.hardware = ml_collections.ConfigDict()
     c.hardware.preset = "a100_specmd"  # a100_specmd, h100_pcie, h200, cpu
-    # Overrides of the preset (0 keeps the preset's value).
-    c.hardware.h2d_gbps = 0.0
-    c.hardware.h2d_latency_s = 0.0
-    c.hardware.copy_engines = 0
-    c.hardware.peak_tflops = 0.0
-    c.hardware.hbm_gbps = 0.0
-    c.hardware.launch_s = 0.0
+    # Overrides of the preset (moejax/sim/hardware.py): None (not given) keeps the preset's
+    # value; any given value replaces it, 0 included (`--config.hardware.h2d_latency_s=0`).
+    c.hardware.h2d_gbps = ml_collections.config_dict.placeholder(float)  # per copy engine, GB/s
+    c.hardware.h2d_latency_s = ml_collections.config_dict.placeholder(float)  # per transfer, s
+    c.hardware.copy_engines = ml_collections.config_dict.placeholder(int)
+    # The host link all copy engines share, GB/s (the preset's: h2d_gbps, one engine's worth).
+    c.hardware.link_gbps = ml_collections.config_dict.placeholder(float)
+    c.hardware.peak_tflops = ml_collections.config_dict.placeholder(float)
+    c.hardware.hbm_gbps = ml_collections.config_dict.placeholder(float)
+    c.hardware.launch_s = ml_collections.config_dict.placeholder(float)
 
     c.clock = ml_collections.ConfigDict()
     c.clock.kind = "auto"  # auto (virtual off-GPU, wall on GPU), virtual, wall
@@ -100,6 +108,13 @@ def base_config() -> ml_collections.ConfigDict:
     # The replay job: a trace file (moejax .npz, capture JSONL or vLLM rows JSONL) replayed
     # through the cache instead of running a model.
     c.trace = ""
+    # The model's expert count for traces that do not state it (a capture header with
+    # "n_experts": null, vLLM logs); 0: the trace's own count, else the largest id + 1
+    # (results.json's trace.num_experts_source says which). Must agree with a stated count.
+    c.trace_num_experts = 0
+    # Incomplete trailing tokens of a vLLM log (rows of some layers missing) are errors
+    # instead of skipped with a warning (moejax/traces/importers.py).
+    c.trace_strict = False
 
     c.profile = ml_collections.ConfigDict()
     c.profile.enabled = False

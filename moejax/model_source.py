@@ -9,6 +9,7 @@ import jax
 import ml_collections
 import numpy as np
 
+from moejax import bundled
 from moejax.checkpoint import layout
 from moejax.config import ConfigError, ModelConfig
 from moejax.families import FAMILIES, get_family, preset
@@ -30,7 +31,7 @@ class LoadedModel:
 
 
 EMBEDDED = "embedded"
-EMBEDDED_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "assets", "small_moe")
+EMBEDDED_DIR = bundled.EMBEDDED_DIR
 
 
 def embedded_config() -> ModelConfig:

@@ -15,6 +15,19 @@ from moejax.models.random_init import random_experts, random_model  # noqa: F401
 from moejax.models.stepped import ResidentExperts, SteppedDecoder
 
 
+def config_from_flags(config_file: str, *flags: str):
+    """`config_file`'s config with `--config.FIELD=VALUE` flags applied, parsed exactly as
+    `python -m moejax.main` parses its command line (types checked, fields declared)."""
+    from absl import flags as absl_flags
+    from ml_collections import config_flags
+
+    argv = ["moejax", f"--config={config_file}", *flags]
+    values = absl_flags.FlagValues()
+    holder = config_flags.DEFINE_config_file("config", flag_values=values, sys_argv=argv)
+    values(argv)
+    return holder.value
+
+
 def resident_decoder(model: MoEDecoder, gate_up, down, max_len: int, **kw) -> SteppedDecoder:
     experts = ResidentExperts({l: jax.numpy.asarray(v) for l, v in gate_up.items()},
                               {l: jax.numpy.asarray(v) for l, v in down.items()})

@@ -22,11 +22,14 @@ from moejax.checkpoint.layout import to_host
 from moejax.families import preset
 from moejax.job_config import base_config
 from moejax.models.stepped import SteppedDecoder
+from moejax.policies import names
 from moejax.testing import random_model, resident_decoder
 
-EVICTIONS = ["lru", "lru_per_layer", "lfu", "fld", "score", "least_stale", "fifo", "random"]
-PREFETCHES = ["none", "topk(overfetch=1.0)", "topk(overfetch=1.5, lookahead=2)",
-              "score_percentile(p=80)", "score_percentile(p=50, lookahead=2)"]
+# Every policy that runs live, from the registry (a new one is fuzzed without editing a list),
+# plus argument variants of the prefetchers.
+EVICTIONS = names("eviction", live=True)
+PREFETCHES = names("prefetch", live=True) + ["topk(overfetch=1.5, lookahead=2)",
+                                             "score_percentile(p=50, lookahead=2)"]
 SLOTS = [4, 7, 16, 64]  # top-k = 4 ... every expert (4 layers x 16)
 MAX_LEN, NEW = 40, 6
 
@@ -64,7 +67,7 @@ def _cached_run(tiny, prompt, eviction, prefetch, slots, miss="fetch", routing="
 
     def after_pass(_tokens):
         cache.check_invariants()
-        checks.append(len(cache.slot_of))
+        checks.append(len(cache.residency))
 
     dec = SteppedDecoder(model, source, max_len=MAX_LEN, lookahead=2, pass_observers=(after_pass,))
     out = dec.generate(prompt, NEW, keep_logits=True)
@@ -72,6 +75,7 @@ def _cached_run(tiny, prompt, eviction, prefetch, slots, miss="fetch", routing="
     return out, cache, checks
 
 
+@pytest.mark.slow
 @settings(max_examples=14, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(eviction=st.sampled_from(EVICTIONS), prefetch=st.sampled_from(PREFETCHES),
        slots=st.sampled_from(SLOTS), prompt_len=st.sampled_from([5, 23]), seed=st.integers(0, 2))

@@ -30,6 +30,7 @@ def _tiny(**cache):
     return c
 
 
+@pytest.mark.slow
 def test_results_schema_and_tensorboard(tmp_path):
     results = jobs.run(_tiny(), str(tmp_path))
     on_disk = json.loads((tmp_path / "results.json").read_text())
@@ -57,6 +58,7 @@ def test_results_schema_and_tensorboard(tmp_path):
     assert hit[-1].value == pytest.approx(total["hit_rate"])
 
 
+@pytest.mark.slow
 def test_profile_trace_holds_the_annotations(tmp_path):
     c = _tiny()
     c.profile.enabled = True
@@ -69,6 +71,7 @@ def test_profile_trace_holds_the_annotations(tmp_path):
         assert name in names, name
 
 
+@pytest.mark.slow
 def test_full_capacity_generates_the_same_tokens(tmp_path):
     small = jobs.run(_tiny(capacity_frac=0.25), str(tmp_path / "a"))
     full = jobs.run(_tiny(capacity_frac=1.0), str(tmp_path / "b"))
@@ -130,6 +133,7 @@ def test_full_scale_without_checkpoint_is_a_clear_error(tmp_path):
         jobs.run(c, str(tmp_path))
 
 
+@pytest.mark.slow
 def test_tiny_scale_grid_config_runs(tmp_path):
     c = _load(os.path.join(ROOT, "configs", "phimoe_1pct.py")).get_config("scale=tiny")
     c.run.max_new_tokens, c.log.progress = 3, False
@@ -146,7 +150,10 @@ def test_specmd_presets(tmp_path):
     res = jobs.run(c, str(tmp_path / "a"))
     assert res["cache"]["policies"] == {"prefetch": "score_percentile(p=80)",
                                         "eviction": "least_stale", "miss": "fetch",
-                                        "routing": "standard", "preset": "specmd_5"}
+                                        "routing": "standard", "preset": "specmd_5",
+                                        "source": dict.fromkeys(
+                                            ("eviction", "prefetch", "miss", "routing"),
+                                            "preset")}
     c.policies.preset = "specmd_3"  # LHU + precision cascade: needs quantized tiers
     with pytest.raises(ConfigError, match="quantized"):
         jobs.run(c, str(tmp_path / "b"))

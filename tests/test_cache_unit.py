@@ -15,7 +15,7 @@ import pytest
 from moejax.cache.cache import CacheShape, ExpertCache, slots_for
 from moejax.config import ConfigError
 from moejax.policies import build
-from moejax.policies.base import LayerGate
+from moejax.seam import LayerGate
 from moejax.sim import hardware
 from moejax.sim.clock import VirtualClock
 
@@ -100,7 +100,7 @@ def test_demand_only_lru_hits_misses_collisions_and_stall():
     assert stalls == pytest.approx([2 * T] * 3)
     assert (timing.start_s, timing.end_s, timing.stall_s) == pytest.approx((0, 6 * T, 6 * T))
     assert cache.resident_keys() == {(0, 1), (1, 2), (1, 3), (2, 4), (2, 5)}
-    assert cache.slot_of[(2, 5)] == 0  # the freed slot of (0,0)
+    assert cache.residency[(2, 5)] == 0  # the freed slot of (0,0)
 
     # Pass 1, same routing. LRU order (0,1) (1,2) (1,3) (2,4) (2,5).
     # Layer 0: (0,0) misses — not a collision, it left in the previous pass — and evicts
@@ -141,7 +141,7 @@ def test_prefetch_late_hits_hits_precision_recall_and_waste():
     # the copy engine: (3,2) -> 3T, (3,3) -> 4T (free slots 2, 3). Stall: 2T.
     run_layer(cache, make_gate(1, [[0, 1]], 3, to3))
     assert cache.clock.now() == pytest.approx(2 * T)
-    assert [cache.slot_ready[cache.slot_of[k]] for k in [(3, 2), (3, 3)]] == \
+    assert [cache.slot_ready[cache.residency[k]] for k in [(3, 2), (3, 3)]] == \
         pytest.approx([3 * T, 4 * T])
     # Layer 3 at 2T: both prefetched experts are still in flight: two LATE hits, both served
     # by the prefetch made for this pass-layer (used 2, recall 2/2). Prefetch for layer 5 at 2T:
@@ -149,7 +149,7 @@ def test_prefetch_late_hits_hits_precision_recall_and_waste():
     # land at 5T and 6T. Stall: until 4T.
     run_layer(cache, make_gate(3, [[2, 3]], 5, to5))
     assert cache.clock.now() == pytest.approx(4 * T)
-    assert [cache.slot_ready[cache.slot_of[k]] for k in [(5, 4), (5, 0)]] == \
+    assert [cache.slot_ready[cache.residency[k]] for k in [(5, 4), (5, 0)]] == \
         pytest.approx([5 * T, 6 * T])
     # Layer 5 at 4T: (5,4) in flight -> late hit (used, recall); (5,5) misses: LRU victim
     # (3,2) (used already: no waste), issued at 4T but queued behind (5,0): lands at 7T.
@@ -293,6 +293,27 @@ def test_prefetch_batch_does_not_evict_its_own_prefetches_lru():
     run_layer(cache, make_gate(0, [[0, 1]], 1, [0, 0, .5, .4, 0, 0]))
     assert cache.resident_keys() == {(0, 0), (0, 1), (1, 2)}
     assert cache.metrics.totals()["wasted_prefetch_bytes"] == 0
+
+
+def test_prefetch_call_does_not_evict_what_it_found_resident_and_selected():
+    # FIFO, 4 slots (a touch does not refresh FIFO order, so nothing but the protection keeps
+    # the touched expert). Pass 0: layer 1 fetches (1,2) then (1,3). Pass 1: layer 0 fetches
+    # (0,0) (0,1): the cache is full. Its prefetch for layer 1 predicts [2, 5]: (1,2) is
+    # already resident (selected, touched), (1,5) needs a victim. The oldest unpinned key is
+    # (1,2) — the same call's best prediction — so the victim must be (1,3) instead.
+    cache = make_cache(4, eviction="fifo", prefetch="topk")
+    cache.begin_pass("decode", 1, 1)
+    run_layer(cache, make_gate(1, [[2, 3]]))
+    cache.end_pass()
+    cache.begin_pass("decode", 1, 2)
+    run_layer(cache, make_gate(0, [[0, 1]], 1, [0, 0, .5, 0, 0, .4]))
+    assert cache.resident_keys() == {(0, 0), (0, 1), (1, 2), (1, 5)}
+    before = counters(cache)
+    run_layer(cache, make_gate(1, [[2, 5]]))
+    # (1,5) is still in flight (no compute time passes here): a late hit, and no miss.
+    d = diff(counters(cache), before)
+    assert_counts(d, hits=[0, 1, 0], misses=[0, 0, 0], collision_misses=[0, 0, 0])
+    assert cache.metrics.per_layer["late_hits"].tolist() == [0, 1, 0]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -17,16 +17,15 @@ import sys
 
 import numpy as np
 import pytest
+import safetensors.numpy as safetensors_numpy  # the test extra installs these: no silent skips
+import torch
+import transformers
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
-safetensors_numpy = pytest.importorskip("safetensors.numpy")
-
-from moejax.checkpoint import CheckpointError, expert_store, layout  # noqa: E402
-from moejax.checkpoint.params import flat_params  # noqa: E402
-from moejax.config import ConfigError  # noqa: E402
-from moejax.convert import convert  # noqa: E402
-from moejax.families import FAMILIES  # noqa: E402
+from moejax.checkpoint import CheckpointError, expert_store, layout
+from moejax.checkpoint.params import flat_params
+from moejax.config import ConfigError
+from moejax.convert import convert
+from moejax.families import FAMILIES
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -494,6 +493,7 @@ def _cli(hf: str, out: str) -> subprocess.CompletedProcess:
         cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.slow
 def test_cli_success_and_error(hf_copy, tmp_path):
     out = str(tmp_path / "out")
     ok = _cli(hf_copy, out)

@@ -10,14 +10,14 @@ import os
 import numpy as np
 import pytest
 
-from moejax import jobs
+from moejax import bundled, jobs
 from moejax.analysis.routing import summarize
 from moejax.job_config import base_config
 from moejax.model_source import EMBEDDED_DIR, embedded_config
 from moejax.traces.format import load
 from moejax.train import corpus
 
-TRACES = sorted(glob.glob(os.path.join(os.path.dirname(EMBEDDED_DIR), "traces", "*.npz")))
+TRACES = sorted(glob.glob(os.path.join(bundled.SCORED_TRACES_DIR, "*.npz")))
 
 
 def _dir_bytes(path: str) -> int:
@@ -41,31 +41,51 @@ def _perplexity(tmp_path, text: bytes, name: str) -> float:
     return jobs.run(c, str(tmp_path / name))["bits_per_byte"]
 
 
+def _heldout(name: str) -> bytes:
+    with open(bundled.heldout_path(name), "rb") as f:
+        return f.read()
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("domain", corpus.DOMAINS)
 def test_heldout_bits_per_byte_well_below_unigram(domain, tmp_path):
-    train, heldout = corpus.load_domain(domain, False), corpus.load_domain(domain, True)
-    sample = heldout.data[:3000]
-    bpb = _perplexity(tmp_path, sample.tobytes(), domain)
-    unigram = corpus.unigram_bits_per_byte(train.data, sample)
+    """Committed held-out documents (moejax/assets/heldout: never trained on) against a unigram
+    byte model of the training split. Measured: prose 1.70 / code 1.98 / math 1.97 bits per
+    byte, 0.36-0.42 of unigram."""
+    text = _heldout(domain)
+    bpb = _perplexity(tmp_path, text, domain)
+    unigram = corpus.unigram_bits_per_byte(corpus.load_domain(domain, False).data,
+                                           np.frombuffer(text, np.uint8))
     assert bpb < 0.6 * unigram, (bpb, unigram)
 
 
-def test_unseen_text_below_unigram(tmp_path):
-    """A text file the project never saw: the Apache license that tensorstore ships."""
-    import tensorstore
+def test_committed_math_text_is_held_out():
+    """The committed math excerpt is GSM8K problems of the held-out split, verbatim (prose and
+    code excerpts depend on the CPython version they were taken from, so only math is
+    re-derivable on any install)."""
+    docs = corpus._math_docs(bundled.GSM8K)
+    text = _heldout("math").decode()
+    chosen = [n for n, d in docs.items() if d in text]
+    assert len(chosen) >= 10 and all(corpus._heldout(n) for n in chosen)
+    assert text == "\n\n".join(docs[n] for n in chosen)
 
-    text = open(os.path.join(os.path.dirname(tensorstore.__file__), "LICENSE"), "rb").read()[:4000]
+
+@pytest.mark.slow
+def test_unseen_text_below_unigram(tmp_path):
+    """A kind of text the model never saw: the Apache License 2.0 (moejax/assets/heldout/
+    unseen.txt). Measured: 2.48 bits per byte against 4.63 for the unigram model."""
+    text = _heldout("unseen")
     train = np.concatenate([corpus.load_domain(d, False).data for d in corpus.DOMAINS])
-    bpb = _perplexity(tmp_path, text, "license")
+    bpb = _perplexity(tmp_path, text, "unseen")
     assert bpb < corpus.unigram_bits_per_byte(train, np.frombuffer(text, np.uint8)) < 8.0
-    assert bpb < 4.0
+    assert bpb < 3.0
 
 
 def test_scored_traces_cover_the_domains_with_learned_routing():
     assert {os.path.basename(p).split("_")[0] for p in TRACES} == set(corpus.DOMAINS)
     for path in TRACES:
         trace = load(path)
-        assert trace.has_scores and trace.spec_probs is not None
+        assert trace.has_scores and trace.spec is not None
         assert trace.meta["info"]["teacher_forced"] is True
         s = summarize(trace)
         # Learned routing: the next layer's gate on this hidden state predicts the next

@@ -101,13 +101,13 @@ def _silu(v: np.ndarray) -> np.ndarray:
     return v / (1.0 + np.exp(-v))
 
 
-def np_moe_ffn(x, ids, weights, gate_up, down, slot_of_expert):
+def np_moe_ffn(x, ids, weights, gate_up, down, slot_of):
     """Per token, per choice: weight * down(silu(gate(x)) * up(x)), in float64."""
     inter = gate_up.shape[-1] // 2
     out = np.zeros(x.shape, np.float64)
     for t in range(x.shape[0]):
         for j in range(ids.shape[1]):
-            s = slot_of_expert[ids[t, j]]
+            s = slot_of[ids[t, j]]
             gu = x[t].astype(np.float64) @ gate_up[s]
             h = _silu(gu[:inter]) * gu[inter:]
             out[t] += weights[t, j] * (h @ down[s])
@@ -132,15 +132,15 @@ def moe_case(draw):
     weights = rng.uniform(0.0, 1.0, (n, k)).astype(np.float32)
     gate_up = (rng.standard_normal((s, h, 2 * i)) / np.sqrt(h)).astype(np.float32)
     down = (rng.standard_normal((s, i, h)) / np.sqrt(i)).astype(np.float32)
-    slot_of_expert = rng.permutation(s)[:e].astype(np.int32)  # arbitrary distinct slots
-    return x, ids, weights, gate_up, down, slot_of_expert
+    slot_of = rng.permutation(s)[:e].astype(np.int32)  # arbitrary distinct slots
+    return x, ids, weights, gate_up, down, slot_of
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(moe_case(), st.sampled_from(["tiled", "ragged_dot"]))
 def test_moe_ffn_matches_per_token_loop(case, impl):
-    x, ids, weights, gate_up, down, slot_of_expert = case
-    want = np_moe_ffn(x, ids, weights, gate_up, down, slot_of_expert)
+    x, ids, weights, gate_up, down, slot_of = case
+    want = np_moe_ffn(x, ids, weights, gate_up, down, slot_of)
     got = np.asarray(_moe(*(jnp.asarray(a) for a in case), act="silu", impl=impl))
     assert got.shape == x.shape and got.dtype == np.float32
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
@@ -149,7 +149,7 @@ def test_moe_ffn_matches_per_token_loop(case, impl):
 def test_moe_ffn_reads_only_the_chosen_slots():
     """With the tiled implementation, slots not holding a chosen expert may hold anything (here
     NaN) without changing the output; a chosen expert's slot is read from where
-    `slot_of_expert` says. (`ragged_dot` is not checked: off TPU it lowers to a dense masked
+    `slot_of` says. (`ragged_dot` is not checked: off TPU it lowers to a dense masked
     computation over every group, so a NaN anywhere in the pool reaches every row.)"""
     rng = np.random.default_rng(0)
     n, k, e, s, h, i = 7, 2, 5, 9, 6, 4
@@ -158,12 +158,12 @@ def test_moe_ffn_reads_only_the_chosen_slots():
     weights = rng.uniform(0, 1, (n, k)).astype(np.float32)
     gate_up = rng.standard_normal((s, h, 2 * i)).astype(np.float32) / 3
     down = rng.standard_normal((s, i, h)).astype(np.float32) / 3
-    slot_of_expert = np.array([8, 0, 5, 2, 6], np.int32)
-    unused = sorted(set(range(s)) - set(slot_of_expert[np.unique(ids)].tolist()))
+    slot_of = np.array([8, 0, 5, 2, 6], np.int32)
+    unused = sorted(set(range(s)) - set(slot_of[np.unique(ids)].tolist()))
     assert unused
     gate_up[unused] = np.nan
     down[unused] = np.nan
-    args = (x, ids, weights, gate_up, down, slot_of_expert)
+    args = (x, ids, weights, gate_up, down, slot_of)
     want = np_moe_ffn(*args)
     got = np.asarray(_moe(*(jnp.asarray(a) for a in args), act="silu", impl="tiled"))
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)

@@ -54,6 +54,8 @@ SWEEP_CONFIG = textwrap.dedent('''
         # seed=-1 kills its worker process (below); the other cells fail cheaply, without JAX
         "crash": [{"run.max_new_token": 1}, {"seed": -1}, {"run.max_new_token": 2},
                   {"run.max_new_token": 3}, {"run.max_new_token": 4}],
+        # each cell's job writes its results.json, then its worker dies (below): no JAX
+        "finish_then_die": [{"run.max_new_tokens": 5}, {"run.max_new_tokens": 6}],
     }
 
 
@@ -66,8 +68,22 @@ SWEEP_CONFIG = textwrap.dedent('''
             super().__setitem__(key, value)
 
 
+    def _finish_then_die(config, workdir):
+        """A job killed (os._exit, as SIGKILL or the OOM killer would) just after it wrote
+        its results.json atomically, before its worker could remove the .running marker."""
+        from moejax.results import write_json_atomic
+
+        write_json_atomic(os.path.join(workdir, "results.json"),
+                          {"max_new_tokens": config.run.max_new_tokens})
+        os._exit(3)
+
+
     def get_config(arg=None):
         assert arg in SETS, arg
+        if arg == "finish_then_die":  # in the worker process running the cell
+            import moejax.jobs
+
+            moejax.jobs.run = _finish_then_die
         c = base_config()
         c.model.preset = "tiny"
         c.model.family = "olmoe"
@@ -142,6 +158,7 @@ def main_sweep(env, config_file, tmp_path_factory):
     return sweep_dir, proc
 
 
+@pytest.mark.slow
 def test_pool_runs_every_cell_and_a_rerun_skips_them(main_sweep, env, config_file):
     sweep_dir, proc = main_sweep
     cells = sweep_cells(sweep_dir)
@@ -171,6 +188,7 @@ def test_pool_runs_every_cell_and_a_rerun_skips_them(main_sweep, env, config_fil
     assert "1 of 4 cells selected, 1 finished, 0 to run" in dry.stdout
 
 
+@pytest.mark.slow
 def test_killed_sweep_resumes_complete_and_uncorrupted(env, config_file, tmp_path):
     sweep_dir = str(tmp_path / "sweep")
     # One worker: on a two-core machine two JAX processes starting together are slower than one.
@@ -208,6 +226,70 @@ def test_killed_sweep_resumes_complete_and_uncorrupted(env, config_file, tmp_pat
     assert not leftovers
 
 
+def _markers(sweep_dir) -> list[str]:
+    cells_dir = os.path.join(sweep_dir, "cells")
+    return sorted(n for n in os.listdir(cells_dir)
+                  if os.path.exists(os.path.join(cells_dir, n, ".running")))
+
+
+@pytest.mark.slow
+def test_resume_removes_the_stale_marker_of_a_finished_cell(env, config_file, tmp_path):
+    """What a worker SIGKILLed between its job's atomic write of results.json and its removal
+    of `.running` leaves: both. A resume counts the cell finished, does not run it again, and
+    removes the marker (a finished cell has no marker after any resume)."""
+    sweep_dir = str(tmp_path / "sweep")
+    cells = cells_lib.cells_from_config(config_file, "main")
+    for i, c in enumerate(cells):
+        d = cells_lib.cell_dir(sweep_dir, c.name)
+        os.makedirs(d)
+        with open(os.path.join(d, "results.json"), "w") as f:
+            json.dump({"cell": c.name}, f)
+        if i % 2 == 0:  # as the killed worker left it (the others finished cleanly)
+            with open(os.path.join(d, ".running"), "w") as f:
+                f.write("12345")
+    before = mtimes(sweep_dir)
+    assert _markers(sweep_dir) == sorted(c.name for c in cells[::2])
+
+    proc = launch(env, f"{config_file}:main", sweep_dir, "--workers=1")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "4 cells: 4 finished before, 0 ran now, 0 failed" in proc.stdout
+    assert _markers(sweep_dir) == []
+    assert mtimes(sweep_dir) == before  # not re-run
+    assert results(sweep_dir) == {c.name: {"cell": c.name} for c in cells}
+
+
+@pytest.mark.slow
+def test_a_worker_killed_after_its_cell_finished_leaves_it_finished(env, config_file,
+                                                                     tmp_path):
+    """A worker dies (os._exit) right after each cell's job wrote its results.json: the cells
+    count as run, none is run again or failed, and none keeps its marker."""
+    sweep_dir = str(tmp_path / "sweep")
+    proc = launch(env, f"{config_file}:finish_then_die", sweep_dir, "--workers=1")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "2 cells: 0 finished before, 2 ran now, 0 failed" in proc.stdout
+    assert not os.path.exists(os.path.join(sweep_dir, "failures.json"))
+    assert {r["max_new_tokens"] for r in results(sweep_dir).values()} == {5, 6}
+    assert _markers(sweep_dir) == []
+    again = launch(env, f"{config_file}:finish_then_die", sweep_dir, "--workers=1")
+    assert "2 finished before, 0 ran now" in again.stdout, again.stdout + again.stderr
+
+
+def test_run_cell_removes_its_marker_however_the_run_ends(tmp_path, monkeypatch):
+    """The marker goes in a `finally`: an exception the worker does not catch as a cell failure
+    (KeyboardInterrupt) still removes it."""
+    from launch import worker
+
+    def interrupted(*args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(worker, "build_config", interrupted)
+    workdir = str(tmp_path / "cell")
+    with pytest.raises(KeyboardInterrupt):
+        worker.run_cell("unused.py", None, "cell", {}, workdir)
+    assert os.path.isdir(workdir) and not os.path.exists(os.path.join(workdir, worker.RUNNING))
+
+
+@pytest.mark.slow
 def test_failing_cells_are_reported_and_do_not_stop_the_others(env, config_file, tmp_path):
     sweep_dir = str(tmp_path / "sweep")
     proc = launch(env, f"{config_file}:fail", sweep_dir, "--workers=2")
@@ -224,6 +306,7 @@ def test_failing_cells_are_reported_and_do_not_stop_the_others(env, config_file,
     assert os.path.exists(os.path.join(sweep_dir, "cells", names[2], "error.txt"))
 
 
+@pytest.mark.slow
 def test_a_cell_that_kills_its_worker_fails_alone(env, config_file, tmp_path):
     sweep_dir = str(tmp_path / "sweep")
     proc = launch(env, f"{config_file}:crash", sweep_dir, "--workers=2")
@@ -236,6 +319,7 @@ def test_a_cell_that_kills_its_worker_fails_alone(env, config_file, tmp_path):
     assert "a worker process died while running seed=-1" in proc.stdout
 
 
+@pytest.mark.slow
 def test_slurm_array_and_its_command_lines(main_sweep, env, config_file, tmp_path):
     pool_dir, _ = main_sweep
     sweep_dir = str(tmp_path / "slurm")

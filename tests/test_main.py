@@ -30,6 +30,7 @@ def _config(**run):
     return c
 
 
+@pytest.mark.slow
 def test_default_config_generates_and_writes_results(tmp_path):
     results = jobs.run(_config(), str(tmp_path))
     on_disk = json.loads((tmp_path / "results.json").read_text())
@@ -40,6 +41,7 @@ def test_default_config_generates_and_writes_results(tmp_path):
     assert on_disk["model"]["family"] == "olmoe"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", ["olmoe", "mixtral", "qwen2_moe", "phimoe"])
 def test_checkpoint_run_matches_direct_decoding(family, tmp_path):
     """`model.checkpoint=` runs the saved model: same tokens as decoding it directly."""
@@ -56,6 +58,7 @@ def test_checkpoint_run_matches_direct_decoding(family, tmp_path):
     assert results["generated_token_ids"] == expected
 
 
+@pytest.mark.slow
 def test_prompt_ids_and_warmup_do_not_change_tokens(tmp_path):
     a = jobs.run(_config(prompt_ids="84,104,101", warmup=False), str(tmp_path / "a"))
     b = jobs.run(_config(prompt="The"), str(tmp_path / "b"))
@@ -83,6 +86,7 @@ def test_bad_config_values_are_named(field, value, message, tmp_path):
         jobs.run(c, str(tmp_path))
 
 
+@pytest.mark.slow
 def test_main_cli_door(tmp_path):
     """The command users type: success writes results; a typo in a field fails loudly."""
     cmd = [sys.executable, "-m", "moejax.main", "--config=configs/default.py",

@@ -14,13 +14,15 @@ import os
 
 import numpy as np
 import pytest
+import torch  # the test extra installs it: a missing torch is a failure, not a skip
 
-torch = pytest.importorskip("torch", reason="parity tests need the test extra (torch)")
+from moejax.checkpoint import layout
+from moejax.convert import convert
+from moejax.models.stepped import ResidentExperts, SteppedDecoder
+from moejax.testing import hf_model_from_config_file, save_hf_model
 
-from moejax.checkpoint import layout  # noqa: E402
-from moejax.convert import convert  # noqa: E402
-from moejax.models.stepped import ResidentExperts, SteppedDecoder  # noqa: E402
-from moejax.testing import hf_model_from_config_file, save_hf_model  # noqa: E402
+# Every case builds, saves, converts and runs a transformers model: the heavy end of the suite.
+pytestmark = pytest.mark.slow
 
 CONFIG_DIR = os.path.join(os.path.dirname(__file__), "parity_configs")
 CASES = sorted(glob.glob(os.path.join(CONFIG_DIR, "*.json")))

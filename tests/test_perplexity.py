@@ -55,6 +55,7 @@ def test_strided_windows_score_each_token_once_with_promised_context(tiny, n, wi
                                        atol=1e-5)
 
 
+@pytest.mark.slow
 def test_job_writes_bits_per_byte(tmp_path):
     text = tmp_path / "text.txt"
     text.write_text("Bits per byte of a random model are close to eight.\n" * 3)

@@ -10,7 +10,7 @@ import pytest
 
 from moejax.config import ConfigError
 from moejax.policies import build
-from moejax.policies.base import LayerGate
+from moejax.seam import LayerGate
 
 
 def gate(ids, weights=None, probs=None, spec=None, spec_layers=(), layer=0):

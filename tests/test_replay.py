@@ -5,19 +5,20 @@ from __future__ import annotations
 
 import json
 import os
-from collections import OrderedDict
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from reference_cache import lru_hits, min_hits
 
 from moejax import jobs
+from moejax.bundled import CAPTURES_DIR
 from moejax.config import ConfigError
 from moejax.job_config import base_config
 from moejax.traces.format import FORMAT, Trace
 
-SHARED = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "traces")
+SHARED = CAPTURES_DIR  # the four real captures (moejax/assets/captures)
 
 
 def _replay_config(trace: str, **policies):
@@ -35,6 +36,7 @@ def _replay_config(trace: str, **policies):
     ("score", "none", "drop(keep=2)"),
     ("lru_per_layer", "temporal", "substitute(tol=0.2)"),
 ])
+@pytest.mark.slow
 def test_replay_of_a_live_run_reproduces_it_exactly(tmp_path, eviction, prefetch, miss):
     live = base_config()
     live.model.preset, live.model.family = "tiny", "olmoe"
@@ -124,36 +126,10 @@ def _independent_sim(path: str, slots: int, policy: str) -> int:
         steps = [json.loads(line)["routed"] for line in f]
     reqs = [[(int(l), e) for l in range(meta["layers"]) for e in step[str(l)]] for step in steps]
     flat = [k for step in reqs for k in step]
-    hits = 0
-    if policy == "lru":
-        cache = OrderedDict()
-        for key in flat:
-            if key in cache:
-                hits += 1
-                cache.move_to_end(key)
-                continue
-            if len(cache) >= slots:
-                cache.popitem(last=False)
-            cache[key] = None
-        return hits
-    uses = {}
-    for t, key in enumerate(flat):
-        uses.setdefault(key, []).append(t)
-    cache, ptr = set(), {k: 0 for k in uses}
-    for t, key in enumerate(flat):
-        ptr[key] += 1
-        if key in cache:
-            hits += 1
-            continue
-        if len(cache) >= slots:
-            def next_use(k):
-                u = uses[k]
-                return u[ptr[k]] if ptr[k] < len(u) else float("inf")
-            cache.remove(max(sorted(cache), key=next_use))
-        cache.add(key)
-    return hits
+    return lru_hits(flat, slots) if policy == "lru" else min_hits(flat, slots)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["olmoe_code", "qwen_prose"])
 @pytest.mark.parametrize("capacity", [0.01, 0.05, 0.25])
 def test_shared_traces_match_an_independent_simulation(tmp_path, name, capacity):

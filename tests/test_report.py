@@ -9,8 +9,8 @@ import matplotlib.image
 import numpy as np
 import pytest
 
-from moejax.analysis import report
-from moejax.cache.metrics import CacheMetrics, PassTiming
+from moejax.analysis import report, sweep_cells
+from moejax.cache.metrics import CacheMetrics, PassTiming, WaveOutcome
 from moejax.results import write_json_atomic
 
 TRACES = ("prose_0", "code_0")
@@ -33,16 +33,16 @@ def _results(trace: str, frac: float, eviction: str, prefetch: str, seed: int,
         late = int(rng.integers(0, requests - hits))
         misses = requests - hits - late
         collisions = int(rng.integers(0, misses + 1))
-        values = dict(requests=requests, hits=hits, late_hits=late, misses=misses,
-                      collision_misses=collisions, stall_s=float(rng.uniform(1e-3, 1e-2)),
-                      demand_bytes=misses * 1000, evictions=misses)
-        if prefetch != "none":
-            issued = int(rng.integers(10, 60))
-            values.update(prefetch_issued=issued, prefetch_used=int(rng.integers(0, issued + 1)),
-                          recall_requests=requests, recall_served=int(rng.integers(0, hits + 1)),
-                          prefetch_bytes=issued * 1000,
-                          wasted_prefetch_bytes=int(rng.integers(0, issued)) * 1000)
-        m.add(pos, **values)
+        issued = int(rng.integers(10, 60)) if prefetch != "none" else 0
+        used = int(rng.integers(0, min(issued, hits) + 1))
+        wasted = int(rng.integers(0, issued)) if issued else 0
+        outcome = WaveOutcome(hits=hits, late_hits=late, misses=misses, collisions=collisions,
+                              prefetch_used=used, stall=float(rng.uniform(1e-3, 1e-2)))
+        m.count_wave(pos, requests, outcome, had_prediction=issued > 0, expert_bytes=1000)
+        for _ in range(issued):
+            m.count_prefetch(pos, 1000)
+        for i in range(misses):
+            m.count_eviction(pos, 1000 if i < wasted else 0)
     m.passes = [PassTiming("prefill", 64, 0.0, float(rng.uniform(0.01, 0.05)), 0.001),
                 PassTiming("decode", 1, 0.05, 0.06, 0.0), PassTiming("decode", 1, 0.06, 0.07, 0.0)]
     slots = max(4, round(frac * TOTAL_EXPERTS))
@@ -89,9 +89,9 @@ def _sweep(root, traces=TRACES, capacities=CAPACITIES, bad_cells=True) -> dict:
 
 def test_load_cells_skips_unfinished_and_corrupt(tmp_path):
     cells = _sweep(str(tmp_path))
-    rows = report.load_cells(str(tmp_path))
+    rows = sweep_cells.load_cells(str(tmp_path))
     assert len(rows) == 24 == len(cells)
-    sweep = report.scan(str(tmp_path))
+    sweep = sweep_cells.scan(str(tmp_path))
     assert sweep.unfinished == ["unfinished_cell"]
     assert sorted(sweep.failed) == ["corrupt_cell", "crashed_cell"]
     assert sweep.failed["crashed_cell"] == "ConfigError: slots < top_k"
@@ -121,7 +121,7 @@ def test_trace_name_falls_back_to_the_config_path(tmp_path):
     r = _results("x", 0.05, "lru", "none", 1)
     del r["trace"], r["config"]["trace"]
     write_json_atomic(str(tmp_path / "cells" / "b" / "results.json"), r)
-    assert [row["trace"] for row in report.load_cells(str(tmp_path))] == ["math_1", "live"]
+    assert [row["trace"] for row in sweep_cells.load_cells(str(tmp_path))] == ["math_1", "live"]
 
 
 def _assert_png(path):

@@ -1,16 +1,16 @@
-"""Routing statistics (moejax/analysis/routing.py) on hand-worked traces, on the shared capture
-traces, and as invariants over random routing."""
+"""Routing statistics (moejax/analysis/routing.py) on hand-worked traces, on the bundled capture
+traces (moejax/assets/captures), and as invariants over random routing."""
 
 from __future__ import annotations
 
 import json
-import os
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from moejax import bundled
 from moejax.analysis.routing import (
     COLUMNS,
     reuse_rate,
@@ -22,7 +22,7 @@ from moejax.analysis.routing import (
 from moejax.traces.format import FORMAT, Trace
 from moejax.traces.importers import load_traces
 
-CAPTURE = "/work/shared/data/traces/olmoe_code.jsonl"
+CAPTURE = bundled.capture_path("olmoe_code")
 
 
 def test_entropy_uniform_use_is_one():
@@ -63,7 +63,7 @@ E, K, L = 10, 2, 3
 
 
 def _spec_trace(on_top: bool, prefill: int = 3, steps: int = 6, seed: int = 0) -> Trace:
-    """A trace of one `prefill`-token pass and `steps` decode steps whose spec_probs[:, l, 0]
+    """A trace of one `prefill`-token pass and `steps` decode steps whose spec[:, l, 0]
     ranks layer l+1's true experts first (on_top) or last, with distinct scores (so exactly K
     experts lie above the 80th percentile of E=10)."""
     rng = np.random.default_rng(seed)
@@ -82,7 +82,7 @@ def _spec_trace(on_top: bool, prefill: int = 3, steps: int = 6, seed: int = 0) -
             "expert_bytes": None, "lookahead": 1, "prefill_passes": 1, "source": "hand", "info": {}}
     offsets = np.array([0] + list(range(prefill, r + 1)), np.int64)
     t = Trace(meta, offsets, np.arange(r, dtype=np.int32), ids.astype(np.int64),
-              spec_probs=spec.astype(np.float16))
+              spec=spec.astype(np.float16))
     t.validate()
     return t
 
@@ -105,7 +105,7 @@ def test_spec_scores_half_right():
         true = t.ids[row, 1]
         rest = [e for e in range(E) if e not in true]
         order = [true[0], rest[0], true[1]] + rest[1:]
-        t.spec_probs[row, 0, 0, order] = np.linspace(0.3, 0.01, E)
+        t.spec[row, 0, 0, order] = np.linspace(0.3, 0.01, E)
     topk, p_prec, p_rec = spec_scores(t, np.arange(1, 3))
     np.testing.assert_allclose(topk, [0.5, 1.0])
     np.testing.assert_allclose(p_prec, [0.5, 1.0])
@@ -121,13 +121,11 @@ def test_summarize_scores_decode_steps_only(on_top, want):
     assert s["spec_p80_recall"] == pytest.approx(want)
 
 
-# --- shared capture trace and the table ----------------------------------------------------
+# --- bundled capture trace and the table ---------------------------------------------------
 
 
 @pytest.fixture(scope="module")
 def capture():
-    if not os.path.exists(CAPTURE):
-        pytest.skip(f"{CAPTURE} not present")
     return load_traces(CAPTURE)[0]
 
 
@@ -161,12 +159,12 @@ def test_table_one_row_per_trace(tmp_path):
                                         "gating_probs": [0.6, 0.4]}) + "\n")
     npz = str(tmp_path / "spec.npz")
     _spec_trace(True).save(npz)
-    paths = [str(vllm), npz] + ([CAPTURE] if os.path.exists(CAPTURE) else [])
+    paths = [str(vllm), npz, CAPTURE]
     lines = table(paths).splitlines()
     assert lines[0] == "| trace | " + " | ".join(COLUMNS) + " |"
     assert lines[1].count("---") == len(COLUMNS) + 1
     body = lines[2:]
-    assert len(body) == 2 + 1 + (len(paths) == 3)
+    assert len(body) == 4  # two vLLM problems, the .npz, the capture
     cells = [[c.strip() for c in line.strip("|").split("|")] for line in body]
     assert all(len(c) == 1 + len(COLUMNS) for c in cells)
     assert [c[0] for c in cells[:3]] == ["rows.jsonl", "rows.jsonl#1", "spec.npz"]
@@ -174,8 +172,7 @@ def test_table_one_row_per_trace(tmp_path):
     assert cells[0][col["steps"]] == "3" and cells[0][col["spec_topk_precision"]] == "–"
     assert cells[0][col["reuse"]] == "0.500"  # each step shares one of its two experts
     assert cells[2][col["spec_topk_precision"]] == "1.000"
-    if len(paths) == 3:
-        assert cells[3][0] == "olmoe_code.jsonl" and cells[3][col["experts"]] == "64"
+    assert cells[3][0] == "olmoe_code.jsonl" and cells[3][col["experts"]] == "64"
 
 
 # --- invariants ---------------------------------------------------------------------------

@@ -57,11 +57,11 @@ def test_gate_outputs_are_consistent(tiny):
             np.testing.assert_allclose(w, chosen, atol=1e-6)
         later = [l for l in cfg.moe_layers if l > g.layer][:2]
         assert g.spec_layers == tuple(later)
-        assert np.asarray(g.spec_probs).shape == (2, 6, cfg.num_experts)
+        assert np.asarray(g.spec).shape == (2, 6, cfg.num_experts)
 
 
 def test_speculative_scores_equal_next_gate_on_this_hidden_state(tiny):
-    """spec_probs[0] of layer l is layer l+1's gate on l's post-attention residual, which we
+    """spec[0] of layer l is layer l+1's gate on l's post-attention residual, which we
     recompute from the model's modules directly."""
     import jax
     import jax.numpy as jnp
@@ -82,7 +82,7 @@ def test_speculative_scores_equal_next_gate_on_this_hidden_state(tiny):
     h, _, _ = model.layers[first].attend(x, KVCache.zeros(cfg, 1, 16), jnp.int32(0))
     blk = model.layers[nxt]
     expect = jax.nn.softmax(blk.router(blk.post_norm(h).reshape(-1, cfg.hidden_size)), -1)
-    np.testing.assert_allclose(np.asarray(seen[0].spec_probs[0]), np.asarray(expect), atol=1e-5)
+    np.testing.assert_allclose(np.asarray(seen[0].spec[0]), np.asarray(expect), atol=1e-5)
 
 
 def test_tiled_and_ragged_dot_models_agree(tiny):
@@ -99,3 +99,21 @@ def test_position_overflow_is_a_clear_error(tiny):
     dec = resident_decoder(model, gate_up, down, max_len=4)
     with pytest.raises(ValueError, match="exceeds max_len=4"):
         dec.forward(np.zeros((1, 5), np.int32))
+
+
+@pytest.mark.parametrize("gate_path", stepped.GATE_PATHS)
+def test_a_finished_decoder_and_its_kv_caches_are_freed(tiny, gate_path):
+    """Nothing process-wide (the interned static arguments, jit's caches of the compiled
+    steps, the io_callback hook) keeps a decoder alive: the warm-up decoder of a job, or one
+    per prompt when recording traces, must not pin its KV caches until the process exits."""
+    import gc
+    import weakref
+
+    cfg, model, gate_up, down = tiny
+    dec = resident_decoder(model, gate_up, down, max_len=16, gate_path=gate_path)
+    dec.generate(np.zeros((1, 5), np.int32), 3)
+    alive, caches = weakref.ref(dec), [weakref.ref(c.k) for c in dec.caches]
+    del dec
+    gc.collect()
+    assert alive() is None
+    assert all(ref() is None for ref in caches)

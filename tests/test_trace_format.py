@@ -72,7 +72,7 @@ def test_pass_layout_and_tokens(tiny, recorded):
     assert trace.meta["lookahead"] == 1 and trace.meta["info"] == {"case": "round-trip"}
     r, l, k, e = 12, cfg.num_moe_layers, cfg.top_k, cfg.num_experts
     assert trace.ids.shape == (r, l, k) and trace.weights.shape == (r, l, k)
-    assert trace.probs.shape == (r, l, e) and trace.spec_probs.shape == (r, l, 1, e)
+    assert trace.probs.shape == (r, l, e) and trace.spec.shape == (r, l, 1, e)
     trace.validate()
 
 
@@ -89,17 +89,17 @@ def test_arrays_equal_the_gate_outputs(tiny, recorded):
             np.testing.assert_array_equal(trace.probs[rows, i],
                                           np.asarray(g.probs)[:n].astype(trace.probs.dtype))
             # Rows past the last MoE layer predict nothing: zeros, not softmax(0) = 1/E.
-            spec = np.asarray(g.spec_probs)[0, :n] if g.spec_layers else np.zeros((n, cfg.num_experts))
-            np.testing.assert_array_equal(trace.spec_probs[rows, i, 0],
-                                          spec.astype(trace.spec_probs.dtype))
+            spec = np.asarray(g.spec)[0, :n] if g.spec_layers else np.zeros((n, cfg.num_experts))
+            np.testing.assert_array_equal(trace.spec[rows, i, 0],
+                                          spec.astype(trace.spec.dtype))
     # spec_probs[:, i, 0] predicts layer i+1: real probabilities for every layer but the last.
-    spec = trace.spec_probs.astype(np.float32)
+    spec = trace.spec.astype(np.float32)
     np.testing.assert_allclose(spec[:, :-1, 0].sum(-1), 1.0, atol=1e-2)
 
 
 def test_spec_probs_past_the_last_layer_are_zero(recorded):
     trace = recorded[0]
-    assert not trace.spec_probs[:, -1].astype(np.float32).any()
+    assert not trace.spec[:, -1].astype(np.float32).any()
 
 
 def test_save_load_round_trip(tmp_path, recorded):
@@ -109,7 +109,7 @@ def test_save_load_round_trip(tmp_path, recorded):
     assert os.listdir(tmp_path) == ["t.npz"]  # no temporary file left behind
     back = load(path)
     assert back.meta == json.loads(json.dumps(trace.meta))
-    for key in ("pass_offsets", "tokens", "ids", "weights", "probs", "spec_probs"):
+    for key in ("pass_offsets", "tokens", "ids", "weights", "probs", "spec"):
         a, b = getattr(trace, key), getattr(back, key)
         np.testing.assert_array_equal(b, a, err_msg=key)
         if key != "ids":  # ids are widened to int64 on load
@@ -151,6 +151,7 @@ def generate_job(tmp_path_factory):
     return workdir, results
 
 
+@pytest.mark.slow
 def test_generate_job_writes_the_trace(generate_job):
     workdir, results = generate_job
     path = os.path.join(workdir, "trace.npz")

@@ -1,4 +1,4 @@
-"""Importers of other tools' routing traces (moejax/traces/importers.py): the shared capture
+"""Importers of other tools' routing traces (moejax/traces/importers.py): the bundled capture
 traces, format detection from content, and an error naming file and line for every malformed
 capture or vLLM routing-logger file."""
 
@@ -12,10 +12,11 @@ import shutil
 import numpy as np
 import pytest
 
+from moejax import bundled
 from moejax.traces.format import FORMAT, Trace, TraceError
 from moejax.traces.importers import load_traces, sniff
 
-TRACES = "/work/shared/data/traces"
+TRACES = bundled.CAPTURES_DIR
 SHAPES = {"olmoe_code": (512, 16, 8, 64), "olmoe_prose": (512, 16, 8, 64),
           "qwen_code": (512, 24, 4, 60), "qwen_prose": (512, 24, 4, 60)}
 
@@ -23,8 +24,6 @@ SHAPES = {"olmoe_code": (512, 16, 8, 64), "olmoe_prose": (512, 16, 8, 64),
 @pytest.fixture(scope="module", params=sorted(SHAPES))
 def shared(request):
     path = os.path.join(TRACES, f"{request.param}.jsonl")
-    if not os.path.exists(path):
-        pytest.skip(f"{path} not present")
     return request.param, path, load_traces(path)
 
 
@@ -38,7 +37,7 @@ def test_shared_traces_load_with_their_shapes(shared):
     assert t.pass_offsets.tolist() == list(range(steps + 1))
     assert t.decode_ids().shape == (steps, layers, k)
     assert (t.tokens == -1).all()
-    assert t.weights is None and t.probs is None and t.spec_probs is None
+    assert t.weights is None and t.probs is None and t.spec is None
     assert t.meta["format"] == FORMAT and t.meta["info"]["steps"] == steps
     assert 0 <= t.ids.min() and t.ids.max() < e
     # Top-k ids of one token are distinct experts.
@@ -61,8 +60,6 @@ def test_shared_traces_match_a_plain_json_parse(shared):
 
 def test_sniff_reads_content_not_extension(tmp_path):
     src = os.path.join(TRACES, "qwen_code.jsonl")
-    if not os.path.exists(src):
-        pytest.skip(f"{src} not present")
     txt = str(tmp_path / "routing.txt")
     shutil.copy(src, txt)
     assert sniff(txt) == "capture"
@@ -178,10 +175,13 @@ def test_capture_blank_line_is_an_error(tmp_path):
         load_traces(path)
 
 
-def test_capture_bad_meta(tmp_path):
+@pytest.mark.parametrize("field", ["layers", "top_k"])
+def test_capture_bad_meta(tmp_path, field):
+    """The layer count and top-k cannot be inferred: a header without them is an error naming
+    the file's first line (a missing expert count is inferred: test_replay_foreign_traces)."""
     lines, _ = _capture_lines()
     head = json.loads(lines[0])
-    del head["meta"]["n_experts"]
+    del head["meta"][field]
     path = _write(tmp_path / "meta.jsonl", [json.dumps(head)] + lines[1:])
     with pytest.raises(TraceError, match=re.escape(f"{path}:1:")):
         load_traces(path)

@@ -1,14 +1,18 @@
 """The training job, on its seconds-long smoke variant: learns, checkpoints, resumes, exports
-a checkpoint the main job loads."""
+a checkpoint the main job loads; reachable as `config.job = "train"` through the one entry
+point (`moejax.jobs.run`, `python -m moejax.main`) and as `python -m moejax.train`."""
 
 from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
+
+import pytest
 
 from moejax import jobs
 from moejax.job_config import base_config
-from moejax.train.loop import train
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -25,9 +29,10 @@ def _config(steps: int):
     return c
 
 
-def test_train_resume_export(tmp_path, capsys):
+@pytest.mark.slow
+def test_train_resume_export(tmp_path):
     work = str(tmp_path / "train")
-    first = train(_config(6), work)
+    first = jobs.run(_config(6), work)  # config.job = "train" through the one entry point
     assert first["heldout"]["eval/prose_bits_per_byte"] < 8.0
     assert sorted(os.listdir(os.path.join(work, "checkpoints"))) == ["3", "6"]
 
@@ -40,10 +45,15 @@ def test_train_resume_export(tmp_path, capsys):
     losses = [e.value for e in acc.Scalars("loss/ce_nats")]
     assert losses[-1] < losses[0], "the loss should go down over the smoke run"
 
-    # Re-running with more steps resumes from the last checkpoint instead of starting over.
-    capsys.readouterr()
-    second = train(_config(8), work)
-    assert "resuming from step 6" in capsys.readouterr().out
+    # Re-running with more steps resumes from the last checkpoint instead of starting over —
+    # here through the command line users type.
+    run = subprocess.run(
+        [sys.executable, "-m", "moejax.train", "--config=configs/train_small.py:smoke",
+         "--config.train.steps=8", f"--workdir={work}"],
+        cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "resuming from step 6" in run.stdout
+    second = json.load(open(os.path.join(work, "results.json")))
     assert second["steps"] == 8
     assert "8" in os.listdir(os.path.join(work, "checkpoints"))
 

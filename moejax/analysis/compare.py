@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 from collections import defaultdict
 
-from moejax.analysis.report import load_cells
+from moejax.analysis.sweep_cells import load_cells
 
 
 def table(sweep_dir: str, prefetch: str, h2d_gbps: float, evictions: list[str]) -> str:

@@ -24,189 +24,27 @@ from __future__ import annotations
 import argparse
 import collections
 import csv
-import dataclasses
-import json
-import logging
-import math
 import os
-from typing import Any, Iterable
+from typing import Iterable
+
+from moejax.analysis.sweep_cells import (
+    EVICTION_ORDER,
+    PREFETCH_ORDER,
+    SCALARS,
+    Sweep,
+    capacities,
+    gbps_label,
+    lowest_bandwidth,
+    mean,
+    order_names,
+    scan,
+    varying,
+)
 
 FIGURES = ("fig4_misses_by_eviction.png", "fig5_collisions_per_layer.png",
            "fig6_prefetch_precision_recall.png", "fig_ttft_decode.png")
-DPI = 120
-# Known policies in the paper's order (Fig. 4: FLD, SB, LRU, LS); unknown ones follow by name.
-EVICTION_ORDER = ("fld", "score", "lru", "lru_per_layer", "lfu", "lhu", "least_stale", "belady")
-PREFETCH_ORDER = ("none", "topk", "score_percentile", "oracle")
-SCALARS = ("requests", "hits", "late_hits", "misses", "collision_misses", "hit_rate",
-           "late_hit_rate", "miss_rate", "collision_miss_rate", "prefetch_precision",
-           "prefetch_recall", "stall_s", "h2d_bytes", "demand_bytes", "prefetch_bytes",
-           "wasted_prefetch_bytes")
 CSV_COLUMNS = ("name", "trace", "capacity", "capacity_frac", "slots", "h2d_gbps", "eviction",
                "prefetch", "miss", "routing", *SCALARS, "ttft_s", "decode_tok_per_s")
-_OTHER_COLORS = ("tab:blue", "tab:orange", "tab:green", "tab:purple", "tab:brown", "tab:pink",
-                 "tab:gray", "tab:olive", "tab:cyan")
-_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
-
-log = logging.getLogger(__name__)
-
-
-@dataclasses.dataclass
-class Sweep:
-    rows: list[dict]  # one per finished cell, sorted by name
-    unfinished: list[str]  # cell directories without results.json
-    failed: dict[str, str]  # cell name -> why its results.json could not be used
-
-
-# -- loading ---------------------------------------------------------------------------------
-def _stem(path: str) -> str:
-    return os.path.splitext(os.path.basename(path.rstrip("/")))[0]
-
-
-def _trace_name(results: dict, config: dict) -> str:
-    t = results.get("trace")  # replay: {"path", "name"}; a live recording's is a bare path
-    if isinstance(t, dict):
-        if t.get("name"):
-            return str(t["name"])
-        if t.get("path"):
-            return _stem(str(t["path"]))
-    c = config.get("trace")
-    if isinstance(c, dict):
-        c = c.get("path")
-    return _stem(c) if isinstance(c, str) and c else "live"
-
-
-def _capacity(cache_cfg: dict, effective: float | None) -> tuple[str, tuple]:
-    """The configured capacity as a label and a sort key (fractions before slot counts)."""
-    slots = int(cache_cfg.get("slots") or 0)
-    if slots > 0:
-        return f"{slots} slots", (1, slots)
-    frac = cache_cfg.get("capacity_frac", effective)
-    if frac is None:
-        return "?", (2, 0)
-    return f"{100 * float(frac):.3g}%", (0, float(frac))
-
-
-def _row(name: str, results: Any) -> dict:
-    if not isinstance(results, dict):
-        raise TypeError("results.json does not hold an object")
-    if results.get("error"):
-        raise ValueError(f"the job reported an error: {results['error']}")
-    if not isinstance(results.get("cache"), dict):
-        raise KeyError("no 'cache' section (was the cache enabled?)")
-    cache, config = results["cache"], results.get("config") or {}
-    total, timing = cache["total"], cache.get("timing") or {}
-    # The resolved policies the cache ran (a preset expands to four) win over the config fields.
-    policies = {**(config.get("policies") or {}), **(cache.get("policies") or {})}
-    hw = {**(config.get("hardware") or {}), **(cache.get("hardware") or {})}
-    capacity, capacity_key = _capacity(config.get("cache") or {}, cache.get("capacity_frac"))
-    per_layer = cache.get("per_layer") or []
-    timings = results.get("timings") or {}
-    row = {
-        "name": name, "trace": _trace_name(results, config),
-        "capacity": capacity, "capacity_key": capacity_key,
-        "capacity_frac": cache.get("capacity_frac"), "slots": cache.get("slots"),
-        "h2d_gbps": hw.get("h2d_gbps") or None,
-        **{k: str(policies.get(k, "?")) for k in ("eviction", "prefetch", "miss", "routing")},
-        **{k: total.get(k) for k in SCALARS},
-        "ttft_s": timing.get("ttft_s", timings.get("ttft_s")),
-        "decode_tok_per_s": timing.get("decode_tok_per_s", timings.get("decode_tok_per_s")),
-        "layers": [p.get("layer", i) for i, p in enumerate(per_layer)],
-        "layer_collision_miss_rate": [p.get("collision_miss_rate") for p in per_layer],
-        "layer_miss_rate": [p.get("miss_rate") for p in per_layer],
-    }
-    if row["hit_rate"] is None and row["requests"] is None:
-        raise KeyError("cache.total has no requests or hit_rate")
-    return row
-
-
-def _last_line(path: str) -> str:
-    with open(path, errors="replace") as f:
-        lines = [line.strip() for line in f if line.strip()]
-    return lines[-1] if lines else "error.txt (empty)"
-
-
-def scan(sweep_dir: str) -> Sweep:
-    """Every cell of a sweep: finished rows, unfinished and failed cell names."""
-    cells_dir = os.path.join(sweep_dir, "cells")
-    names = sorted(n for n in os.listdir(cells_dir)
-                   if os.path.isdir(os.path.join(cells_dir, n))) if os.path.isdir(cells_dir) else []
-    sweep = Sweep([], [], {})
-    for name in names:
-        path = os.path.join(cells_dir, name, "results.json")
-        if not os.path.exists(path):
-            error = os.path.join(cells_dir, name, "error.txt")  # launch/worker.py's failure
-            if os.path.exists(error):
-                sweep.failed[name] = _last_line(error)
-            else:
-                sweep.unfinished.append(name)
-            continue
-        try:
-            with open(path) as f:
-                sweep.rows.append(_row(name, json.load(f)))
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
-            sweep.failed[name] = f"{type(e).__name__}: {e}"
-    return sweep
-
-
-def load_cells(sweep_dir: str) -> list[dict]:
-    """One flat row per finished cell; unfinished and failed cells are skipped and logged."""
-    sweep = scan(sweep_dir)
-    if sweep.unfinished or sweep.failed:
-        log.warning("%s: skipped %d unfinished and %d failed cells (%s)", sweep_dir,
-                    len(sweep.unfinished), len(sweep.failed),
-                    ", ".join(sweep.unfinished + sorted(sweep.failed)))
-    return sweep.rows
-
-
-# -- grouping --------------------------------------------------------------------------------
-def _order(names: Iterable[str], known: tuple[str, ...]) -> list[str]:
-    def key(s):
-        base = s.split(" · ")[0].split("(")[0].strip()  # a row label "lru · drop(keep=2)"
-        return (known.index(base) if base in known else len(known), s)
-    return sorted(set(names), key=key)
-
-
-def _capacities(rows: list[dict]) -> list[str]:
-    keys = {r["capacity"]: r["capacity_key"] for r in rows}
-    return sorted(keys, key=keys.get)
-
-
-def _prefer(rows: list[dict], key: str, preferred: str | None = None):
-    values = collections.Counter(r[key] for r in rows)
-    if preferred is not None:
-        for v in values:  # a spec with arguments still counts: "none" matches "none()"
-            if v.split("(")[0].strip() == preferred:
-                return v
-    return min(values, key=lambda v: (-values[v], str(v))) if values else None
-
-
-def _lowest_bandwidth(rows: list[dict]):
-    bws = [r["h2d_gbps"] for r in rows if r["h2d_gbps"] is not None]
-    return min(bws) if bws else None
-
-
-def _baseline(rows: list[dict], **preferred) -> tuple[list[dict], dict]:
-    """Rows at the lowest bandwidth with each named dimension fixed to its preferred value."""
-    bw = _lowest_bandwidth(rows)
-    rows = [r for r in rows if r["h2d_gbps"] == bw]
-    fixed = {"h2d_gbps": bw}
-    for key, pref in preferred.items():
-        fixed[key] = _prefer(rows, key, pref)
-        rows = [r for r in rows if r[key] == fixed[key]]
-    return rows, fixed
-
-
-def _mean(values: Iterable) -> float | None:
-    vals = [float(v) for v in values if v is not None and not math.isnan(float(v))]
-    return sum(vals) / len(vals) if vals else None
-
-
-def _nan(x) -> float:
-    return float("nan") if x is None else float(x)
-
-
-def _varying(rows: list[dict], keys: Iterable[str]) -> list[str]:
-    return [k for k in keys if len({r[k] for r in rows}) > 1]
 
 
 # -- report.md -------------------------------------------------------------------------------
@@ -219,10 +57,6 @@ def _ms(x) -> str:
         return "–"
     ms = 1e3 * x
     return f"{ms:.0f} ms" if ms >= 100 else f"{ms:.1f} ms" if ms >= 10 else f"{ms:.2f} ms"
-
-
-def _gbps(x) -> str:
-    return "?" if x is None else f"{x:g}"
 
 
 def _config_label(row: dict, keys: list[str]) -> str:
@@ -262,27 +96,27 @@ def _markdown(sweep_dir: str, sweep: Sweep) -> str:
         lines.append(f"Failed: `{name}` — {why}")
     if not rows:
         return "\n".join(lines + ["", "No finished cells: nothing to report."]) + "\n"
-    evictions = _order((r["eviction"] for r in rows), EVICTION_ORDER)
-    prefetches = _order((r["prefetch"] for r in rows), PREFETCH_ORDER)
+    evictions = order_names((r["eviction"] for r in rows), EVICTION_ORDER)
+    prefetches = order_names((r["prefetch"] for r in rows), PREFETCH_ORDER)
     lines += ["", f"- traces: {', '.join(sorted({r['trace'] for r in rows}))}",
-              f"- capacities: {', '.join(_capacities(rows))}",
+              f"- capacities: {', '.join(capacities(rows))}",
               f"- H2D bandwidth (GB/s): "
-              f"{', '.join(_gbps(b) for b in sorted({r['h2d_gbps'] for r in rows if r['h2d_gbps']}))}",
+              f"{', '.join(gbps_label(b) for b in sorted({r['h2d_gbps'] for r in rows if r['h2d_gbps']}))}",
               f"- eviction: {', '.join(evictions)}", f"- prefetch: {', '.join(prefetches)}",
               f"- miss: {', '.join(sorted({r['miss'] for r in rows}))}; "
               f"routing: {', '.join(sorted({r['routing'] for r in rows}))}"]
 
-    bw = _lowest_bandwidth(rows)
+    bw = lowest_bandwidth(rows)
     at_bw = [r for r in rows if r["h2d_gbps"] == bw]
-    row_keys = ["eviction"] + _varying(at_bw, ("miss", "routing"))
-    lines += ["", f"## By trace, at H2D {_gbps(bw)} GB/s (the lowest present)", "",
+    row_keys = ["eviction"] + varying(at_bw, ("miss", "routing"))
+    lines += ["", f"## By trace, at H2D {gbps_label(bw)} GB/s (the lowest present)", "",
               "Each entry: hit rate / collision-miss rate (both of requests) / TTFT "
               "(cache clock); `*` = mean of several cells."]
     for trace in sorted({r["trace"] for r in at_bw}):
         lines += ["", f"### {trace}"]
-        for cap in _capacities([r for r in at_bw if r["trace"] == trace]):
+        for cap in capacities([r for r in at_bw if r["trace"] == trace]):
             sel = [r for r in at_bw if r["trace"] == trace and r["capacity"] == cap]
-            labels = _order({_config_label(r, row_keys) for r in sel}, EVICTION_ORDER)
+            labels = order_names({_config_label(r, row_keys) for r in sel}, EVICTION_ORDER)
             pfs = [p for p in prefetches if any(r["prefetch"] == p for r in sel)]
             body = []
             for label in labels:
@@ -295,15 +129,15 @@ def _markdown(sweep_dir: str, sweep: Sweep) -> str:
                         continue
                     star = "*" if len(group) > 1 else ""
                     cells.append(" / ".join((
-                        _pct(_mean(r["hit_rate"] for r in group)),
-                        _pct(_mean(r["collision_miss_rate"] for r in group)),
-                        _ms(_mean(r["ttft_s"] for r in group)))) + star)
+                        _pct(mean(r["hit_rate"] for r in group)),
+                        _pct(mean(r["collision_miss_rate"] for r in group)),
+                        _ms(mean(r["ttft_s"] for r in group)))) + star)
                 body.append([label] + cells)
             head = " · ".join(row_keys) + " \\ prefetch"
             lines += ["", f"**capacity {cap}**{_slots_note(sel)}", ""]
             lines += _table([head] + pfs, body)
 
-    config_keys = ["eviction", "prefetch"] + _varying(rows, ("miss", "routing"))
+    config_keys = ["eviction", "prefetch"] + varying(rows, ("miss", "routing"))
     body = []
     groups = collections.defaultdict(list)
     for r in rows:
@@ -314,7 +148,7 @@ def _markdown(sweep_dir: str, sweep: Sweep) -> str:
         rated = [r for r in group if r["hit_rate"] is not None]
         t = min(timed, key=lambda r: r["ttft_s"]) if timed else None
         h = max(rated, key=lambda r: r["hit_rate"]) if rated else None
-        body.append([trace, cap, _gbps(group[0]["h2d_gbps"]),
+        body.append([trace, cap, gbps_label(group[0]["h2d_gbps"]),
                      _config_label(t, config_keys) if t else "–", _ms(t and t["ttft_s"]),
                      _config_label(h, config_keys) if h else "–", _pct(h and h["hit_rate"])])
     lines += ["", "## Best configuration per trace and capacity", ""]
@@ -346,7 +180,7 @@ def _write_csv(path: str, rows: list[dict]) -> None:
 
 def write_report(sweep_dir: str) -> str:
     """Writes report.md, cells.csv and the figures into sweep_dir; returns report.md's path."""
-    from moejax.analysis import report_figures as figs  # imports this module's helpers
+    from moejax.analysis import report_figures as figs  # matplotlib: only when drawing
 
     sweep = scan(sweep_dir)
     rows = sweep.rows

@@ -8,19 +8,21 @@ import math
 
 import numpy as np
 
-from moejax.analysis.report import (
-    _MARKERS,
-    _OTHER_COLORS,
-    DPI,
+from moejax.analysis.sweep_cells import (
     EVICTION_ORDER,
     PREFETCH_ORDER,
-    _baseline,
-    _capacities,
-    _gbps,
-    _mean,
-    _nan,
-    _order,
+    baseline,
+    capacities,
+    gbps_label,
+    mean,
+    nan_if_none,
+    order_names,
 )
+
+DPI = 120
+_OTHER_COLORS = ("tab:blue", "tab:orange", "tab:green", "tab:purple", "tab:brown", "tab:pink",
+                 "tab:gray", "tab:olive", "tab:cyan")
+_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
 
 
 def _figure(nrows: int, ncols: int, w: float = 4.4, h: float = 3.4):
@@ -57,22 +59,22 @@ def _facets(rows: list[dict]) -> list[tuple[str, list[dict]]]:
 
 
 def _fixed_note(fixed: dict) -> str:
-    return ", ".join(f"H2D {_gbps(v)} GB/s" if k == "h2d_gbps" else f"{k} {v}"
+    return ", ".join(f"H2D {gbps_label(v)} GB/s" if k == "h2d_gbps" else f"{k} {v}"
                      for k, v in fixed.items())
 
 
 def _trace_mean(rows: list[dict], key: str) -> float:
     """Mean over traces of each trace's mean: every trace weighs the same."""
-    per_trace = [_mean(r[key] for r in rows if r["trace"] == t) for t in {r["trace"] for r in rows}]
-    return _nan(_mean(per_trace))
+    per_trace = [mean(r[key] for r in rows if r["trace"] == t) for t in {r["trace"] for r in rows}]
+    return nan_if_none(mean(per_trace))
 
 
 def fig4(rows: list[dict], path: str) -> None:
-    base, fixed = _baseline(rows, prefetch="none", miss="fetch", routing="standard")
+    base, fixed = baseline(rows, prefetch="none", miss="fetch", routing="standard")
     if not base:
         return _empty(path, "Fig. 4")
-    evictions, caps, facets = _order({r["eviction"] for r in base}, EVICTION_ORDER), \
-        _capacities(base), _facets(base)
+    evictions, caps, facets = order_names({r["eviction"] for r in base}, EVICTION_ORDER), \
+        capacities(base), _facets(base)
     fig, axes = _figure(len(facets), len(caps), w=max(4.4, 0.9 * len(evictions) + 1.5))
     x = np.arange(len(evictions))
     for i, (facet, frows) in enumerate(facets):
@@ -102,7 +104,7 @@ def _layer_curve(rows: list[dict]) -> np.ndarray:
     """Mean per-layer collision-miss rate over traces (NaN where no cell has the layer)."""
     per_trace = []
     for t in sorted({r["trace"] for r in rows}):
-        arrays = [[_nan(v) for v in r["layer_collision_miss_rate"]]
+        arrays = [[nan_if_none(v) for v in r["layer_collision_miss_rate"]]
                   for r in rows if r["trace"] == t]
         per_trace.extend(arrays)
     n = max((len(a) for a in per_trace), default=0)
@@ -119,11 +121,11 @@ def _layer_curve(rows: list[dict]) -> np.ndarray:
 def fig5(rows: list[dict], path: str) -> None:
     from matplotlib.ticker import MaxNLocator
 
-    base, fixed = _baseline(rows, prefetch="none", miss="fetch", routing="standard")
+    base, fixed = baseline(rows, prefetch="none", miss="fetch", routing="standard")
     if not base or not any(r["layer_collision_miss_rate"] for r in base):
         return _empty(path, "Fig. 5 (no per-layer rows)")
-    evictions, caps, facets = _order({r["eviction"] for r in base}, EVICTION_ORDER), \
-        _capacities(base), _facets(base)
+    evictions, caps, facets = order_names({r["eviction"] for r in base}, EVICTION_ORDER), \
+        capacities(base), _facets(base)
     colors = _eviction_colors(evictions)
     fig, axes = _figure(len(facets), len(caps))
     for i, (facet, frows) in enumerate(facets):
@@ -150,10 +152,10 @@ def fig5(rows: list[dict], path: str) -> None:
 def fig6(rows: list[dict], path: str) -> None:
     from matplotlib.lines import Line2D
 
-    base, fixed = _baseline(rows, eviction="least_stale", miss="fetch", routing="standard")
+    base, fixed = baseline(rows, eviction="least_stale", miss="fetch", routing="standard")
     if not base:
         return _empty(path, "Fig. 6")
-    prefetches, caps = _order({r["prefetch"] for r in base}, PREFETCH_ORDER), _capacities(base)
+    prefetches, caps = order_names({r["prefetch"] for r in base}, PREFETCH_ORDER), capacities(base)
     colors = dict(zip(prefetches, _OTHER_COLORS * 4))
     markers = dict(zip(caps, _MARKERS * 4))
     fig, axes = _figure(1, 2, w=5.2, h=4.2)
@@ -191,11 +193,11 @@ def fig6(rows: list[dict], path: str) -> None:
 
 
 def fig_ttft_decode(rows: list[dict], path: str) -> None:
-    base, fixed = _baseline(rows, miss="fetch", routing="standard")
+    base, fixed = baseline(rows, miss="fetch", routing="standard")
     if not base:
         return _empty(path, "TTFT / decode")
-    evictions = _order({r["eviction"] for r in base}, EVICTION_ORDER)
-    prefetches, caps = _order({r["prefetch"] for r in base}, PREFETCH_ORDER), _capacities(base)
+    evictions = order_names({r["eviction"] for r in base}, EVICTION_ORDER)
+    prefetches, caps = order_names({r["prefetch"] for r in base}, PREFETCH_ORDER), capacities(base)
     colors = dict(zip(prefetches, _OTHER_COLORS * 4))
     traces = sorted({r["trace"] for r in base})
     over = traces[0] if len(traces) == 1 else f"mean of {len(traces)} traces"

@@ -42,14 +42,10 @@ def reuse_rate(ids: np.ndarray) -> np.ndarray:
     return inter.mean(0) / k
 
 
-def _sets(mask_rows: np.ndarray) -> np.ndarray:
-    return mask_rows.astype(bool)
-
-
 def spec_scores(trace: Trace, rows: np.ndarray, percentile: float = 80.0):
     """Per predicted layer pair (l -> next MoE layer): top-K precision, p-percentile precision
     and recall of the lookahead-1 speculative scores."""
-    spec = trace.spec_probs[rows, :, 0].astype(np.float32)  # [S, L, E]
+    spec = trace.spec[rows, :, 0].astype(np.float32)  # [S, L, E]
     ids = trace.ids[rows]
     e, k = trace.num_experts, trace.top_k
     topk, p_prec, p_rec = [], [], []
@@ -75,7 +71,7 @@ def summarize(trace: Trace) -> dict[str, float]:
            "entropy_frac_min": float(usage_entropy_frac(ids, trace.num_experts).min()),
            "reuse": float(reuse_rate(ids).mean()),
            "reuse_uniform": trace.top_k / trace.num_experts}
-    if trace.spec_probs is not None:
+    if trace.spec is not None:
         topk, p_prec, p_rec = spec_scores(trace, rows)
         out.update(spec_topk_precision=float(topk.mean()), spec_p80_precision=float(p_prec.mean()),
                    spec_p80_recall=float(p_rec.mean()))

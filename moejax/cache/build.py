@@ -19,10 +19,10 @@ CLOCKS = ("auto", "virtual", "wall")
 
 
 def hardware_from(config: ml_collections.ConfigDict) -> hw_lib.Hardware:
+    """The `hardware.preset` profile with the group's overrides: a field left None keeps the
+    preset's value, any given value (0 included) replaces it and is validated."""
     h = config.hardware
-    return hw_lib.get(h.preset, h2d_gbps=h.h2d_gbps, h2d_latency_s=h.h2d_latency_s,
-                      copy_engines=h.copy_engines, peak_tflops=h.peak_tflops,
-                      hbm_gbps=h.hbm_gbps, launch_s=h.launch_s)
+    return hw_lib.get(h.preset, **{k: h[k] for k in hw_lib.OVERRIDABLE if k in h})
 
 
 def clock_kind(config: ml_collections.ConfigDict) -> str:
@@ -52,16 +52,20 @@ def policy_context(shape: CacheShape, cfg_router_renorm: bool, seed: int) -> dic
                 num_slots=shape.num_slots, seed=seed, renormalize=cfg_router_renorm)
 
 
-def build_policies(config: ml_collections.ConfigDict, shape: CacheShape, renormalize: bool):
+def build_policies(config: ml_collections.ConfigDict, shape: CacheShape, renormalize: bool,
+                   specs: dict[str, str] | None = None):
+    """The four policies: `specs` when given (a job that adjusted them), else the specs
+    `presets.resolve` makes of the config's `policies` group."""
     ctx = policy_context(shape, renormalize, config.seed)
-    p = presets.resolve(config.policies)
+    p = specs if specs is not None else presets.resolve(config.policies)
     return (build("eviction", p["eviction"], **ctx), build("prefetch", p["prefetch"], **ctx),
             build("miss", p["miss"], **ctx), build("routing", p["routing"], **ctx))
 
 
 def build_cache(config: ml_collections.ConfigDict, shape: CacheShape,
-                model_cfg: ModelConfig | None, renormalize: bool) -> ExpertCache:
-    eviction, prefetch, miss, routing = build_policies(config, shape, renormalize)
+                model_cfg: ModelConfig | None, renormalize: bool,
+                specs: dict[str, str] | None = None) -> ExpertCache:
+    eviction, prefetch, miss, routing = build_policies(config, shape, renormalize, specs)
     hw = hardware_from(config)
     kind = clock_kind(config)
     clock = VirtualClock(hw) if kind == "virtual" else WallClock(hw)
@@ -81,10 +85,10 @@ def build_cached_experts(config: ml_collections.ConfigDict, cfg: ModelConfig, ho
     shape = CacheShape(tuple(cfg.moe_layers), cfg.num_layers, cfg.num_experts, cfg.top_k,
                        cfg.expert_bytes, s)
     cache = build_cache(config, shape, cfg, cfg.norm_topk_prob)
-    for kind, policy in (("eviction", cache.eviction), ("prefetch", cache.prefetch)):
-        if getattr(policy, "replay_only", False):
-            raise ConfigError(f"{kind} policy {policy.name!r} needs the future routing: it runs "
-                              "in trace replay only (configs/replay.py)")
+    for policy in cache.policies():
+        if policy.replay_only:
+            raise ConfigError(f"{policy.kind} policy {policy.name!r} needs the future routing: "
+                              "it runs in trace replay only (configs/replay.py)")
     return CachedExperts(cache, SlotPool(s, host_gate_up, host_down), cfg.num_experts)
 
 

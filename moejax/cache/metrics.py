@@ -24,6 +24,19 @@ SECONDS = ("stall_s",)
 BYTES = ("demand_bytes", "prefetch_bytes", "wasted_prefetch_bytes")
 
 
+@dataclasses.dataclass(slots=True)
+class WaveOutcome:
+    """What serving one wave of a layer found (the cache decides, the metrics count)."""
+
+    hits: int = 0
+    late_hits: int = 0
+    misses: int = 0
+    collisions: int = 0  # misses on experts resident at the pass start or admitted since
+    prefetch_used: int = 0  # hits on experts prefetched for exactly this pass and layer
+    ready: float = 0.0  # when the last of the wave's experts lands
+    stall: float = 0.0  # how long compute waited for it
+
+
 @dataclasses.dataclass
 class PassTiming:
     kind: str  # "prefill" or "decode"
@@ -48,9 +61,38 @@ class CacheMetrics:
     def per_layer(self) -> dict[str, np.ndarray]:
         return {k: np.asarray(v) for k, v in self.c.items()}
 
-    def add(self, pos: int, **values) -> None:
-        for key, value in values.items():
-            self.c[key][pos] += value
+    # -- counting (called by the cache; plain list updates, the replay hot path) ---------------
+    def count_wave(self, pos: int, requests: int, o: WaveOutcome, had_prediction: bool,
+                   expert_bytes: int) -> None:
+        c = self.c
+        c["requests"][pos] += requests
+        c["hits"][pos] += o.hits
+        c["late_hits"][pos] += o.late_hits
+        c["misses"][pos] += o.misses
+        c["collision_misses"][pos] += o.collisions
+        c["demand_bytes"][pos] += o.misses * expert_bytes
+        c["prefetch_used"][pos] += o.prefetch_used
+        if had_prediction:
+            c["recall_served"][pos] += o.prefetch_used
+            c["recall_requests"][pos] += requests
+        c["waves"][pos] += 1
+        c["stall_s"][pos] += o.stall
+
+    def count_decision(self, pos: int, dropped: int, substituted: int) -> None:
+        self.c["dropped"][pos] += dropped
+        self.c["substituted"][pos] += substituted
+
+    def count_prefetch(self, target_pos: int, nbytes: int) -> None:
+        self.c["prefetch_issued"][target_pos] += 1
+        self.c["prefetch_bytes"][target_pos] += nbytes
+
+    def count_eviction(self, pos: int, wasted_bytes: int) -> None:
+        """An eviction; `wasted_bytes` when the expert was prefetched and never used."""
+        self.c["evictions"][pos] += 1
+        self.c["wasted_prefetch_bytes"][pos] += wasted_bytes
+
+    def count_wasted_prefetch(self, pos: int, nbytes: int) -> None:
+        self.c["wasted_prefetch_bytes"][pos] += nbytes
 
     # -- summaries ---------------------------------------------------------------------------
     @staticmethod

@@ -1,45 +1,88 @@
-"""The short metrics table a run prints, and the TensorBoard series it writes."""
+"""The short metrics table a run prints, and the TensorBoard series it writes.
+
+When expert bytes are unknown (a replay of an id-only trace with no model named and no
+`cache.expert_bytes`), the run counts with 1-byte experts: hits and misses are exact, but
+bytes and every time (stall, TTFT, decode rate) are meaningless. They print as "unknown",
+are left out of TensorBoard, and are null in results.json. Values that are None (a rate with
+no denominator, the TTFT of a decode-only trace) print as "-".
+"""
 
 from __future__ import annotations
 
 import dataclasses
 
-from moejax.cache.metrics import CacheMetrics
+from moejax.cache.metrics import BYTES, SECONDS, CacheMetrics
 from moejax.metrics_writer import MetricsWriter
-from moejax.policies import presets
+
+UNKNOWN = "unknown"
 
 
 def _pct(x) -> str:
     return "   -" if x is None else f"{100 * x:5.1f}%"
 
 
-def table(metrics: CacheMetrics, header: str) -> str:
+def _int(x) -> str:
+    return "-" if x is None else f"{int(x):d}"
+
+
+def _ms(seconds, known: bool = True, digits: int = 3) -> str:
+    """Milliseconds without the unit; "-" for None, "unknown" when sizes are unknown."""
+    if not known:
+        return UNKNOWN
+    return "-" if seconds is None else f"{seconds * 1e3:.{digits}f}"
+
+
+def _mb(nbytes) -> str:
+    return "-" if nbytes is None else f"{nbytes / 1e6:.2f}"
+
+
+def table(metrics: CacheMetrics, header: str, bytes_known: bool = True) -> str:
+    """`bytes_known=False`: bytes and times print as "unknown" (counts stay exact)."""
     lines = [header,
              f"{'layer':>5} {'req':>6} {'hit':>6} {'late':>5} {'miss':>5} {'coll':>5} "
              f"{'pf':>5} {'prec':>6} {'stall ms':>9}"]
     for row in metrics.layer_table() + [{"layer": "all", **metrics.totals()}]:
-        lines.append(f"{row['layer']!s:>5} {row['requests']:6d} {row['hits']:6d} "
-                     f"{row['late_hits']:5d} {row['misses']:5d} {row['collision_misses']:5d} "
-                     f"{row['prefetch_issued']:5d} {_pct(row['prefetch_precision']):>6} "
-                     f"{row['stall_s'] * 1e3:9.3f}")
+        lines.append(f"{row['layer']!s:>5} {_int(row['requests']):>6} {_int(row['hits']):>6} "
+                     f"{_int(row['late_hits']):>5} {_int(row['misses']):>5} "
+                     f"{_int(row['collision_misses']):>5} {_int(row['prefetch_issued']):>5} "
+                     f"{_pct(row['prefetch_precision']):>6} "
+                     f"{_ms(row['stall_s'], bytes_known):>9}")
     t, tm = metrics.totals(), metrics.timing()
-    mb = 1e6
     lines.append(
         f"hit rate {_pct(t['hit_rate']).strip()} (late {_pct(t['late_hit_rate']).strip()}), "
         f"collision misses {_pct(t['collision_miss_rate']).strip()}, prefetch precision "
         f"{_pct(t['prefetch_precision']).strip()} recall {_pct(t['prefetch_recall']).strip()}")
+    if not bytes_known:
+        lines.append(f"TTFT {UNKNOWN}, decode {UNKNOWN}, stall {UNKNOWN}; H2D {UNKNOWN} "
+                     "(expert bytes unknown: name the model or give cache.expert_bytes; the "
+                     "counts above are exact)")
+        return "\n".join(lines)
+    ttft = _ms(tm["ttft_s"])
     decode = f"{tm['decode_tok_per_s']:.1f} tok/s" if tm["decode_tok_per_s"] else "-"
     lines.append(
-        f"TTFT {tm['ttft_s'] * 1e3:.3f} ms, decode {decode}, stall {t['stall_s'] * 1e3:.3f} ms; "
-        f"H2D {t['h2d_bytes'] / mb:.2f} MB (demand {t['demand_bytes'] / mb:.2f}, prefetch "
-        f"{t['prefetch_bytes'] / mb:.2f}, wasted {t['wasted_prefetch_bytes'] / mb:.2f})")
+        f"TTFT {ttft}{' ms' if tm['ttft_s'] is not None else ''}, decode {decode}, stall "
+        f"{_ms(t['stall_s'])} ms; H2D {_mb(t['h2d_bytes'])} MB (demand "
+        f"{_mb(t['demand_bytes'])}, prefetch {_mb(t['prefetch_bytes'])}, wasted "
+        f"{_mb(t['wasted_prefetch_bytes'])})")
     return "\n".join(lines)
 
 
-def write_tensorboard(writer: MetricsWriter, metrics: CacheMetrics) -> None:
-    """One point per pass (step = pass index) of the running totals, then the run's timing."""
+_SIZED_SERIES = ("transfer/", "perf/")  # bytes and times: meaningless when sizes are unknown
+
+
+def write_tensorboard(writer: MetricsWriter, metrics: CacheMetrics,
+                      bytes_known: bool = True) -> None:
+    """One point per pass (step = pass index) of the running totals, then the run's timing.
+    `bytes_known=False` leaves out the byte and time series."""
+
+    def scalars(step, values):
+        if not bytes_known:
+            values = {k: v for k, v in values.items() if not k.startswith(_SIZED_SERIES)}
+        if values:
+            writer.scalars(step, values)
+
     for step, snap in enumerate(metrics.snapshots):
-        writer.scalars(step, {
+        scalars(step, {
             "cache/hit_rate": snap["hit_rate"],
             "cache/late_hit_rate": snap["late_hit_rate"],
             "cache/miss_rate": snap["miss_rate"],
@@ -56,19 +99,36 @@ def write_tensorboard(writer: MetricsWriter, metrics: CacheMetrics) -> None:
         })
     tm = metrics.timing()
     last = max(0, len(metrics.snapshots) - 1)
-    writer.scalars(last, {"perf/ttft_s": tm["ttft_s"], "perf/decode_tok_per_s":
-                          tm["decode_tok_per_s"], "perf/decode_s": tm["decode_s"]})
+    scalars(last, {"perf/ttft_s": tm["ttft_s"], "perf/decode_tok_per_s":
+                   tm["decode_tok_per_s"], "perf/decode_s": tm["decode_s"]})
 
 
-def cache_results(cache, policies, passes: bool = True,
+def _without_sizes(out: dict) -> None:
+    """Nulls the byte and time values of a `cache` section (sizes unknown; counts stay)."""
+    sized = (*BYTES, "h2d_bytes", *SECONDS)
+    for section in (out["total"], *out["per_layer"]):
+        for key in sized:
+            if key in section:
+                section[key] = None
+    out["timing"] = {k: (v if k == "decode_tokens" else None) for k, v in out["timing"].items()}
+    for p in out.get("passes", ()):
+        for key in ("start_s", "end_s", "stall_s"):
+            p[key] = None
+
+
+def cache_results(cache, policies: dict, passes: bool = True,
                   expert_bytes_known: bool = True) -> dict:
     """The `cache` section of a job's results.json (schema in WORKSPACE.md), one place for the
-    generate, perplexity and replay jobs. `passes=False` leaves out the per-pass timings."""
+    generate, perplexity and replay jobs. `policies`: what ran (`presets.report`).
+    `passes=False` leaves out the per-pass timings; `expert_bytes_known=False` nulls
+    `expert_bytes` and every byte and time value."""
     shape = cache.shape
     out = {"slots": shape.num_slots, "capacity_frac": shape.num_slots / shape.total_experts,
            "expert_bytes": shape.expert_bytes if expert_bytes_known else None,
            "clock": cache.clock.kind, "hardware": dataclasses.asdict(cache.clock.hw),
-           "policies": presets.report(policies), **cache.metrics.to_dict()}
+           "policies": policies, **cache.metrics.to_dict()}
     if not passes:
         del out["passes"]
+    if not expert_bytes_known:
+        _without_sizes(out)
     return out

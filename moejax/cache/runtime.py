@@ -23,8 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from moejax.cache.cache import ExpertCache
-from moejax.models.stepped import ExpertWave, GateOutputs
-from moejax.policies.base import Key, LayerGate
+from moejax.seam import ExpertWave, GateOutputs, Key, LayerGate, Wave
 
 
 @functools.partial(jax.jit, donate_argnums=(0, 1))
@@ -105,7 +104,7 @@ class CachedExperts:
         if self.needs_probs:
             wanted.append(gate.probs)
         if self.needs_spec:
-            wanted.append(gate.spec_probs)
+            wanted.append(gate.spec)
         got = jax.device_get(wanted)  # one host round trip for what the policies read
         spec = got[-1][: len(gate.spec_layers)] if self.needs_spec else None
         host = LayerGate(gate.layer, got[0], got[1], got[2] if self.needs_probs else None, spec,
@@ -119,7 +118,7 @@ class CachedExperts:
                              weights)
             self._flush()  # prefetches go after this wave's experts step was dispatched
 
-    def _slot_map(self, wave) -> jax.Array:
+    def _slot_map(self, wave: Wave) -> jax.Array:
         signature = tuple(sorted(wave.slot_of.items()))
         cached = self._slot_maps.get(wave.layer)
         if cached is not None and cached[0] == signature:

@@ -27,4 +27,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
         from moejax.jobs import replay
 
         return replay.run(config, workdir)
+    if config.job == "train":
+        from moejax.train.loop import train
+
+        return train(config, workdir)
     raise AssertionError(config.job)

@@ -11,12 +11,9 @@ import ml_collections
 import numpy as np
 
 from moejax.cache import report
-from moejax.cache.build import expert_source
 from moejax.config import ConfigError
-from moejax.metrics_writer import MetricsWriter
+from moejax.jobs.common import cache_header, cache_of, configured_decoder, report_cache
 from moejax.model_source import load_model
-from moejax.models.stepped import SteppedDecoder
-from moejax.policies import presets
 from moejax.results import write_json_atomic
 from moejax.tokenizer import parse_ids
 from moejax.traces.recorder import TraceRecorder
@@ -40,16 +37,6 @@ def _progress(enabled: bool, total: int):
     return tqdm(total=total, desc="decode", unit="tok", leave=False)
 
 
-def _header(config, cache) -> str:
-    hw = cache.clock.hw
-    s = cache.shape
-    p = presets.resolve(config.policies)
-    return (f"cache: {s.num_slots}/{s.total_experts} expert slots "
-            f"({100 * s.num_slots / s.total_experts:.1f}%), eviction {p['eviction']}, prefetch "
-            f"{p['prefetch']}, miss {p['miss']}, routing {p['routing']}; {hw.name} at {hw.h2d_gbps:g} "
-            f"GB/s host->device, {cache.clock.kind} clock")
-
-
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     validate(config)
     os.makedirs(workdir, exist_ok=True)
@@ -71,21 +58,16 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
         raise ConfigError(
             f"prompt ({len(prompt_ids)} tokens) + run.max_new_tokens ({config.run.max_new_tokens})"
             f" = {max_len} exceeds the model's max_position_embeddings ({cfg.max_position_embeddings})")
-    def make_decoder():
-        source = expert_source(config, loaded)
-        return source, SteppedDecoder(loaded.model, source, max_len=max_len,
-                                      batch=config.run.batch_size,
-                                      lookahead=config.model.lookahead,
-                                      gmm_impl=config.model.gmm_impl,
-                                      gate_path=config.model.gate_path)
-
-    experts, decoder = make_decoder()
+    batch = config.run.batch_size
+    experts, decoder = configured_decoder(config, loaded, max_len=max_len, batch=batch)
     recorder = None
-    prompt = np.tile(np.asarray(prompt_ids, np.int32)[None], (config.run.batch_size, 1))
+    prompt = np.tile(np.asarray(prompt_ids, np.int32)[None], (batch, 1))
     eos = cfg.eos_token_id if config.run.stop_at_eos else None
 
     if config.run.warmup:  # compile every step shape on a throwaway cache
-        make_decoder()[1].generate(prompt, min(2, config.run.max_new_tokens))
+        _, warmup = configured_decoder(config, loaded, max_len=max_len, batch=batch)
+        warmup.generate(prompt, min(2, config.run.max_new_tokens))
+        del warmup  # nothing keeps it (or its KV caches) alive after this
 
     if config.tracing.record:  # attached after warm-up, so the trace holds the timed run only
         recorder = TraceRecorder(cfg, config.model.lookahead, loaded.source,
@@ -96,7 +78,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     profile_dir = os.path.join(workdir, "profile")
     tracing = (jax.profiler.trace(profile_dir) if config.profile.enabled
                else contextlib.nullcontext())
-    cache = getattr(experts, "cache", None)
+    cache = cache_of(experts)
     if config.profile.enabled:
         decoder.annotate = jax.profiler.TraceAnnotation
         if cache is not None:
@@ -124,12 +106,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
         "config": config.to_dict(),
     }
     if cache is not None:
-        cache.finish()
-        results["cache"] = report.cache_results(cache, config.policies)
+        results["cache"] = report_cache(config, cache, workdir)
         results["timings"]["cache_clock"] = cache.metrics.timing()
-        writer = MetricsWriter(workdir)
-        report.write_tensorboard(writer, cache.metrics)
-        writer.close()
     if config.profile.enabled:
         results["profile_dir"] = profile_dir
     if recorder is not None:
@@ -138,7 +116,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     write_json_atomic(os.path.join(workdir, "results.json"), results)
     print(f"{prompt_text}{text}")
     if cache is not None:
-        print(report.table(cache.metrics, _header(config, cache)))
+        print(report.table(cache.metrics, cache_header(config, cache)))
     print(f"[{cfg.family} from {loaded.source}] {len(generated)} tokens, "
           f"TTFT {gen.prefill_s * 1e3:.1f} ms, "
           f"decode {results['timings']['decode_tok_per_s'] or 0:.1f} tok/s -> "

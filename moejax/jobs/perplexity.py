@@ -15,9 +15,8 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from moejax.cache import report
-from moejax.cache.build import expert_source
 from moejax.config import ConfigError
+from moejax.jobs.common import cache_of, configured_decoder, report_cache
 from moejax.model_source import load_model
 from moejax.models.stepped import SteppedDecoder
 from moejax.results import write_json_atomic
@@ -79,10 +78,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     window = min(config.eval.window, len(ids), loaded.cfg.max_position_embeddings)
     stride = min(config.eval.stride, window - 1)
     # Under the configured cache: drop, substitution and cache-aware routing change quality.
-    experts = expert_source(config, loaded)
-    decoder = SteppedDecoder(loaded.model, experts, max_len=window,
-                             lookahead=config.model.lookahead, gmm_impl=config.model.gmm_impl,
-                                      gate_path=config.model.gate_path)
+    experts, decoder = configured_decoder(config, loaded, max_len=window)
     t0 = time.perf_counter()
     nll = score(decoder, ids, window, stride)
     elapsed = time.perf_counter() - t0
@@ -103,10 +99,9 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
         "eval_s": elapsed,
         "config": config.to_dict(),
     }
-    cache = getattr(experts, "cache", None)
+    cache = cache_of(experts)
     if cache is not None:
-        cache.finish()
-        results["cache"] = report.cache_results(cache, config.policies, passes=False)
+        results["cache"] = report_cache(config, cache, workdir, passes=False)
     write_json_atomic(os.path.join(workdir, "results.json"), results)
     print(f"{config.text_file}: {results['bits_per_byte']:.4f} bits/byte, "
           f"{results['bits_per_token']:.4f} bits/token over {len(nll)} tokens "

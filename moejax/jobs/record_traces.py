@@ -18,8 +18,9 @@ import ml_collections
 import numpy as np
 
 from moejax.config import ConfigError
+from moejax.jobs.common import make_decoder
 from moejax.model_source import load_model
-from moejax.models.stepped import ResidentExperts, SteppedDecoder
+from moejax.models.stepped import ResidentExperts
 from moejax.results import write_json_atomic
 from moejax.tokenizer import ByteTokenizer
 from moejax.traces.recorder import TraceRecorder
@@ -63,10 +64,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
                     "prompt": bytes(text[:t.prompt_tokens].tolist()).decode("utf-8", "replace")}
             rec = TraceRecorder(loaded.cfg, config.model.lookahead, loaded.source, info,
                                 score_dtype=np.float16)  # committed test data: keep it small
-            dec = SteppedDecoder(loaded.model, experts, max_len=total,
-                                 lookahead=config.model.lookahead,
-                                 gmm_impl=config.model.gmm_impl,
-                                 gate_observers=(rec.on_gate,), pass_observers=(rec.end_pass,))
+            dec = make_decoder(config, loaded, experts, max_len=total,
+                               gate_observers=(rec.on_gate,), pass_observers=(rec.end_pass,))
             logits = dec.forward(text[None, :t.prompt_tokens])
             nll, generated = [], []
             for step in range(steps):

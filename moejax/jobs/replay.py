@@ -10,6 +10,7 @@ trace's model config when it has one (moejax traces), else from `model.family`/`
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 
@@ -18,14 +19,18 @@ import ml_collections
 from moejax.cache import report
 from moejax.cache.build import build_cache, clock_kind, num_slots
 from moejax.cache.cache import CacheShape
+from moejax.cache.replay import replay
 from moejax.config import ConfigError, ModelConfig
 from moejax.families import FAMILIES, preset
-from moejax.metrics_writer import MetricsWriter
+from moejax.jobs.common import cache_header, report_cache
 from moejax.policies import presets
-from moejax.replay import replay
+from moejax.policies.registry import parse as registry_parse
+from moejax.policies.registry import policy_class
 from moejax.results import write_json_atomic
 from moejax.traces.format import Trace, TraceError
-from moejax.traces.importers import load_traces
+from moejax.traces.importers import ImportedTraces, import_traces
+
+log = logging.getLogger(__name__)
 
 
 def _model_config(config: ml_collections.ConfigDict, trace: Trace) -> ModelConfig | None:
@@ -43,8 +48,40 @@ def _model_config(config: ml_collections.ConfigDict, trace: Trace) -> ModelConfi
         raise ConfigError(
             f"model.preset={m.family}/{m.preset} has {cfg.num_moe_layers} MoE layers x "
             f"{cfg.num_experts} experts, top-{cfg.top_k}; the trace has {len(trace.layers)} x "
-            f"{trace.num_experts}, top-{trace.top_k}")
+            f"{trace.num_experts}, top-{trace.top_k}"
+            + (" (the trace's expert count was inferred from its largest id: state the model's "
+               "with --config.trace_num_experts=N)"
+               if (trace.meta.get("info") or {}).get("num_experts_source") == "inferred" else ""))
     return cfg
+
+
+def _import(config: ml_collections.ConfigDict) -> ImportedTraces:
+    """The trace file's sequences and the import's notes (`trace_num_experts`, `trace_strict`;
+    moejax/traces/importers.py)."""
+    num_experts = int(config.get("trace_num_experts", 0) or 0)
+    if num_experts < 0:
+        raise ConfigError(f"trace_num_experts={num_experts} must be >= 0 (0: from the trace)")
+    try:
+        return import_traces(config.trace, num_experts=num_experts or None,
+                             strict=bool(config.get("trace_strict", False)))
+    except TraceError as e:
+        raise ConfigError(str(e)) from e
+
+
+def _policies_for(config: ml_collections.ConfigDict, trace: Trace) -> dict:
+    """What runs (`presets.report`), with one adjustment: a trace without speculative scores
+    cannot drive a score-based prefetcher, so when the prefetch policy was not chosen (the
+    default combination's `score_percentile`) it becomes `none` and the report says why. A
+    prefetcher given explicitly, or by a preset, still refuses such a trace by name."""
+    chosen = presets.report(config.policies)
+    if (trace.spec is None and chosen["source"]["prefetch"] == "default"
+            and policy_class("prefetch", registry_parse(chosen["prefetch"])[0]).needs_spec):
+        log.warning("%s carries no speculative scores: the default prefetch %s cannot run on it,"
+                    " so none runs (choose one with --config.policies.prefetch)",
+                    config.trace, chosen["prefetch"])
+        chosen["prefetch"] = "none"
+        chosen["source"] = {**chosen["source"], "prefetch": "default (trace has no scores)"}
+    return chosen
 
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
@@ -54,10 +91,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
         raise ConfigError(f"trace={config.trace!r} is not a file")
     if clock_kind(config) != "virtual":
         raise ConfigError("replay runs on the virtual clock: set clock.kind=virtual (or auto)")
-    try:
-        traces = load_traces(config.trace)
-    except TraceError as e:
-        raise ConfigError(str(e)) from e
+    imported = _import(config)
+    traces = imported.traces
     first = traces[0]
     for t in traces[1:]:
         if (t.layers, t.num_experts, t.top_k) != (first.layers, first.num_experts, first.top_k):
@@ -67,8 +102,9 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
                     or (cfg.expert_bytes if cfg else None))
     bytes_known = bool(expert_bytes)
     if not bytes_known:
-        # Counts (hits, misses, collisions, prefetch precision) do not depend on expert size;
-        # bytes and transfer times do: they are reported as unknown.
+        # Misses, collisions and hits + late hits do not depend on expert size (admission is
+        # immediate); bytes and times do, and so does the split of hits into ready and late
+        # ones: those are reported as unknown.
         expert_bytes = 1
         if config.cache.slots <= 0:
             raise ConfigError(f"{config.trace} does not record expert bytes, so a capacity "
@@ -80,10 +116,11 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     slots = num_slots(config, len(layers), first.num_experts, first.top_k, expert_bytes)
     shape = CacheShape(tuple(layers), cfg.num_layers if cfg else max(layers) + 1,
                        first.num_experts, first.top_k, expert_bytes, slots)
-    cache = build_cache(config, shape, cfg, cfg.norm_topk_prob if cfg else False)
-    chosen = presets.resolve(config.policies)
-    if getattr(cache.eviction, "needs_future", False) and (
-            chosen["routing"] != "standard" or chosen["miss"] != "fetch"):
+    policies = _policies_for(config, first)
+    specs = {k: policies[k] for k in presets.FIELDS}
+    cache = build_cache(config, shape, cfg, cfg.norm_topk_prob if cfg else False, specs)
+    if cache.eviction.needs_future and (specs["routing"] != "standard"
+                                        or specs["miss"] != "fetch"):
         raise ConfigError("belady's future is the trace's router selection: it needs "
                           "policies.routing=standard and policies.miss=fetch")
     prompt = int(first.meta.get("info", {}).get("prompt_tokens", 0) or 0)
@@ -98,8 +135,6 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     start = time.perf_counter()
     try:
         replay(cache, traces, context, bar.update if bar is not None else None)
-    except ConfigError:
-        raise
     finally:
         if bar is not None:
             bar.close()
@@ -110,20 +145,16 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
         "trace": {"path": os.path.abspath(config.trace),
                   "name": os.path.splitext(os.path.basename(config.trace))[0],
                   "sequences": len(traces), "passes": passes, "has_scores": first.has_scores,
-                  "layers": layers, "num_experts": first.num_experts, "top_k": first.top_k},
+                  "layers": layers, "num_experts": first.num_experts, "top_k": first.top_k,
+                  **imported.notes.to_dict()},
         # Per-pass timings: in TensorBoard, not in every cell file.
-        "cache": report.cache_results(cache, config.policies, passes=False,
-                                      expert_bytes_known=bytes_known),
+        "cache": report_cache(config, cache, workdir, passes=False,
+                              expert_bytes_known=bytes_known, policies=policies),
         "replay": {"seconds": elapsed, "requests_per_s": requests / elapsed if elapsed else None},
         "config": config.to_dict(),
     }
-    if config.log.tensorboard:
-        writer = MetricsWriter(workdir)
-        report.write_tensorboard(writer, cache.metrics)
-        writer.close()
     write_json_atomic(os.path.join(workdir, "results.json"), results)
     if config.log.progress:
-        print(report.table(cache.metrics, f"replay of {config.trace}: {slots}/"
-                                          f"{shape.total_experts} slots, {chosen['eviction']}"
-                                          f" / {chosen['prefetch']}"))
+        header = f"replay of {config.trace}: {cache_header(config, cache, specs)}"
+        print(report.table(cache.metrics, header, bytes_known=bytes_known))
     return results

@@ -61,16 +61,16 @@ def grouped_matmul(x: jax.Array, w: jax.Array, group_sizes: jax.Array,
 
 
 def moe_ffn(x: jax.Array, ids: jax.Array, weights: jax.Array, gate_up: jax.Array,
-            down: jax.Array, slot_of_expert: jax.Array, act: str = "silu",
+            down: jax.Array, slot_of: jax.Array, act: str = "silu",
             impl: str = "tiled") -> jax.Array:
     """Routed experts for tokens `x` `[N, H]`.
 
     ids, weights: `[N, K]` chosen experts and their contribution weights.
     gate_up: `[S, H, 2I]`, down: `[S, I, H]` the pool of expert weights in S slots.
-    slot_of_expert: `[E]` the slot holding each expert (only chosen experts are read).
+    slot_of: `[E]` the slot holding each expert (only chosen experts are read).
     """
     n, k = ids.shape
-    slots = slot_of_expert[ids].reshape(-1)
+    slots = slot_of[ids].reshape(-1)
     order = jnp.argsort(slots, stable=True)
     x_sorted = x[order // k]
     sizes = jnp.bincount(slots, length=gate_up.shape[0]).astype(jnp.int32)

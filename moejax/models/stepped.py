@@ -9,8 +9,9 @@ arguments, shapes are static, the KV cache is preallocated and donated):
 2. `experts_step`: the routed experts as one grouped matmul over a given pool of expert weights
    (plus Qwen's shared expert), added to the residual stream.
 
-Between the two, an `ExpertSource` turns the gate outputs into the pool and the slot of each
-expert: `ResidentExperts` holds every expert on the device; the cache runtime holds a few.
+Between the two, an `ExpertSource` (`moejax/seam.py`) turns the gate outputs into the pool and
+the slot of each expert: `ResidentExperts` holds every expert on the device; the cache runtime
+holds a few.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ import contextlib
 import dataclasses
 import functools
 import time
-from typing import Callable, Iterator, NamedTuple, Protocol
+import weakref
+from typing import Callable, Iterator
 
 import jax
 import jax.numpy as jnp
@@ -32,49 +34,9 @@ from moejax.models.decoder import MoEDecoder
 from moejax.models.experts import moe_ffn
 from moejax.models.layers import norm
 from moejax.models.routing import route
+from moejax.seam import ExpertSource, ExpertWave, GateOutputs
 
 GATE_PATHS = ("returned", "io_callback")
-
-
-@dataclasses.dataclass(frozen=True)
-class GateOutputs:
-    """What the router of one MoE layer decided for one pass (prefill chunk or decode step)."""
-
-    layer: int
-    ids: jax.Array  # [N, K] int32, in router-rank order
-    weights: jax.Array  # [N, K] float32 contribution weights
-    probs: jax.Array  # [N, E] float32 softmax of the router logits
-    spec_probs: jax.Array  # [lookahead, N, E] next MoE layers' gates on this hidden state
-    spec_layers: tuple[int, ...]  # which layers the first rows of spec_probs predict
-    # Host copies of ids and weights when the gate hook already delivered them (io_callback).
-    host_ids: np.ndarray | None = None
-    host_weights: np.ndarray | None = None
-
-
-class ExpertWave(NamedTuple):
-    """What one experts step reads: the slot pool, where each expert sits, and the (possibly
-    edited) selection. Contributions with weight 0 are not computed into the output."""
-
-    gate_up: jax.Array  # [S, H, 2I]
-    down: jax.Array  # [S, I, H]
-    slot_of_expert: jax.Array  # [E] int32 (only experts with a nonzero weight are read)
-    ids: jax.Array  # [N, K]
-    weights: jax.Array  # [N, K]
-
-
-class ExpertSource(Protocol):
-    """Provides the expert weights a layer's routed compute reads."""
-
-    def begin_pass(self, tokens: int, position: int) -> None:
-        """A forward pass of `tokens` tokens starting at `position` begins."""
-
-    def experts_for(self, gate: GateOutputs) -> Iterator[ExpertWave]:
-        """The waves of `gate.layer`'s experts step; each wave's experts are resident when it
-        is yielded. The consumer dispatches a wave's step before asking for the next."""
-        ...
-
-    def end_pass(self) -> None:
-        """The pass's logits are computed."""
 
 
 class ResidentExperts:
@@ -113,10 +75,14 @@ class Static:
     """A static jit argument whose hash is computed once. jit hashes static arguments on every
     call, and hashing an NNX graphdef walks the whole module graph (~0.2 ms per call on CPU:
     half the host time of a tiny decode step). Equal values are deduplicated into one instance
-    so the cache lookup's equality check is an identity check."""
+    so the cache lookup's equality check is an identity check.
 
-    __slots__ = ("value", "_hash")
-    _interned: dict = {}
+    The intern table holds its instances weakly: an instance lives as long as something (a
+    decoder, jit's own cache) refers to it, and nothing here keeps a decoder alive. Values must
+    not refer to a decoder or its arrays (a graphdef or a config, not a bound method)."""
+
+    __slots__ = ("value", "_hash", "__weakref__")
+    _interned: "weakref.WeakValueDictionary" = weakref.WeakValueDictionary()
 
     def __new__(cls, value):
         key = (type(value), value)
@@ -132,6 +98,20 @@ class Static:
 
     def __eq__(self, other) -> bool:
         return self is other or (isinstance(other, Static) and self.value == other.value)
+
+
+# The io_callback gate path's mailbox: the hooked router step appends its gate outputs here and
+# `SteppedDecoder.forward` pops them right after the effects barrier. Module-level (not a
+# closure over a decoder) so that the compiled step — cached by jit for the process's life —
+# holds no reference to any decoder or its KV caches, and one compilation serves every decoder.
+_GATE_MAILBOX: list[tuple[np.ndarray, ...]] = []
+
+
+def _deliver_gate(*gate) -> None:
+    _GATE_MAILBOX.append(gate)
+
+
+_DELIVER = Static(_deliver_gate)
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "cfg"), donate_argnames=("cache",))
@@ -152,8 +132,8 @@ def attention_router_step(graphdef: Static, state, spec, x, cache: KVCache, pos,
             spec["scale"], spec["bias"])
         spec_logits = jnp.einsum("lnh,lhe->lne", spec_in, spec["kernel"],
                                  preferred_element_type=jnp.float32)
-        spec_probs = jax.nn.softmax(spec_logits, axis=-1)
-    return h, h_norm, cache, (ids, weights, probs, spec_probs)
+        spec = jax.nn.softmax(spec_logits, axis=-1)
+    return h, h_norm, cache, (ids, weights, probs, spec)
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "cfg", "deliver"),
@@ -171,14 +151,14 @@ def attention_router_step_hooked(graphdef: Static, state, spec, x, cache: KVCach
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "cfg", "impl", "shared"))
 def experts_step(graphdef: Static, state, residual, h_norm, ids, weights, gate_up, down,
-                 slot_of_expert, *, cfg: Static, impl: str, shared: bool = True):
+                 slot_of, *, cfg: Static, impl: str, shared: bool = True):
     """`residual` plus the routed experts' contributions (plus the shared expert when
     `shared`: the first wave of a layer)."""
     cfg = cfg.value
     layer = nnx.merge(graphdef.value, state)
     with jax.named_scope("moe/experts"):
         flat = h_norm.reshape(-1, cfg.hidden_size)
-        y = moe_ffn(flat, ids, weights, gate_up, down, slot_of_expert, cfg.hidden_act, impl)
+        y = moe_ffn(flat, ids, weights, gate_up, down, slot_of, cfg.hidden_act, impl)
         if shared:
             y = y + layer.shared_expert(flat)
     return residual + y.reshape(residual.shape)
@@ -248,8 +228,6 @@ class SteppedDecoder:
         if gate_path not in GATE_PATHS:
             raise ValueError(f"gate_path={gate_path!r} is not one of {GATE_PATHS}")
         self.gate_path = gate_path
-        self._mailbox: list[tuple[np.ndarray, ...]] = []
-        self._deliver = Static(lambda *gate: self._mailbox.append(gate))
         self.gate_observers = list(gate_observers)
         self.pass_observers = list(pass_observers)
         # Host-side profiler annotations around each step's dispatch (set when tracing; the
@@ -312,9 +290,9 @@ class SteppedDecoder:
                 if self.gate_path == "io_callback":
                     h, h_norm, self.caches[l], (ids, w, _, _) = attention_router_step_hooked(
                         g, s, spec, x, self.caches[l], pos, cfg=self.static_cfg,
-                        deliver=self._deliver)
+                        deliver=_DELIVER)
                     jax.effects_barrier()  # the callback has run: the gate is on the host
-                    h_ids, h_w, probs, sp = (np.asarray(a) for a in self._mailbox.pop())
+                    h_ids, h_w, probs, sp = (np.asarray(a) for a in _GATE_MAILBOX.pop())
                     gate = GateOutputs(l, ids, w, probs, sp, spec_layers, h_ids, h_w)
                 else:
                     h, h_norm, self.caches[l], (ids, w, probs, sp) = attention_router_step(
@@ -326,7 +304,7 @@ class SteppedDecoder:
             for i, wave in enumerate(self.experts.experts_for(gate)):
                 with self.annotate("moe/experts"):
                     x = experts_step(g, s, x, h_norm, wave.ids, wave.weights, wave.gate_up,
-                                     wave.down, wave.slot_of_expert, cfg=self.static_cfg,
+                                     wave.down, wave.slot_of, cfg=self.static_cfg,
                                      impl=self.gmm_impl, shared=(i == 0))
         self.pos += t
         logits = logits_step(self.head_graph, self.head_state, x)

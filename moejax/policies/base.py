@@ -1,9 +1,20 @@
-"""Interfaces of the four policy kinds (SpecMD §3). Each policy is a small class registered
-under a name in `registry`; the cache calls them in this order for every MoE layer of a pass:
+"""The four policy kinds (SpecMD §3) and the capabilities each policy declares.
+
+The cache calls them in this order for every MoE layer of a pass:
 
 routing (may change the selection) -> miss (drop / substitute / fetch) -> eviction (victims
 for demand fetches) -> prefetch (experts for the next layers, admitted when a slot is free
 or evictable).
+
+Every registered policy subclasses its kind's base class here (the registry checks), so the
+cache, the jobs and the registry read a policy's needs from its declared capabilities rather
+than probing for attributes:
+
+* `needs_probs`: reads the full router probabilities (`LayerGate.probs`); the live runtime then
+  copies them to the host, an id-only trace cannot drive it;
+* `needs_spec`: reads the speculative scores (`LayerGate.spec`);
+* `needs_future`: reads the trace's future routing, handed over by `set_future` before replay;
+* `replay_only`: cannot run live (every policy that needs the future).
 
 Keys are `(layer, expert)`. Layer *positions* (0..L-1 over the MoE layers) order the pass.
 """
@@ -11,43 +22,50 @@ Keys are `(layer, expert)`. Layer *positions* (0..L-1 over the MoE layers) order
 from __future__ import annotations
 
 import dataclasses
-from typing import Protocol
+from typing import Callable, ClassVar
 
 import numpy as np
 
-Key = tuple[int, int]
+from moejax.seam import Key, LayerGate
+
+__all__ = ["EvictionPolicy", "Key", "LayerGate", "MissDecision", "MissPolicy", "Policy",
+           "PrefetchPolicy", "RoutingPolicy", "KINDS"]
 
 
-def requests_in_rank_order(ids: np.ndarray, active: np.ndarray | None = None) -> list[int]:
-    """The distinct experts of a pass-layer's `[N, K]` selection in router-rank order:
-    rank-major over the tokens, first occurrence wins (only `active` contributions)."""
-    order = ids.T.reshape(-1)
-    if active is not None:
-        order = order[active.T.reshape(-1)]
-    _, first = np.unique(order, return_index=True)
-    return order[np.sort(first)].tolist()
+class Policy:
+    """What every policy declares. Subclasses set `name` (the registry name) and override the
+    capability flags they have."""
+
+    kind: ClassVar[str] = ""
+    name: ClassVar[str] = ""
+    needs_probs: ClassVar[bool] = False
+    needs_spec: ClassVar[bool] = False
+    needs_future: ClassVar[bool] = False
+    replay_only: ClassVar[bool] = False
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if cls.needs_future and not cls.replay_only:
+            raise TypeError(f"{cls.__name__} needs the future, so it must be replay_only")
+
+    def set_future(self, future, cache) -> None:
+        """Replay hands the future routing (`moejax.cache.replay.Future`) and the cache to a
+        policy that `needs_future`, before the first pass."""
+        raise NotImplementedError(f"{type(self).__name__} does not read the future")
 
 
-@dataclasses.dataclass
-class LayerGate:
-    """One MoE layer's gate outputs for one pass, on the host (numpy).
+class EvictionPolicy(Policy):
+    """Chooses victims. The hooks keep the policy's own view of residency and recency; the
+    defaults do nothing."""
 
-    `ids`/`weights` are the router's own choice in router-rank order; `probs` the full softmax
-    (None for id-only traces); `spec` the speculative scores `[A, N, E]` of the next A MoE
-    layers (`spec_layers` names them), None when unavailable."""
+    kind = "eviction"
 
-    layer: int
-    ids: np.ndarray  # [N, K]
-    weights: np.ndarray | None  # [N, K]
-    probs: np.ndarray | None  # [N, E]
-    spec: np.ndarray | None = None  # [A, N, E]
-    spec_layers: tuple[int, ...] = ()
+    def set_layer_positions(self, pos_of: dict[int, int]) -> None:
+        """MoE layer index -> position, once, before the first pass."""
+        self.pos_of = dict(pos_of)
 
-
-class EvictionPolicy(Protocol):
-    name: str
-
-    def on_pass_start(self, pass_id: int) -> None: ...
+    def on_pass_start(self, pass_id: int) -> None:
+        pass
 
     def on_admit(self, key: Key, pos: int, prefetch: bool) -> None:
         """`key` took a slot (a demand fetch or a prefetch) while the pass is at `pos`."""
@@ -58,24 +76,28 @@ class EvictionPolicy(Protocol):
     def on_touch(self, key: Key, pos: int) -> None:
         """`key`, already resident, was selected by the prefetcher."""
 
-    def on_evict(self, key: Key) -> None: ...
+    def on_evict(self, key: Key) -> None:
+        pass
 
     def on_scores(self, layer: int, probs: np.ndarray) -> None:
-        """Router probabilities `[N, E]` of `layer` in this pass (score-based policies)."""
+        """Router probabilities `[N, E]` of `layer` in this pass (called when `needs_probs`)."""
 
-    def victim(self, pos: int, evictable, incoming: Key | None = None) -> Key | None:
+    def victim(self, pos: int, evictable: Callable[[Key], bool],
+               incoming: Key | None = None) -> Key | None:
         """A resident key to evict, while the layer at `pos` runs, to make room for `incoming`;
         `evictable(key)` says whether a key may go (not pinned by the running layer's wave, nor
-        prefetched by the same prefetch call; an in-flight key may go, its slot being reused
+        selected by the same prefetch call; an in-flight key may go, its slot being reused
         once its transfer lands). None if nothing may."""
+        raise NotImplementedError
 
 
-class PrefetchPolicy(Protocol):
-    name: str
-    lookahead: int
+class PrefetchPolicy(Policy):
+    kind = "prefetch"
+    lookahead: int = 0  # MoE layers ahead it predicts (0: none)
 
     def predict(self, gate: LayerGate) -> list[tuple[int, list[int]]]:
         """`[(layer, experts in priority order), ...]` to prefetch for the layers ahead."""
+        raise NotImplementedError
 
 
 @dataclasses.dataclass
@@ -90,16 +112,22 @@ class MissDecision:
     substituted: int = 0  # distinct experts replaced
 
 
-class MissPolicy(Protocol):
-    name: str
+class MissPolicy(Policy):
+    kind = "miss"
 
     def handle(self, gate: LayerGate, ids: np.ndarray, weights: np.ndarray,
                resident: set[int]) -> MissDecision:
         """`resident`: experts of this layer resident or in flight now."""
+        raise NotImplementedError
 
 
-class RoutingPolicy(Protocol):
-    name: str
+class RoutingPolicy(Policy):
+    kind = "routing"
 
-    def select(self, gate: LayerGate, cached: set[int]) -> tuple[np.ndarray, np.ndarray]:
+    def select(self, gate: LayerGate, cached: set[int]) -> tuple[np.ndarray, np.ndarray | None]:
         """`(ids, weights)` the layer runs, given the experts of this layer in the cache."""
+        raise NotImplementedError
+
+
+KINDS: dict[str, type[Policy]] = {c.kind: c for c in (EvictionPolicy, PrefetchPolicy,
+                                                       MissPolicy, RoutingPolicy)}

@@ -12,37 +12,14 @@ from collections import OrderedDict
 
 import numpy as np
 
-from moejax.policies.base import Key
+from moejax.policies.base import EvictionPolicy, Key
 from moejax.policies.registry import register
 
 
-class _Base:
-    name = "base"
-
+class _Base(EvictionPolicy):
     def __init__(self, num_layers: int, num_experts: int):
         self.num_layers, self.num_experts = num_layers, num_experts
         self.pos_of: dict[int, int] = {}
-
-    def set_layer_positions(self, pos_of: dict[int, int]) -> None:
-        self.pos_of = dict(pos_of)
-
-    def on_pass_start(self, pass_id: int) -> None:
-        pass
-
-    def on_admit(self, key: Key, pos: int, prefetch: bool) -> None:
-        pass
-
-    def on_access(self, key: Key, pos: int) -> None:
-        pass
-
-    def on_touch(self, key: Key, pos: int) -> None:
-        pass
-
-    def on_evict(self, key: Key) -> None:
-        pass
-
-    def on_scores(self, layer: int, probs: np.ndarray) -> None:
-        pass
 
 
 def _first_evictable(order, evictable):
@@ -399,7 +376,3 @@ class Belady(_Base):
         return best
 
 
-@register("eviction", "lhu")
-def _lhu(num_layers: int, num_experts: int):
-    raise ValueError("LHU (least high-precision used) needs quantized expert tiers, which "
-                     "moejax does not have yet")

@@ -11,12 +11,12 @@ from __future__ import annotations
 import numpy as np
 
 from moejax.config import ConfigError
-from moejax.policies.base import LayerGate, MissDecision
+from moejax.policies.base import LayerGate, MissDecision, MissPolicy
 from moejax.policies.registry import register
 
 
 @register("miss", "fetch")
-class Fetch:
+class Fetch(MissPolicy):
     name = "fetch"
 
     def handle(self, gate, ids, weights, resident):
@@ -24,7 +24,7 @@ class Fetch:
 
 
 @register("miss", "drop")
-class Drop:
+class Drop(MissPolicy):
     """Drop a missing expert's contribution unless some token ranks it in its top `keep`
     (ranks are 1-based; models are robust to losing rank 3+ experts, Skliar et al.). Dropped
     contributions are not renormalised."""
@@ -46,7 +46,7 @@ class Drop:
 
 
 @register("miss", "substitute")
-class Substitute:
+class Substitute(MissPolicy):
     """Replace each missing (token, expert) by the resident expert of the same layer with the
     highest router probability for that token, if it is within `tol` (absolute probability)
     of the missing one's and not already selected by the token; the contribution keeps the
@@ -81,14 +81,3 @@ class Substitute:
         return MissDecision(ids, weights, np.ones(ids.shape, bool),
                             substituted=len(substituted))
 
-
-@register("miss", "fetch_lowest_bit")
-def _lowest_bit():
-    raise ValueError("fetch_lowest_bit needs quantized expert tiers, which moejax does not "
-                     "have yet")
-
-
-@register("miss", "fetch_priority")
-def _priority():
-    raise ValueError("fetch_priority (precision cascade) needs quantized expert tiers, which "
-                     "moejax does not have yet")

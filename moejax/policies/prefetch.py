@@ -9,11 +9,12 @@ from __future__ import annotations
 import numpy as np
 
 from moejax.config import ConfigError
-from moejax.policies.base import LayerGate, requests_in_rank_order
+from moejax.policies.base import LayerGate, PrefetchPolicy
 from moejax.policies.registry import register
+from moejax.seam import requests_in_rank_order
 
 
-class _SpecPrefetch:
+class _SpecPrefetch(PrefetchPolicy):
     lookahead = 1
     needs_spec = True
 
@@ -36,7 +37,7 @@ class _SpecPrefetch:
 
 
 @register("prefetch", "none")
-class NoPrefetch:
+class NoPrefetch(PrefetchPolicy):
     name = "none"
     lookahead = 0
 
@@ -98,14 +99,13 @@ class ScorePercentilePrefetch(_SpecPrefetch):
         return out
 
 
-class _Lookahead:
+class _Lookahead(PrefetchPolicy):
     """Targets: the next `lookahead` MoE layers after the gate's layer."""
 
     def __init__(self, lookahead: int):
         if not isinstance(lookahead, int) or isinstance(lookahead, bool) or lookahead < 1:
             raise ValueError(f"lookahead={lookahead} must be an integer >= 1")
         self.lookahead = lookahead
-        self.layers: list[int] | None = None
 
     def targets(self, layer: int, layers: list[int]) -> list[int]:
         i = layers.index(layer)

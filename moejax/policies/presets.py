@@ -1,4 +1,5 @@
-"""Named policy combinations: SpecMD's Table 2 configurations (`policies.preset`).
+"""Named policy combinations: SpecMD's Table 2 configurations (`policies.preset`), and the rule
+that combines a preset with the four policy fields.
 
 | preset | SpecMD | prefetch | eviction | miss | routing |
 | --- | --- | --- | --- | --- | --- |
@@ -8,6 +9,13 @@
 | specmd_4 | #4 NoPrefetch+LRU+Fetch+CacheAware (Skliar et al.) | none | lru | fetch | cache_aware(0.3) |
 | specmd_5 | #5 Score+LS+Fetch (SpecMD's choice) | score_percentile(80) | least_stale | fetch | standard |
 
+The rule: each of `policies.eviction` / `prefetch` / `miss` / `routing` that is given (not
+`""`: set by a config file, a sweep override or `--config.policies.FIELD=...`) runs as given;
+a field left `""` takes the preset's spec, or `DEFAULTS` when no preset is named. So
+`--config.policies.preset=specmd_1 --config.policies.eviction=least_stale` runs specmd_1 with
+Least-Stale eviction (SpecMD's drop-in experiment). `resolve` gives the four specs that run;
+`report` what results.json records (`cache.policies`).
+
 `specmd_3` needs quantized expert tiers (LHU, precision cascade): asking for it is a clear error
 until they exist.
 """
@@ -15,6 +23,12 @@ until they exist.
 from __future__ import annotations
 
 from moejax.config import ConfigError
+
+FIELDS = ("eviction", "prefetch", "miss", "routing")
+
+# With no preset, a field not given runs this: SpecMD's recommended combination (Table 2, #5).
+DEFAULTS: dict[str, str] = dict(eviction="least_stale", prefetch="score_percentile(p=80)",
+                                miss="fetch", routing="standard")
 
 PRESETS: dict[str, dict[str, str]] = {
     "specmd_1": dict(prefetch="topk(overfetch=1.0)", eviction="lru", miss="fetch",
@@ -29,18 +43,50 @@ PRESETS: dict[str, dict[str, str]] = {
                      routing="standard"),
 }
 
+# Presets that are named but cannot run yet, and why.
+UNAVAILABLE: dict[str, str] = {
+    "specmd_3": "SpecMD #3 (HOBBIT: LHU eviction, fetch_priority precision cascade) needs "
+                "quantized expert tiers (int8/int4/int2 copies), which moejax does not have yet",
+}
 
-def resolve(policies) -> dict[str, str]:
-    """The four policy specs of a `policies` config group: its preset's when one is named
-    (the preset sets all four), else the group's own fields."""
-    name = policies.preset
+
+def _given(policies, field: str) -> str:
+    value = policies.get(field, "")
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise ConfigError(f"policies.{field}={value!r} must be a policy spec string")
+    return value if value.strip() else ""
+
+
+def _preset(policies) -> str:
+    name = _given(policies, "preset")
     if not name:
-        return {k: policies[k] for k in ("eviction", "prefetch", "miss", "routing")}
+        return ""
+    if name in UNAVAILABLE:
+        raise ConfigError(f"policies.preset={name!r}: {UNAVAILABLE[name]}")
     if name not in PRESETS:
         raise ConfigError(f"policies.preset={name!r} is not one of {sorted(PRESETS)}")
-    return dict(PRESETS[name])
+    return name
 
 
-def report(policies) -> dict[str, str]:
-    """What results files record: the four specs that ran, and the preset's name if any."""
-    return {**resolve(policies), "preset": policies.preset}
+def sources(policies) -> dict[str, str]:
+    """Where each of the four specs comes from: "explicit" (the field was given), "preset"
+    (left "" with a preset named) or "default" (left "" without one)."""
+    preset = _preset(policies)
+    return {f: "explicit" if _given(policies, f) else ("preset" if preset else "default")
+            for f in FIELDS}
+
+
+def resolve(policies) -> dict[str, str]:
+    """The four policy specs that run for a `policies` config group: each given field as
+    given, each field left "" from the preset (or DEFAULTS when no preset is named)."""
+    preset = _preset(policies)
+    fallback = PRESETS[preset] if preset else DEFAULTS
+    return {f: _given(policies, f) or fallback[f] for f in FIELDS}
+
+
+def report(policies) -> dict:
+    """What results files record (`cache.policies`): the four specs that ran, the preset's
+    name ("" if none), and `source`: for each of the four, "explicit", "preset" or "default"."""
+    return {**resolve(policies), "preset": _preset(policies), "source": sources(policies)}

@@ -3,29 +3,64 @@
 
 Each policy kind has its own registry; `build(kind, spec)` parses the spec and calls the
 registered constructor, so an unknown name or argument is an error that lists the valid ones.
+A registered class must subclass its kind's base (`policies/base.py`), which declares its
+capabilities; `policy_class(kind, name)` reads them without building the policy. Names that
+later tiers will fill (`PLANNED`) are not choices: asking for one says what it waits for.
 """
 
 from __future__ import annotations
 
 import ast
 import inspect
-from typing import Any, Callable
+from typing import Any
 
 from moejax.config import ConfigError
+from moejax.policies.base import KINDS, Policy
 
-_REGISTRIES: dict[str, dict[str, Callable[..., Any]]] = {}
+_REGISTRIES: dict[str, dict[str, type[Policy]]] = {kind: {} for kind in KINDS}
+
+# Policies of the precision tiers (SpecMD's HOBBIT configuration, #3), not built yet.
+_QUANTIZED = "needs quantized expert tiers (int8/int4/int2 copies), which moejax does not have yet"
+PLANNED: dict[tuple[str, str], str] = {
+    ("eviction", "lhu"): f"LHU (least high-precision used) {_QUANTIZED}",
+    ("miss", "fetch_lowest_bit"): f"fetch_lowest_bit {_QUANTIZED}",
+    ("miss", "fetch_priority"): f"fetch_priority (the precision cascade) {_QUANTIZED}",
+}
 
 
 def register(kind: str, name: str):
-    def wrap(ctor):
-        _REGISTRIES.setdefault(kind, {})[name] = ctor
-        return ctor
+    """Class decorator: `cls` becomes policy `name` of `kind`."""
+    if kind not in KINDS:
+        raise ValueError(f"unknown policy kind {kind!r}; kinds: {sorted(KINDS)}")
+
+    def wrap(cls):
+        if not (isinstance(cls, type) and issubclass(cls, KINDS[kind])):
+            raise TypeError(f"{kind} policy {name!r} must subclass {KINDS[kind].__name__}")
+        if cls.name != name:
+            raise TypeError(f"{cls.__name__}.name is {cls.name!r}, registered as {name!r}")
+        _REGISTRIES[kind][name] = cls
+        return cls
 
     return wrap
 
 
-def names(kind: str) -> list[str]:
-    return sorted(_REGISTRIES.get(kind, {}))
+def names(kind: str, *, live: bool | None = None) -> list[str]:
+    """The registered policies of `kind`; `live=True`: only those that run live,
+    `live=False`: only the replay-only ones."""
+    classes = _REGISTRIES.get(kind, {})
+    return sorted(n for n, c in classes.items() if live is None or c.replay_only != live)
+
+
+def policy_class(kind: str, name: str) -> type[Policy]:
+    """The class registered as `name` (a spec's name part), for its declared capabilities."""
+    if (kind, name) in PLANNED:
+        raise ConfigError(f"{kind} policy {name!r}: {PLANNED[(kind, name)]}")
+    registry = _REGISTRIES.get(kind)
+    if registry is None:
+        raise ConfigError(f"unknown policy kind {kind!r}; kinds: {sorted(_REGISTRIES)}")
+    if name not in registry:
+        raise ConfigError(f"unknown {kind} policy {name!r}; valid: {names(kind)}")
+    return registry[name]
 
 
 def parse(spec: str) -> tuple[str, list[Any], dict[str, Any]]:
@@ -52,11 +87,8 @@ def parse(spec: str) -> tuple[str, list[Any], dict[str, Any]]:
 def build(kind: str, spec: str, **context: Any) -> Any:
     """Builds the `kind` policy named by `spec`. `context` (model shape, seed, ...) is passed to
     constructors that declare those parameters."""
-    registry = _REGISTRIES.get(kind, {})
     name, args, kwargs = parse(spec)
-    if name not in registry:
-        raise ConfigError(f"unknown {kind} policy {name!r} in {spec!r}; valid: {names(kind)}")
-    ctor = registry[name]
+    ctor = policy_class(kind, name)
     params = inspect.signature(ctor).parameters
     user = [p for p in params.values() if p.name not in context and p.kind in
             (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]

@@ -16,12 +16,12 @@ from __future__ import annotations
 import numpy as np
 
 from moejax.config import ConfigError
-from moejax.policies.base import LayerGate
+from moejax.policies.base import LayerGate, RoutingPolicy
 from moejax.policies.registry import register
 
 
 @register("routing", "standard")
-class Standard:
+class Standard(RoutingPolicy):
     name = "standard"
 
     def select(self, gate, cached):
@@ -29,7 +29,7 @@ class Standard:
 
 
 @register("routing", "cache_aware")
-class CacheAware:
+class CacheAware(RoutingPolicy):
     name = "cache_aware"
     needs_probs = True
 

@@ -1,7 +1,24 @@
 """The two clocks, one timeline code (DESIGN.md "Clocks and the hardware model").
 
-Both model host->device transfers the same way — `latency + bytes / bandwidth` on a FIFO per
-copy engine — so the emulated bandwidth is enforced in wall mode too. They differ in compute:
+Both model host->device transfers the same way (`_TransferFIFO`), so the emulated bandwidth is
+enforced in wall mode too. A transfer of `b` bytes issued at `t`:
+
+    e          = the copy engine that frees first
+    start      = max(t, engine_free[e])
+    data_start = start + h2d_latency_s                   (the engine's fixed cost)
+    link_start = max(data_start, link_free)              (the shared host link, FIFO)
+    end        = max(data_start + b / h2d_gbps,          (one engine's rate)
+                     link_start + b / link_gbps)         (the link's rate, shared)
+    engine_free[e] = end;  link_free = link_start + b / link_gbps
+
+The host link is one byte timeline for all engines: transfers hold it back to back, in issue
+order, for `b / link_gbps` each, so N concurrent transfers never move more than `link_gbps`
+bytes per second together. Several engines overlap the transfers' fixed latencies (one
+engine's latency runs while another's bytes cross the link); they add no bandwidth. With one
+engine and `link_gbps = h2d_gbps` this is `start + latency + b / h2d_gbps` on a FIFO (the
+link is never behind the engine), bit for bit.
+
+They differ in compute:
 
 * `VirtualClock`: compute takes what the cost model says; deterministic, any machine.
 * `WallClock`: compute takes what it takes (host wall time since the run started); waiting for
@@ -12,22 +29,53 @@ copy engine — so the emulated bandwidth is enforced in wall mode too. They dif
 from __future__ import annotations
 
 import time
+from typing import NamedTuple
 
 from moejax.sim.hardware import Hardware
+
+
+class TransferSlot(NamedTuple):
+    """Where a transfer ran: its engine, when the engine took it, when its bytes held the
+    host link, and when it was on the device (`end`, the ready time)."""
+    engine: int
+    start: float
+    link_start: float
+    link_end: float
+    end: float
 
 
 class _TransferFIFO:
     def __init__(self, hw: Hardware):
         self.hw = hw
         self.engine_free = [0.0] * hw.copy_engines
+        self.link_free = 0.0  # the shared host link has moved every byte issued so far
+        self._engine_bps = hw.h2d_gbps * 1e9
+        self._link_bps = hw.link_bandwidth_gbps * 1e9
+        self._latency = hw.h2d_latency_s
+
+    def _book(self, nbytes: int, issue_at: float) -> tuple[int, float, float, float, float]:
+        """Books a transfer issued at `issue_at` (formula in the module docstring); returns
+        (engine, start, link_start, link_end, end). The replay hot path: plain floats."""
+        free = self.engine_free
+        e = 0 if len(free) == 1 else min(range(len(free)), key=free.__getitem__)
+        start = issue_at if issue_at > free[e] else free[e]
+        data_start = start + self._latency
+        link_start = data_start if data_start > self.link_free else self.link_free
+        link_end = link_start + nbytes / self._link_bps
+        end = data_start + nbytes / self._engine_bps
+        if link_end > end:
+            end = link_end
+        free[e] = end
+        self.link_free = link_end
+        return e, start, link_start, link_end, end
+
+    def schedule(self, nbytes: int, issue_at: float) -> TransferSlot:
+        """Books a transfer issued at `issue_at`; where and when it ran."""
+        return TransferSlot(*self._book(nbytes, issue_at))
 
     def transfer(self, nbytes: int, issue_at: float) -> float:
-        """Ready time of a transfer issued at `issue_at`."""
-        e = min(range(len(self.engine_free)), key=self.engine_free.__getitem__)
-        start = max(issue_at, self.engine_free[e])
-        end = start + self.hw.h2d_latency_s + nbytes / (self.hw.h2d_gbps * 1e9)
-        self.engine_free[e] = end
-        return end
+        """Books a transfer issued at `issue_at`; its ready time."""
+        return self._book(nbytes, issue_at)[4]
 
 
 class VirtualClock(_TransferFIFO):

@@ -1,10 +1,27 @@
 """Hardware profiles: the numbers the virtual clock runs on, and the emulated host->device
 bandwidth the wall clock enforces. Presets are config values (`hardware.preset`); any field can
-be overridden (`hardware.h2d_gbps=16`)."""
+be overridden (`--config.hardware.h2d_gbps=16`, `--config.hardware.h2d_latency_s=0`): an
+override that is not given (None) keeps the preset's value, any given value (0 included)
+replaces it and is validated.
+
+The host->device transfer model (`moejax.sim.clock`):
+
+* `copy_engines` DMA engines run transfers FIFO, each transfer on the engine that frees first.
+  An engine pays `h2d_latency_s` per transfer, then moves the bytes at up to `h2d_gbps`.
+* All engines share one host link of `link_gbps` (PCIe): its bytes are one timeline, so N
+  concurrent transfers together never move more than `link_gbps` GB/s. Several engines let
+  the fixed latencies of transfers overlap (one engine's latency hides behind another's
+  bytes); they do not add bandwidth beyond the link's.
+
+`link_gbps=None` means the link carries what one engine moves (`link_gbps = h2d_gbps`), so
+overriding `h2d_gbps` alone changes the host->device bandwidth of every preset; set
+`link_gbps` as well to model a link wider (or narrower) than one engine.
+"""
 
 from __future__ import annotations
 
 import dataclasses
+import numbers
 
 from moejax.config import ConfigError
 
@@ -12,32 +29,59 @@ from moejax.config import ConfigError
 @dataclasses.dataclass(frozen=True)
 class Hardware:
     name: str
-    h2d_gbps: float  # host->device bandwidth per copy engine, GB/s (1e9 bytes)
-    h2d_latency_s: float  # fixed cost per transfer
+    h2d_gbps: float  # host->device bandwidth one copy engine moves, GB/s (1e9 bytes)
+    h2d_latency_s: float  # fixed cost per transfer, paid on its engine (overlaps across engines)
     copy_engines: int  # transfers run FIFO on the engine that frees first
     peak_tflops: float  # dense bf16 matmul peak, TFLOP/s
     hbm_gbps: float  # device memory bandwidth, GB/s
     launch_s: float  # fixed cost per compiled step
+    # The host link all copy engines share, GB/s: the most bytes per second all transfers
+    # together move. None: the same as h2d_gbps (the link is what one engine moves).
+    link_gbps: float | None = None
+
+    @property
+    def link_bandwidth_gbps(self) -> float:
+        """The shared host link's bandwidth, GB/s (`link_gbps`, or `h2d_gbps` when unset)."""
+        return self.h2d_gbps if self.link_gbps is None else self.link_gbps
 
     def validate(self) -> None:
-        for f in ("h2d_gbps", "peak_tflops", "hbm_gbps"):
-            if getattr(self, f) <= 0:
-                raise ConfigError(f"hardware.{f}={getattr(self, f)} must be positive")
+        for f in ("h2d_gbps", "peak_tflops", "hbm_gbps", "link_gbps"):
+            v = getattr(self, f)
+            if v is None and f == "link_gbps":
+                continue
+            if isinstance(v, bool) or not isinstance(v, numbers.Real):
+                raise ConfigError(f"hardware.{f}={v!r} must be a number")
+            if not v > 0:  # also rejects nan
+                raise ConfigError(f"hardware.{f}={v} must be positive")
         for f in ("h2d_latency_s", "launch_s"):
-            if getattr(self, f) < 0:
-                raise ConfigError(f"hardware.{f}={getattr(self, f)} must be >= 0")
-        if self.copy_engines < 1:
-            raise ConfigError(f"hardware.copy_engines={self.copy_engines} must be >= 1")
+            v = getattr(self, f)
+            if isinstance(v, bool) or not isinstance(v, numbers.Real):
+                raise ConfigError(f"hardware.{f}={v!r} must be a number")
+            if not v >= 0:
+                raise ConfigError(f"hardware.{f}={v} must be >= 0")
+        c = self.copy_engines
+        if isinstance(c, bool) or not isinstance(c, numbers.Integral):
+            raise ConfigError(f"hardware.copy_engines={c!r} must be an integer")
+        if c < 1:
+            raise ConfigError(f"hardware.copy_engines={c} must be >= 1")
 
 
 PRESETS: dict[str, Hardware] = {
-    # SpecMD's testbed: A100 80 GB with a measured 5 GB/s host->device (SpecMD §5 setup).
+    # SpecMD's testbed: A100 80 GB with a measured 5 GB/s host->device (SpecMD §5 setup). One
+    # copy engine, so the link carries what it moves: 10 us + bytes / 5 GB/s per transfer,
+    # back to back.
     "a100_specmd": Hardware("a100_specmd", h2d_gbps=5.0, h2d_latency_s=10e-6, copy_engines=1,
                             peak_tflops=312.0, hbm_gbps=2039.0, launch_s=5e-6),
-    # H100 PCIe: PCIe Gen5 x16 (~25 GB/s sustained pinned copies), 756 TFLOP/s bf16 dense.
+    # H100 PCIe: ~25 GB/s sustained pinned host->device copies over its PCIe host link, which
+    # one copy engine can fill alone. Two engines share that link (link_gbps = h2d_gbps =
+    # 25 GB/s): together they move at most 25 GB/s; the second engine only overlaps the 8 us
+    # per-transfer latencies. 756 TFLOP/s bf16 dense.
     "h100_pcie": Hardware("h100_pcie", h2d_gbps=25.0, h2d_latency_s=8e-6, copy_engines=2,
                           peak_tflops=756.0, hbm_gbps=2000.0, launch_s=5e-6),
-    # H200 SXM: PCIe Gen5 host link (~50 GB/s peak; 40 assumed sustained), 989 TFLOP/s bf16.
+    # H200 SXM: PCIe Gen5 x16 host link (~50 GB/s peak; 40 assumed sustained), which one copy
+    # engine can fill alone. Two engines share the link (link_gbps = h2d_gbps = 40 GB/s):
+    # together they move at most 40 GB/s, not 80; the second engine overlaps the 8 us
+    # per-transfer latencies. 989 TFLOP/s bf16.
     "h200": Hardware("h200", h2d_gbps=40.0, h2d_latency_s=8e-6, copy_engines=2,
                      peak_tflops=989.0, hbm_gbps=4800.0, launch_s=4e-6),
     # This 2-core CPU: figures of the order measured here (benchmarks/), for wall-vs-virtual checks.
@@ -45,10 +89,20 @@ PRESETS: dict[str, Hardware] = {
                     peak_tflops=0.05, hbm_gbps=10.0, launch_s=50e-6),
 }
 
+OVERRIDABLE = ("h2d_gbps", "h2d_latency_s", "copy_engines", "peak_tflops", "hbm_gbps",
+               "launch_s", "link_gbps")
+
 
 def get(name: str, **overrides) -> Hardware:
+    """The preset `name` with `overrides` applied: a None override keeps the preset's value,
+    any other value (0 included) replaces it. The result is validated (errors name the field)
+    and has `link_gbps` resolved to a number."""
     if name not in PRESETS:
         raise ConfigError(f"hardware.preset={name!r} is not one of {sorted(PRESETS)}")
-    hw = dataclasses.replace(PRESETS[name], **{k: v for k, v in overrides.items() if v})
+    unknown = sorted(set(overrides) - set(OVERRIDABLE))
+    if unknown:
+        raise ConfigError(f"hardware: no field {unknown[0]!r}; overridable: {list(OVERRIDABLE)}")
+    hw = dataclasses.replace(PRESETS[name],
+                             **{k: v for k, v in overrides.items() if v is not None})
     hw.validate()
-    return hw
+    return dataclasses.replace(hw, link_gbps=hw.link_bandwidth_gbps)

@@ -17,7 +17,8 @@ Arrays (R = total token rows, L = MoE layers, K = top-k, E = experts, A = lookah
 | `spec_probs` | [R, L, A, E] float16 | gates of the next A MoE layers on this layer's hidden state (optional) |
 
 `spec_probs[:, i, a]` predicts MoE layer `layers[i + a + 1]`; rows past the last layer are 0.
-Traces imported from id-only sources carry no `weights`, `probs` or `spec_probs`.
+Traces imported from id-only sources carry no `weights`, `probs` or `spec_probs`. (In memory,
+`Trace.spec` holds the `spec_probs` array: `spec` is the name the seam uses everywhere.)
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ class Trace:
     ids: np.ndarray
     weights: np.ndarray | None = None
     probs: np.ndarray | None = None
-    spec_probs: np.ndarray | None = None
+    spec: np.ndarray | None = None  # stored as the array `spec_probs`
 
     @property
     def num_passes(self) -> int:
@@ -83,8 +84,8 @@ class Trace:
     def save(self, path: str) -> None:
         arrays = {"meta": np.asarray(json.dumps(self.meta)), "pass_offsets": self.pass_offsets,
                   "tokens": self.tokens, "ids": self.ids}
-        for key in ("weights", "probs", "spec_probs"):
-            value = getattr(self, key)
+        for key, value in (("weights", self.weights), ("probs", self.probs),
+                           ("spec_probs", self.spec)):
             if value is not None:
                 arrays[key] = value
         tmp = f"{path}.tmp.npz"
@@ -117,8 +118,8 @@ class Trace:
             need(self.weights.shape == (r, l, k), "weights shape does not match ids")
         if self.probs is not None:
             need(self.probs.shape == (r, l, e), "probs shape does not match [rows, layers, E]")
-        if self.spec_probs is not None:
-            need(self.spec_probs.shape[:2] == (r, l) and self.spec_probs.shape[3] == e,
+        if self.spec is not None:
+            need(self.spec.shape[:2] == (r, l) and self.spec.shape[3] == e,
                  "spec_probs shape does not match [rows, layers, lookahead, E]")
 
 

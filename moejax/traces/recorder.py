@@ -25,7 +25,7 @@ class TraceRecorder:
         self._current: dict[int, GateOutputs] = {}
         self._tokens: list[np.ndarray] = []
         self._rows: dict[str, list[np.ndarray]] = {k: [] for k in
-                                                    ("ids", "weights", "probs", "spec_probs")}
+                                                    ("ids", "weights", "probs", "spec")}
 
     def on_gate(self, gate: GateOutputs) -> None:
         self._current[gate.layer] = gate
@@ -42,16 +42,16 @@ class TraceRecorder:
         self._rows["probs"].append(np.stack([np.asarray(g.probs)[:t] for g in gates], 1))
         spec = []
         for g in gates:
-            rows = np.array(np.asarray(g.spec_probs)[:, :t])
+            rows = np.array(np.asarray(g.spec)[:, :t])
             rows[len(g.spec_layers):] = 0.0  # padding rows past the last MoE layer
             spec.append(np.moveaxis(rows, 0, 1))
-        self._rows["spec_probs"].append(np.stack(spec, 1))
+        self._rows["spec"].append(np.stack(spec, 1))
         self._current = {}
 
     def trace(self) -> Trace:
         offsets = np.cumsum([0] + [len(t) for t in self._tokens]).astype(np.int64)
         cat = {k: np.concatenate(v) for k, v in self._rows.items()}
-        spec = cat["spec_probs"].astype(self.score_dtype) if self.lookahead > 0 else None
+        spec = cat["spec"].astype(self.score_dtype) if self.lookahead > 0 else None
         return Trace(self.meta, offsets, np.concatenate(self._tokens),
                      cat["ids"].astype(np.int16), cat["weights"].astype(np.float32),
                      cat["probs"].astype(self.score_dtype), spec)

@@ -1,5 +1,5 @@
 """The three-domain byte corpus the small model learns from, built from files every CPython
-install ships plus the GSM8K split in ../shared/data:
+install ships plus the GSM8K test split bundled with moejax (moejax/assets/gsm8k):
 
 * prose: the Python documentation topics bundled with CPython (`pydoc_data.topics`) and IDLE's
   plain-text documents;
@@ -7,7 +7,9 @@ install ships plus the GSM8K split in ../shared/data:
 * math: GSM8K problems with their worked answers.
 
 Each domain has a deterministic held-out part (by a hash of the document name), never trained
-on: the perplexity test and the scored traces use it.
+on: training evaluates on it and the scored traces were recorded from it. Prose and code come
+from the running interpreter, so both parts vary with the Python installation; tests that need
+fixed held-out text use the excerpts committed in moejax/assets/heldout.
 """
 
 from __future__ import annotations
@@ -21,10 +23,11 @@ import sysconfig
 
 import numpy as np
 
+from moejax import bundled
+
 DOMAINS = ("prose", "code", "math")
 HELDOUT_FRACTION = 0.1
-DEFAULT_GSM8K = os.path.join(os.path.dirname(__file__), "..", "..", "..", "shared", "data",
-                             "eval", "gsm8k_test.jsonl")
+DEFAULT_GSM8K = bundled.GSM8K
 
 
 def _heldout(name: str) -> bool:

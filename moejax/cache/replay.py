@@ -15,7 +15,7 @@ import dataclasses
 import numpy as np
 
 from moejax.cache.cache import ExpertCache
-from moejax.policies.base import Key, LayerGate, requests_in_rank_order
+from moejax.seam import Key, LayerGate, requests_in_rank_order
 from moejax.traces.format import Trace
 
 
@@ -65,9 +65,9 @@ def layer_gates(trace: Trace, p: int) -> list[LayerGate]:
     for i, layer in enumerate(layers):
         spec_layers = tuple(layers[i + 1:i + 1 + lookahead])
         spec = None
-        if trace.spec_probs is not None:
+        if trace.spec is not None:
             spec = np.ascontiguousarray(
-                np.moveaxis(trace.spec_probs[rows, i, :len(spec_layers)], 1, 0))
+                np.moveaxis(trace.spec[rows, i, :len(spec_layers)], 1, 0))
         gates.append(LayerGate(
             layer, trace.ids[rows, i],
             None if trace.weights is None else trace.weights[rows, i],
@@ -80,9 +80,11 @@ def replay(cache: ExpertCache, traces: list[Trace], context_start: list[int] | N
     """Replays `traces` through `cache` (then `cache.finish()`). `context_start[i]`: tokens
     already in context before sequence i's first pass (capture traces start after a prompt
     that is not in the file)."""
-    for policy in (cache.eviction, cache.prefetch):
-        if getattr(policy, "needs_future", False):
-            policy.set_future(future_of(traces), cache)
+    future = None
+    for policy in (cache.eviction, cache.prefetch, cache.miss, cache.routing):
+        if policy.needs_future:
+            future = future or future_of(traces)
+            policy.set_future(future, cache)
     for s, trace in enumerate(traces):
         context = context_start[s] if context_start else 0
         for p in range(trace.num_passes):

@@ -1,0 +1,72 @@
+"""What the jobs share: a decoder over the configured expert source, and the cache's report.
+
+Every job that runs the model builds its `SteppedDecoder` with `make_decoder` (so `model.*`
+options mean the same everywhere), and every job that ran an expert cache closes it with
+`report_cache` (so results.json's `cache` section, the TensorBoard series and the printed
+table are the same everywhere: generate, perplexity and replay).
+"""
+
+from __future__ import annotations
+
+import ml_collections
+
+from moejax.cache import report
+from moejax.cache.build import expert_source
+from moejax.cache.cache import ExpertCache
+from moejax.cache.runtime import CachedExperts
+from moejax.metrics_writer import MetricsWriter
+from moejax.model_source import LoadedModel
+from moejax.models.stepped import SteppedDecoder
+from moejax.policies import presets
+from moejax.seam import ExpertSource
+
+
+def make_decoder(config: ml_collections.ConfigDict, loaded: LoadedModel, experts: ExpertSource,
+                 *, max_len: int, batch: int = 1, gate_observers=(),
+                 pass_observers=()) -> SteppedDecoder:
+    """A decoder of `loaded.model` over `experts`, with the config's `model.*` options."""
+    m = config.model
+    return SteppedDecoder(loaded.model, experts, max_len=max_len, batch=batch,
+                          lookahead=m.lookahead, gmm_impl=m.gmm_impl, gate_path=m.gate_path,
+                          gate_observers=tuple(gate_observers),
+                          pass_observers=tuple(pass_observers))
+
+
+def configured_decoder(config: ml_collections.ConfigDict, loaded: LoadedModel, *, max_len: int,
+                       batch: int = 1) -> tuple[ExpertSource, SteppedDecoder]:
+    """The configured expert source (the cache runtime, or every expert resident when
+    `cache.enabled` is False) and a decoder over it."""
+    experts = expert_source(config, loaded)
+    return experts, make_decoder(config, loaded, experts, max_len=max_len, batch=batch)
+
+
+def cache_of(experts: ExpertSource) -> ExpertCache | None:
+    """The expert cache behind a source, None when every expert is resident."""
+    return experts.cache if isinstance(experts, CachedExperts) else None
+
+
+def cache_header(config: ml_collections.ConfigDict, cache: ExpertCache,
+                 policies: dict | None = None) -> str:
+    """One line naming the cache's size, policies, hardware and clock (above the table)."""
+    hw, s = cache.clock.hw, cache.shape
+    p = policies or presets.resolve(config.policies)
+    return (f"cache: {s.num_slots}/{s.total_experts} expert slots "
+            f"({100 * s.num_slots / s.total_experts:.1f}%), eviction {p['eviction']}, prefetch "
+            f"{p['prefetch']}, miss {p['miss']}, routing {p['routing']}; {hw.name} at "
+            f"{hw.h2d_gbps:g} GB/s host->device, {cache.clock.kind} clock")
+
+
+def report_cache(config: ml_collections.ConfigDict, cache: ExpertCache, workdir: str, *,
+                 passes: bool = True, expert_bytes_known: bool = True,
+                 policies: dict | None = None) -> dict:
+    """Ends the run (unused prefetches become wasted bytes), writes the TensorBoard series
+    when `log.tensorboard`, and returns results.json's `cache` section. `policies`: what ran
+    (`presets.report`), when the job adjusted the config's choice. Unknown expert bytes leave
+    every byte and time value out (counts stay exact)."""
+    cache.finish()
+    if config.log.tensorboard:
+        writer = MetricsWriter(workdir)
+        report.write_tensorboard(writer, cache.metrics, bytes_known=expert_bytes_known)
+        writer.close()
+    return report.cache_results(cache, policies or presets.report(config.policies),
+                                passes=passes, expert_bytes_known=expert_bytes_known)

@@ -1,0 +1,115 @@
+"""The seam between the model and the expert cache: every type that crosses it, in one place.
+
+One MoE layer of one forward pass crosses it twice (docs/DESIGN.md, data flow):
+
+    router step [jit] ──GateOutputs──▶ ExpertSource.experts_for ──(host)──▶ LayerGate
+                                            │   policies + cache decide          │
+    experts step [jit] ◀──ExpertWave── ◀────┘◀──────────── Wave ◀────────────────┘
+
+* `GateOutputs`: what the router step returned, device arrays.
+* `LayerGate`: the part of it the policies read, on the host (numpy). Trace replay builds the
+  same objects from a recorded trace, so live runs and replay share one policy code path.
+* `Wave`: what the cache decided for one wave of a layer — where each expert sits and which
+  contributions run with it — on the host.
+* `ExpertWave`: that decision as the experts step reads it, device arrays.
+* `ExpertSource`: the protocol a model runs its experts through (`ResidentExperts`, the
+  reference with every expert on the device, or the cache runtime).
+
+Vocabulary, the same everywhere:
+* `Key` = `(layer, expert)`; a layer *position* is its index among the MoE layers;
+* `spec`: speculative scores `[A, N, E]` — the gates of the next A MoE layers applied to this
+  layer's hidden state; `spec_layers` names which layers its rows predict;
+* `slot_of`: for one layer's wave, expert -> slot in the device pool (a dict on the host, an
+  `[E]` int32 array on the device). The cache's own map of every resident `Key` to its slot is
+  its `residency`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Iterator, NamedTuple, Protocol
+
+import jax
+import numpy as np
+
+Key = tuple[int, int]
+
+
+@dataclasses.dataclass(frozen=True)
+class GateOutputs:
+    """What the router of one MoE layer decided for one pass (prefill chunk or decode step),
+    as device arrays."""
+
+    layer: int
+    ids: jax.Array  # [N, K] int32, in router-rank order
+    weights: jax.Array  # [N, K] float32 contribution weights
+    probs: jax.Array  # [N, E] float32 softmax of the router logits
+    spec: jax.Array  # [lookahead, N, E] next MoE layers' gates on this hidden state
+    spec_layers: tuple[int, ...]  # which layers the first rows of `spec` predict
+    # Host copies of ids and weights when the gate hook already delivered them (io_callback).
+    host_ids: np.ndarray | None = None
+    host_weights: np.ndarray | None = None
+
+
+@dataclasses.dataclass
+class LayerGate:
+    """One MoE layer's gate outputs for one pass, on the host (numpy): what policies read.
+
+    `ids`/`weights` are the router's own choice in router-rank order (`weights` is None for
+    id-only traces); `probs` the full softmax (None when no policy reads it or the trace lacks
+    it); `spec` the speculative scores of the layers in `spec_layers` (None when unavailable)."""
+
+    layer: int
+    ids: np.ndarray  # [N, K]
+    weights: np.ndarray | None  # [N, K]
+    probs: np.ndarray | None  # [N, E]
+    spec: np.ndarray | None = None  # [A, N, E]
+    spec_layers: tuple[int, ...] = ()
+
+
+def requests_in_rank_order(ids: np.ndarray, active: np.ndarray | None = None) -> list[int]:
+    """The distinct experts of a pass-layer's `[N, K]` selection in router-rank order:
+    rank-major over the tokens, first occurrence wins (only `active` contributions)."""
+    order = ids.T.reshape(-1)
+    if active is not None:
+        order = order[active.T.reshape(-1)]
+    _, first = np.unique(order, return_index=True)
+    return order[np.sort(first)].tolist()
+
+
+@dataclasses.dataclass
+class Wave:
+    """Experts of one layer resident together, and the contributions computed with them."""
+
+    layer: int
+    slot_of: dict[int, int]  # expert -> slot, for the experts of this wave
+    ids: np.ndarray  # [N, K] after routing and miss policies
+    weights: np.ndarray  # [N, K]
+    active: np.ndarray  # [N, K] bool: contributions computed in this wave
+    first: bool  # the first wave of its layer (adds the shared expert)
+
+
+class ExpertWave(NamedTuple):
+    """What one experts step reads: the slot pool, where each expert sits, and the (possibly
+    edited) selection. Contributions with weight 0 are not computed into the output."""
+
+    gate_up: jax.Array  # [S, H, 2I]
+    down: jax.Array  # [S, I, H]
+    slot_of: jax.Array  # [E] int32 (only experts with a nonzero weight are read)
+    ids: jax.Array  # [N, K]
+    weights: jax.Array  # [N, K]
+
+
+class ExpertSource(Protocol):
+    """Provides the expert weights a layer's routed compute reads."""
+
+    def begin_pass(self, tokens: int, position: int) -> None:
+        """A forward pass of `tokens` tokens starting at `position` begins."""
+
+    def experts_for(self, gate: GateOutputs) -> Iterator[ExpertWave]:
+        """The waves of `gate.layer`'s experts step; each wave's experts are resident when it
+        is yielded. The consumer dispatches a wave's step before asking for the next."""
+        ...
+
+    def end_pass(self) -> None:
+        """The pass's logits are computed."""

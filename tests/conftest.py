@@ -1,0 +1,36 @@
+"""Test-suite setup.
+
+Two loops:
+
+* the whole suite — the README's test command and CI: `python -m pytest -q -rs` (about 5
+  minutes on 2 cores);
+* the quick loop while working: `python -m pytest -q -m "not slow"` (about 1.5 minutes on 2
+  cores the first time, under a minute once the compilation cache below is warm). It leaves out the tests marked `slow`: runs of the command line in a subprocess,
+  sweeps through the process pool, training, the transformers parity cases, complete jobs
+  end to end (generate with warm-up, profile, replays of the real captures, a live run then
+  its replay), and scoring whole evaluation texts with the embedded model. The unit and
+  property tests of every part stay in it.
+
+Nothing here skips: the test extra installs everything the tests import, and the data they
+read is committed in the repository (`moejax/assets/`).
+
+Most of the suite's time is XLA compiling the tiny models' steps. Compiled executables are kept
+in JAX's persistent compilation cache under pytest's own cache directory
+(`.pytest_cache/d/jax`, ignored by git; `-p no:cacheprovider` turns it off), so a second run of
+either loop compiles almost nothing. Results cannot depend on it: a cache entry is keyed by the
+computation, the compile options and the JAX/XLA version.
+"""
+
+from __future__ import annotations
+
+
+def pytest_configure(config):
+    if config.pluginmanager.hasplugin("cacheprovider"):
+        import jax
+
+        jax.config.update("jax_compilation_cache_dir", str(config.cache.mkdir("jax")))
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+        jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    config.addinivalue_line(
+        "markers", "slow: heavy (subprocess runs, sweeps, training, parity, complete jobs); "
+        "still part of the default run, left out of the quick loop by -m 'not slow'")

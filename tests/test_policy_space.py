@@ -1,0 +1,131 @@
+"""The cache's bookkeeping invariants over the whole policy space, as property tests: every
+registered eviction, prefetch, miss and routing policy (the lists come from the registry, so a
+new policy is fuzzed without editing this file), replay-only ones included, on random scored
+traces replayed through the one cache code path (no model: fast enough to draw many cases).
+
+Checked after every pass: the budget (resident + in-flight <= slots), slot bookkeeping,
+`hits + late_hits + misses == requests` per layer, collisions <= misses, prefetch used <=
+issued, demand bytes == misses x expert bytes; at the end, wasted <= prefetched bytes. And the
+capability declarations the cache relies on hold (`needs_future` implies `replay_only`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from moejax.cache.cache import CacheShape, ExpertCache
+from moejax.cache.replay import layer_gates, replay
+from moejax.policies import build, names
+from moejax.policies.base import KINDS
+from moejax.policies.registry import policy_class
+from moejax.sim import hardware
+from moejax.sim.clock import VirtualClock
+from moejax.traces.format import FORMAT, Trace
+
+EXPERT_BYTES = 4096
+
+
+def _scored_trace(rng: np.random.Generator, layers: int, experts: int, k: int,
+                  passes: list[int]) -> Trace:
+    """Random router logits -> top-k ids in rank order, renormalised weights, probabilities,
+    and lookahead-1 speculative scores that are a noisy copy of the next layer's."""
+    rows = sum(passes)
+    logits = rng.normal(0, 2, (rows, layers, experts))
+    probs = np.exp(logits) / np.exp(logits).sum(-1, keepdims=True)
+    ids = np.argsort(-probs, axis=-1, kind="stable")[..., :k]
+    weights = np.take_along_axis(probs, ids, -1)
+    weights = weights / weights.sum(-1, keepdims=True)
+    noisy = probs * rng.uniform(0.5, 1.5, probs.shape)
+    spec = np.zeros((rows, layers, 1, experts), np.float32)
+    spec[:, :-1, 0] = (noisy / noisy.sum(-1, keepdims=True))[:, 1:]
+    meta = {"format": FORMAT, "model": {}, "layers": list(range(layers)), "num_experts": experts,
+            "top_k": k, "expert_bytes": EXPERT_BYTES, "lookahead": 1, "prefill_passes": 1,
+            "source": "test", "info": {}}
+    offsets = np.concatenate([[0], np.cumsum(passes)]).astype(np.int64)
+    return Trace(meta, offsets, np.zeros(rows, np.int32), ids.astype(np.int64),
+                 weights.astype(np.float32), probs.astype(np.float32), spec)
+
+
+class _CheckingCache(ExpertCache):
+    """Checks the invariants at the end of every pass."""
+
+    def end_pass(self):
+        timing = super().end_pass()
+        self.check_invariants()
+        for row in self.metrics.layer_table():
+            assert row["hits"] + row["late_hits"] + row["misses"] == row["requests"], row
+            assert row["collision_misses"] <= row["misses"], row
+            assert row["prefetch_used"] <= row["prefetch_issued"], row
+            assert row["recall_served"] <= row["recall_requests"], row
+        t = self.metrics.totals()
+        assert t["demand_bytes"] == t["misses"] * EXPERT_BYTES
+        return timing
+
+
+@settings(max_examples=120, deadline=None)
+@given(eviction=st.sampled_from(names("eviction")), prefetch=st.sampled_from(names("prefetch")),
+       miss=st.sampled_from(names("miss")), routing=st.sampled_from(names("routing")),
+       pin_scope=st.sampled_from(["layer", "request"]), data=st.data())
+def test_every_policy_combination_keeps_the_invariants(eviction, prefetch, miss, routing,
+                                                       pin_scope, data):
+    if policy_class("eviction", eviction).needs_future:  # MIN's future is the router's choice
+        miss, routing = "fetch", "standard"
+    layers, experts, k = data.draw(st.integers(2, 4)), data.draw(st.integers(4, 8)), 2
+    prefill = data.draw(st.integers(1, 5))
+    steps = data.draw(st.integers(1, 6))
+    slots = data.draw(st.integers(k, layers * experts))
+    trace = _scored_trace(np.random.default_rng(data.draw(st.integers(0, 2**16))), layers,
+                          experts, k, [prefill] + [1] * steps)
+    shape = CacheShape(tuple(range(layers)), layers, experts, k, EXPERT_BYTES, slots)
+    ctx = dict(num_layers=layers, num_experts=experts, top_k=k, num_slots=slots, seed=0,
+               renormalize=True)
+    cache = _CheckingCache(shape, build("eviction", eviction, **ctx),
+                           build("prefetch", prefetch, **ctx), build("miss", miss, **ctx),
+                           build("routing", routing, **ctx),
+                           VirtualClock(hardware.get("a100_specmd")), pin_scope=pin_scope)
+    replay(cache, [trace])
+    t = cache.metrics.totals()
+    assert t["wasted_prefetch_bytes"] <= t["prefetch_bytes"]
+    assert t["requests"] > 0
+    assert t["prefetch_issued"] == 0 or prefetch != "none"
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_every_registered_policy_declares_its_capabilities(kind):
+    assert names(kind), kind
+    for name in names(kind):
+        cls = policy_class(kind, name)
+        assert issubclass(cls, KINDS[kind]) and cls.name == name and cls.kind == kind
+        assert not cls.needs_future or cls.replay_only
+    assert set(names(kind, live=True)) | set(names(kind, live=False)) == set(names(kind))
+
+
+def test_capabilities_match_what_the_policy_reads():
+    """A policy that does not declare `needs_probs`/`needs_spec` must run on gates without
+    them (the live runtime never copies them to the host for it)."""
+    rng = np.random.default_rng(0)
+    trace = _scored_trace(rng, 3, 6, 2, [3, 1, 1])
+    for kind in sorted(KINDS):
+        for name in names(kind, live=True):
+            cls = policy_class(kind, name)
+            ctx = dict(num_layers=3, num_experts=6, top_k=2, num_slots=5, seed=0,
+                       renormalize=True)
+            policies = {k: build(k, {"eviction": "lru", "prefetch": "none", "miss": "fetch",
+                                     "routing": "standard"}[k], **ctx) for k in KINDS}
+            policies[kind] = build(kind, name, **ctx)
+            cache = ExpertCache(CacheShape((0, 1, 2), 3, 6, 2, EXPERT_BYTES, 5),
+                                policies["eviction"], policies["prefetch"], policies["miss"],
+                                policies["routing"], VirtualClock(hardware.get("a100_specmd")))
+            for p in range(trace.num_passes):
+                cache.begin_pass("decode", 1, p + 1)
+                for gate in layer_gates(trace, p):
+                    if not cls.needs_probs:
+                        gate.probs = None
+                    if not cls.needs_spec:
+                        gate.spec = None
+                    for _ in cache.run_layer(gate):
+                        pass
+                cache.end_pass()
