@@ -24,7 +24,6 @@ from moejax.config import ConfigError, ModelConfig
 from moejax.families import FAMILIES, preset
 from moejax.jobs.common import cache_header, report_cache
 from moejax.policies import presets
-from moejax.policies.registry import parse as registry_parse
 from moejax.policies.registry import policy_class
 from moejax.results import write_json_atomic
 from moejax.traces.format import Trace, TraceError
@@ -58,12 +57,12 @@ def _model_config(config: ml_collections.ConfigDict, trace: Trace) -> ModelConfi
 def _import(config: ml_collections.ConfigDict) -> ImportedTraces:
     """The trace file's sequences and the import's notes (`trace_num_experts`, `trace_strict`;
     moejax/traces/importers.py)."""
-    num_experts = int(config.get("trace_num_experts", 0) or 0)
+    num_experts = config.trace_num_experts
     if num_experts < 0:
         raise ConfigError(f"trace_num_experts={num_experts} must be >= 0 (0: from the trace)")
     try:
         return import_traces(config.trace, num_experts=num_experts or None,
-                             strict=bool(config.get("trace_strict", False)))
+                             strict=config.trace_strict)
     except TraceError as e:
         raise ConfigError(str(e)) from e
 
@@ -75,7 +74,7 @@ def _policies_for(config: ml_collections.ConfigDict, trace: Trace) -> dict:
     prefetcher given explicitly, or by a preset, still refuses such a trace by name."""
     chosen = presets.report(config.policies)
     if (trace.spec is None and chosen["source"]["prefetch"] == "default"
-            and policy_class("prefetch", registry_parse(chosen["prefetch"])[0]).needs_spec):
+            and policy_class("prefetch", chosen["prefetch"]).needs_spec):
         log.warning("%s carries no speculative scores: the default prefetch %s cannot run on it,"
                     " so none runs (choose one with --config.policies.prefetch)",
                     config.trace, chosen["prefetch"])

@@ -4,7 +4,7 @@
 Each policy kind has its own registry; `build(kind, spec)` parses the spec and calls the
 registered constructor, so an unknown name or argument is an error that lists the valid ones.
 A registered class must subclass its kind's base (`policies/base.py`), which declares its
-capabilities; `policy_class(kind, name)` reads them without building the policy. Names that
+capabilities; `policy_class(kind, spec)` reads them without building the policy. Names that
 later tiers will fill (`PLANNED`) are not choices: asking for one says what it waits for.
 """
 
@@ -51,8 +51,10 @@ def names(kind: str, *, live: bool | None = None) -> list[str]:
     return sorted(n for n, c in classes.items() if live is None or c.replay_only != live)
 
 
-def policy_class(kind: str, name: str) -> type[Policy]:
-    """The class registered as `name` (a spec's name part), for its declared capabilities."""
+def policy_class(kind: str, spec: str) -> type[Policy]:
+    """The class a spec (`"lru"`, `"topk(overfetch=1.5)"`) names, for its declared
+    capabilities."""
+    name = parse(spec)[0]
     if (kind, name) in PLANNED:
         raise ConfigError(f"{kind} policy {name!r}: {PLANNED[(kind, name)]}")
     registry = _REGISTRIES.get(kind)

@@ -45,25 +45,23 @@ class Hardware:
         return self.h2d_gbps if self.link_gbps is None else self.link_gbps
 
     def validate(self) -> None:
-        for f in ("h2d_gbps", "peak_tflops", "hbm_gbps", "link_gbps"):
-            v = getattr(self, f)
-            if v is None and f == "link_gbps":
+        for field, (kind, ok, what) in _RULES.items():
+            v = getattr(self, field)
+            if v is None and field == "link_gbps":  # unset: the link is one engine's worth
                 continue
-            if isinstance(v, bool) or not isinstance(v, numbers.Real):
-                raise ConfigError(f"hardware.{f}={v!r} must be a number")
-            if not v > 0:  # also rejects nan
-                raise ConfigError(f"hardware.{f}={v} must be positive")
-        for f in ("h2d_latency_s", "launch_s"):
-            v = getattr(self, f)
-            if isinstance(v, bool) or not isinstance(v, numbers.Real):
-                raise ConfigError(f"hardware.{f}={v!r} must be a number")
-            if not v >= 0:
-                raise ConfigError(f"hardware.{f}={v} must be >= 0")
-        c = self.copy_engines
-        if isinstance(c, bool) or not isinstance(c, numbers.Integral):
-            raise ConfigError(f"hardware.copy_engines={c!r} must be an integer")
-        if c < 1:
-            raise ConfigError(f"hardware.copy_engines={c} must be >= 1")
+            if isinstance(v, bool) or not isinstance(v, kind):
+                noun = "an integer" if kind is numbers.Integral else "a number"
+                raise ConfigError(f"hardware.{field}={v!r} must be {noun}")
+            if not ok(v):  # `not (v > 0)`: nan fails too
+                raise ConfigError(f"hardware.{field}={v} must be {what}")
+
+
+_POSITIVE = (numbers.Real, lambda v: v > 0, "positive")
+_NON_NEGATIVE = (numbers.Real, lambda v: v >= 0, ">= 0")
+# Each field's type and range, checked by `Hardware.validate` (errors name the field).
+_RULES = {"h2d_gbps": _POSITIVE, "link_gbps": _POSITIVE, "peak_tflops": _POSITIVE,
+          "hbm_gbps": _POSITIVE, "h2d_latency_s": _NON_NEGATIVE, "launch_s": _NON_NEGATIVE,
+          "copy_engines": (numbers.Integral, lambda v: v >= 1, ">= 1")}
 
 
 PRESETS: dict[str, Hardware] = {
