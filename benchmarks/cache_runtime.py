@@ -69,20 +69,19 @@ def bookkeeping(eviction: str, prefetch: str, steps: int = 256) -> float:
 
 def generation_wall(config, loaded, prompt, tokens, gate_path="returned"):
     if config.cache.enabled:
-        source = build_cached_experts(config, loaded.cfg, loaded.host_gate_up, loaded.host_down)
+        source = build_cached_experts(config, loaded)
     else:
         source = ResidentExperts.from_host(loaded.host_gate_up, loaded.host_down)
     dec = SteppedDecoder(loaded.model, source, max_len=prompt.shape[1] + tokens + 1,
                          lookahead=2, gate_path=gate_path)
     dec.generate(prompt, 3)  # compile
     if config.cache.enabled:
-        source = build_cached_experts(config, loaded.cfg, loaded.host_gate_up, loaded.host_down)
+        source = build_cached_experts(config, loaded)
         dec.experts = source
     best = float("inf")
     for _ in range(3):
         if config.cache.enabled:
-            dec.experts = build_cached_experts(config, loaded.cfg, loaded.host_gate_up,
-                                               loaded.host_down)
+            dec.experts = build_cached_experts(config, loaded)
         t = time.perf_counter()
         dec.generate(prompt, tokens)
         best = min(best, time.perf_counter() - t)

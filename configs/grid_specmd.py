@@ -4,15 +4,16 @@ python -m launch.sweep --config=configs/grid_specmd.py --sweep_dir=/tmp/grid --w
 python -m launch.sweep --config=configs/grid_specmd.py:traces=captures --sweep_dir=/tmp/grid_real
 python -m moejax.analysis.report --sweep_dir=/tmp/grid
 
-Axes: capacity {1%, 5%, 25%} x host->device bandwidth {5, 16, 32 GB/s} x eviction {lru,
-lru_per_layer, lfu, fld, score, least_stale, belady} x prefetch {none, topk(1.0), topk(1.5),
-score_percentile(80), oracle}, over
+Axes: capacity {1%, 5%, 25%} of the whole model's bytes (SpecMD's meaning,
+`cache.capacity_of=model`: the captures name their model, the scored traces carry theirs) x
+host->device bandwidth {5, 16, 32 GB/s} x eviction {lru, lru_per_layer, lfu, fld, score,
+least_stale, belady} x prefetch {none, topk(1.0), topk(1.5), score_percentile(80), oracle}, over
 * `captures`: the four real capture traces bundled in moejax/assets/captures (OLMoE-1B-7B,
   Qwen1.5-MoE-A2.7B; ids only: policies that need gate scores — score eviction, top-k and
   score-percentile prefetch — cannot run on them, so those cells are left out and the
   score-free `temporal` predictor (same layer, previous token) takes their place);
-* `scored`: the embedded model's six scored traces (moejax/assets/traces), every cell. At 1%
-  these 256-expert traces get the top-k floor of 4 slots (1% would be 2).
+* `scored`: the embedded model's six scored traces (moejax/assets/traces), every cell. Small
+  capacities of these 256-expert traces get the top-k floor of 4 slots.
 `traces=all` (default) is both.
 """
 
@@ -36,6 +37,7 @@ def get_config(arg: str | None = None):
     c.job = "replay"
     c.model.preset = ""
     c.clock.kind = "virtual"
+    c.cache.capacity_of = "model"
     c.log.progress = False
     c.log.tensorboard = False  # thousands of cells: results.json only
     return c

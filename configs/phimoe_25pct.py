@@ -1,4 +1,5 @@
-"""phimoe with 25% of its routed-expert bytes in the device cache.
+"""phimoe with 25% of its bytes in the device cache (the whole model at native precision,
+as SpecMD counts: `cache.capacity_of="model"`).
 
 python -m moejax.main --config=configs/phimoe_25pct.py --workdir=W --config.model.checkpoint=CKPT
 python -m moejax.main --config=configs/phimoe_25pct.py:scale=tiny --workdir=W

@@ -1,4 +1,5 @@
-"""qwen with 1% of its routed-expert bytes in the device cache.
+"""qwen with 1% of its bytes in the device cache (the whole model at native precision,
+as SpecMD counts: `cache.capacity_of="model"`).
 
 python -m moejax.main --config=configs/qwen_1pct.py --workdir=W --config.model.checkpoint=CKPT
 python -m moejax.main --config=configs/qwen_1pct.py:scale=tiny --workdir=W

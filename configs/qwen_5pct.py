@@ -1,4 +1,5 @@
-"""qwen with 5% of its routed-expert bytes in the device cache.
+"""qwen with 5% of its bytes in the device cache (the whole model at native precision,
+as SpecMD counts: `cache.capacity_of="model"`).
 
 python -m moejax.main --config=configs/qwen_5pct.py --workdir=W --config.model.checkpoint=CKPT
 python -m moejax.main --config=configs/qwen_5pct.py:scale=tiny --workdir=W

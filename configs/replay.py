@@ -7,6 +7,12 @@ python -m moejax.main --config=configs/replay.py --config.trace=PATH --config.ca
 Traces: moejax .npz (live runs with `tracing.record`, moejax/assets/traces), capture JSONL
 (moejax/assets/captures), vLLM routing-logger JSONL. Id-only traces need the model named for
 expert sizes: --config.model.family=olmoe --config.model.preset=olmoe-1b-7b.
+
+Quantized experts are sized from that model config (no weights are loaded), e.g. SpecMD's 5% of
+OLMoE-1B-7B at four bits (0.64 GiB, 195 slots), or the precision cascade over int4 and int2:
+
+    --config.cache.capacity_frac=0.05 --config.cache.capacity_of=model \
+    --config.cache.precision=int4 [--config.policies.preset=specmd_3]
 """
 
 from moejax.job_config import base_config

@@ -103,7 +103,8 @@ class ModelConfig:
 
     @property
     def total_expert_bytes(self) -> int:
-        """All routed-expert bytes at the stored precision: the base of `cache.capacity_frac`."""
+        """All routed-expert bytes at the stored precision: the base of `cache.capacity_frac`
+        with `cache.capacity_of="experts"`."""
         return self.expert_bytes * self.num_experts * self.num_moe_layers
 
     def is_moe_layer(self, layer: int) -> bool:

@@ -1,6 +1,8 @@
 """Converts a Hugging Face safetensors MoE checkpoint into the moejax layout.
 
     python -m moejax.convert --hf_dir=DIR --out=OUT [--dtype=bfloat16]
+        [--precisions=int8,int4,int2 [--group_size=64] [--calibration=search|int2=hqq,...]]
+    python -m moejax.convert --out=OUT --add_precisions --precisions=int4   # to an existing one
 
 Families: OLMoE, Mixtral, Qwen1.5/Qwen2-MoE, Phi-3.5-MoE (see `moejax.families`).
 """
@@ -23,6 +25,8 @@ from moejax.checkpoint.safetensors_dir import SafetensorsDir
 from moejax.config import DTYPES, ConfigError, ModelConfig
 from moejax.families import config_from_hf
 from moejax.models.decoder import abstract_decoder
+from moejax.quant.formats import DEFAULT_GROUP_SIZE, QUANTIZED
+from moejax.quant.quantize import CALIBRATIONS, DEFAULT_CALIBRATION
 
 
 def read_hf_config(hf_dir: str) -> dict:
@@ -36,10 +40,25 @@ def read_hf_config(hf_dir: str) -> dict:
         raise CheckpointError(f"{path}: invalid JSON: {e}") from e
 
 
+def check_quant_flags(precisions, group_size, calibration) -> tuple[str, ...]:
+    """Validates --precisions / --group_size / --calibration (ConfigError naming the flag);
+    returns the precisions."""
+    wanted = layout.parse_precisions(precisions, "--precisions")
+    layout._check_group_size(group_size, "--group_size")
+    if calibration is not None and not wanted:
+        raise ConfigError(f"--calibration={calibration!r} needs --precisions (one or more of "
+                          f"{QUANTIZED})")
+    layout.resolve_calibrations(wanted, calibration, "--calibration")
+    return wanted
+
+
 def convert(hf_dir: str, out: str, dtype: str | None = None,
-            compression: str | None = None) -> ModelConfig:
+            compression: str | None = None, precisions=(),
+            group_size: int = DEFAULT_GROUP_SIZE, calibration=None) -> ModelConfig:
     """Converts `hf_dir` into `out`; returns the model config written. `dtype` overrides the
-    stored precision (default: the checkpoint's own)."""
+    stored precision (default: the checkpoint's own). `precisions` (e.g. "int8,int4") adds
+    quantized expert copies (`layout.save`)."""
+    precisions = check_quant_flags(precisions, group_size, calibration)
     hf = read_hf_config(hf_dir)
     try:
         cfg = config_from_hf(hf)
@@ -73,8 +92,18 @@ def convert(hf_dir: str, out: str, dtype: str | None = None,
             logging.info("layer %d: %d experts", layer, cfg.num_experts)
             yield layer, gate_up.astype(target), down.astype(target)
 
-    layout.save(out, cfg, dense, experts(), tokenizer_dir=hf_dir, compression=compression)
+    layout.save(out, cfg, dense, experts(), tokenizer_dir=hf_dir, compression=compression,
+                precisions=precisions, group_size=group_size, calibration=calibration)
     return cfg
+
+
+def add_precisions(out: str, precisions, group_size: int = DEFAULT_GROUP_SIZE,
+                   calibration=None) -> dict[str, dict]:
+    """Adds quantized copies to the already converted checkpoint `out`."""
+    wanted = check_quant_flags(precisions, group_size, calibration)
+    if not wanted:
+        raise ConfigError(f"--add_precisions needs --precisions (one or more of {QUANTIZED})")
+    return layout.add_precisions(out, wanted, group_size, calibration)
 
 
 FLAGS = flags.FLAGS
@@ -83,14 +112,37 @@ flags.DEFINE_string("out", None, "Output moejax checkpoint directory.")
 flags.DEFINE_string("dtype", None, f"Stored precision, one of {DTYPES} (default: the source's).")
 flags.DEFINE_enum("compression", None, ["blosc"],
                   "Compress expert chunks (smaller files, slower reads); default: none.")
+flags.DEFINE_string("precisions", None,
+                    f"Quantized expert copies to write beside the native ones, comma-separated "
+                    f"subset of {QUANTIZED} (default: none).")
+flags.DEFINE_integer("group_size", DEFAULT_GROUP_SIZE,
+                     "Rows of the contraction axis sharing one scale / zero point (shrunk to "
+                     "the largest divisor of the axis).")
+flags.DEFINE_string("calibration", None,
+                    f"Quantization calibration, one of {CALIBRATIONS} for all precisions, or "
+                    f"PRECISION=NAME,... (default: {DEFAULT_CALIBRATION}).")
+flags.DEFINE_bool("add_precisions", False,
+                  "Add --precisions to the checkpoint already at --out (no --hf_dir).")
 
 
 def main(argv):
     del argv
+    if FLAGS.add_precisions:
+        if FLAGS.hf_dir or not FLAGS.out:
+            raise app.UsageError("--add_precisions takes --out (an existing moejax checkpoint) "
+                                 "and no --hf_dir")
+        try:
+            present = add_precisions(FLAGS.out, FLAGS.precisions, FLAGS.group_size,
+                                     FLAGS.calibration)
+        except (CheckpointError, ConfigError) as e:
+            raise SystemExit(f"error: {e}")
+        print(f"{FLAGS.out}: precisions {list(present)}")
+        return
     if not FLAGS.hf_dir or not FLAGS.out:
         raise app.UsageError("--hf_dir and --out are required")
     try:
-        cfg = convert(FLAGS.hf_dir, FLAGS.out, FLAGS.dtype, FLAGS.compression)
+        cfg = convert(FLAGS.hf_dir, FLAGS.out, FLAGS.dtype, FLAGS.compression,
+                      FLAGS.precisions, FLAGS.group_size, FLAGS.calibration)
     except (CheckpointError, ConfigError) as e:
         raise SystemExit(f"error: {e}")
     print(f"converted {cfg.family}: {cfg.num_layers} layers, {cfg.num_moe_layers} MoE layers x "

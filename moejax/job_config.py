@@ -31,8 +31,21 @@ def base_config() -> ml_collections.ConfigDict:
     # The expert cache (issue 4). With cache.enabled=False every expert is on the device.
     c.cache = ml_collections.ConfigDict()
     c.cache.enabled = True
-    c.cache.capacity_frac = 0.05  # of all routed-expert bytes; ignored when cache.slots > 0
-    c.cache.slots = 0  # an absolute slot count (overrides capacity_frac)
+    c.cache.capacity_frac = 0.05  # of `capacity_of`'s bytes; ignored when cache.slots > 0
+    # What capacity_frac is a fraction of: "experts" (all routed experts' native bytes) or
+    # "model" (the whole model's native bytes, dense weights included: SpecMD's meaning).
+    c.cache.capacity_of = "experts"
+    c.cache.slots = 0  # an absolute slot count (overrides capacity_frac; one precision pool only)
+    # The precision a plain fetch and a prefetch move: native, int8, int4, int2; "" (not
+    # given): native, or the first of a precision-aware miss policy's levels. Several levels
+    # (fetch_priority, ...) get one slot pool each, sharing the byte budget
+    # (moejax/cache/capacity.py).
+    c.cache.precision = ""
+    # Byte shares of those pools: "" (equal) or e.g. "int8=0.5,int4=0.3,int2=0.2" (sum 1).
+    c.cache.precision_shares = ""
+    # Quantization group length, used only to compute a quantized expert's bytes from a model
+    # preset (replay without a checkpoint); live runs take the checkpoint's.
+    c.cache.group_size = 64
     # Floor on the slot count. Tiny-scale configs set it to top-k so that 1% of a 256-expert
     # model stays runnable; below top-k without a floor is an error (DESIGN.md, capacity).
     c.cache.min_slots = 0
@@ -139,7 +152,7 @@ def parse_args(arg: str | None, defaults: dict) -> dict:
 
 
 def cache_experiment(family: str, capacity_frac: float, arg: str | None):
-    """A family at a cache capacity (SpecMD's 1%, 5%, 25%).
+    """A family at a cache capacity (SpecMD's 1%, 5%, 25% of the whole model's bytes).
 
     `scale=full` (default) is the published model: pass `--config.model.checkpoint=` with a
     converted checkpoint. `scale=tiny` runs on a CPU: the trained embedded model for OLMoE,
@@ -152,6 +165,7 @@ def cache_experiment(family: str, capacity_frac: float, arg: str | None):
     c = base_config()
     c.model.family = family
     c.cache.capacity_frac = capacity_frac
+    c.cache.capacity_of = "model"  # SpecMD counts capacity against the whole model
     if args["scale"] == "full":
         c.model.preset = FULL_PRESETS[family]
     else:

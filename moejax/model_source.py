@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
+from typing import Callable
 
 import jax
 import ml_collections
@@ -17,17 +19,54 @@ from moejax.models.decoder import MoEDecoder
 from moejax.models.experts import GMM_IMPLS
 from moejax.models.random_init import random_model
 from moejax.models.stepped import GATE_PATHS
+from moejax.quant import formats
+from moejax.quant.quantize import quantize
 from moejax.tokenizer import Tokenizer, load_tokenizer
 
 
 @dataclasses.dataclass
 class LoadedModel:
+    """A model, its experts in host memory, and its tokenizer.
+
+    `host_gate_up` / `host_down` are the native experts; `experts_at(precision)` gives them at
+    any precision the source has (a checkpoint's quantized copies, read on first use; a
+    random-weight preset quantizes its experts in memory), and `precision_bytes()` the bytes of
+    one expert at each of those precisions (without reading them)."""
+
     cfg: ModelConfig
     model: MoEDecoder
     host_gate_up: dict[int, jax.Array]  # per MoE layer, in host memory (pinned where possible)
     host_down: dict[int, jax.Array]
     tokenizer: Tokenizer
     source: str  # a checkpoint path (the embedded model's too), or "preset:<family>/<name>"
+    # Quantized experts of a precision, (gate_up, down) per MoE layer in host memory.
+    quantized: Callable[[str], tuple[dict, dict]] | None = None
+    # Quantization group length per weight kind and precision: {"int4": {"gate_up": g, ...}}.
+    groups: dict[str, dict[str, int]] = dataclasses.field(default_factory=dict)
+
+    @property
+    def precisions(self) -> tuple[str, ...]:
+        return ("native", *(p for p in formats.QUANTIZED if p in self.groups))
+
+    def experts_at(self, precision: str) -> tuple[dict, dict]:
+        if precision == "native":
+            return self.host_gate_up, self.host_down
+        if precision not in self.groups or self.quantized is None:
+            raise ConfigError(f"{self.source} has no {precision} experts (it has "
+                              f"{list(self.precisions)}); add them with `python -m "
+                              f"moejax.convert --out=CKPT --add_precisions "
+                              f"--precisions={precision}`")
+        return self.quantized(precision)
+
+    def precision_bytes(self) -> dict[str, int]:
+        """Bytes of one routed expert at each precision the source has."""
+        h, i = self.cfg.hidden_size, self.cfg.expert_intermediate_size
+        itemsize = np.dtype(self.cfg.dtype).itemsize
+        out = {"native": self.cfg.expert_bytes}
+        for p, g in self.groups.items():
+            out[p] = (formats.matrix_bytes(h, 2 * i, p, g["gate_up"], itemsize) +
+                      formats.matrix_bytes(i, h, p, g["down"], itemsize))
+        return out
 
 
 EMBEDDED = "embedded"
@@ -64,7 +103,9 @@ def load_model(m: ml_collections.ConfigDict, seed: int = 0) -> LoadedModel:
     if m.checkpoint or m.preset == EMBEDDED:
         ck = layout.load(m.checkpoint or EMBEDDED_DIR)
         tok = load_tokenizer(ck.tokenizer_dir, ck.cfg.vocab_size)
-        return LoadedModel(ck.cfg, ck.model, ck.host_gate_up, ck.host_down, tok, ck.path)
+        groups = {p: dict(info["groups"]) for p, info in ck.precisions.items() if p != "native"}
+        return LoadedModel(ck.cfg, ck.model, ck.host_gate_up, ck.host_down, tok, ck.path,
+                           ck.experts_at, groups)
     cfg = preset(m.family, m.preset)
     if cfg.total_expert_bytes > 2 ** 30:
         raise ConfigError(
@@ -72,7 +113,29 @@ def load_model(m: ml_collections.ConfigDict, seed: int = 0) -> LoadedModel:
             "random weights are only drawn for CPU-sized presets: convert a checkpoint and pass "
             "--config.model.checkpoint")
     model, gate_up, down = random_model(cfg, seed)
-    tok = load_tokenizer(None, cfg.vocab_size)
-    return LoadedModel(cfg, model, {l: layout.to_host(np.asarray(v)) for l, v in gate_up.items()},
-                       {l: layout.to_host(np.asarray(v)) for l, v in down.items()}, tok,
-                       f"preset:{m.family}/{m.preset}")
+    return in_memory(cfg, model, gate_up, down, load_tokenizer(None, cfg.vocab_size),
+                     f"preset:{m.family}/{m.preset}")
+
+
+def in_memory(cfg: ModelConfig, model: MoEDecoder, gate_up: dict, down: dict,
+              tokenizer: Tokenizer | None = None, source: str = "in-memory") -> LoadedModel:
+    """A `LoadedModel` of weights already in memory (random presets, tests): the native
+    experts go to host memory, and every quantized precision is available, quantized on first
+    use with the default group size and calibration."""
+    gate_up = {l: np.asarray(v) for l, v in gate_up.items()}
+    down = {l: np.asarray(v) for l, v in down.items()}
+    g = formats.DEFAULT_GROUP_SIZE
+    groups = {p: {"gate_up": formats.group_size_for(cfg.hidden_size, g),
+                  "down": formats.group_size_for(cfg.expert_intermediate_size, g)}
+              for p in formats.QUANTIZED}
+
+    @functools.cache
+    def quantized(precision: str) -> tuple[dict, dict]:
+        def at(tables):
+            return {l: quantize(w, precision, g).map(layout.to_host) for l, w in tables.items()}
+        return at(gate_up), at(down)
+
+    return LoadedModel(cfg, model, {l: layout.to_host(v) for l, v in gate_up.items()},
+                       {l: layout.to_host(v) for l, v in down.items()},
+                       tokenizer or load_tokenizer(None, cfg.vocab_size), source, quantized,
+                       groups)

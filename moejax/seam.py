@@ -27,7 +27,7 @@ Vocabulary, the same everywhere:
 from __future__ import annotations
 
 import dataclasses
-from typing import Iterator, NamedTuple, Protocol
+from typing import Any, Iterator, NamedTuple, Protocol
 
 import jax
 import numpy as np
@@ -91,10 +91,14 @@ class Wave:
 
 class ExpertWave(NamedTuple):
     """What one experts step reads: the slot pool, where each expert sits, and the (possibly
-    edited) selection. Contributions with weight 0 are not computed into the output."""
+    edited) selection. Contributions with weight 0 are not computed into the output.
 
-    gate_up: jax.Array  # [S, H, 2I]
-    down: jax.Array  # [S, I, H]
+    The pool is one native array, or a tuple of per-precision pools (native arrays or packed
+    `QuantizedWeights`, `moejax/quant/formats.py`) whose slots are numbered consecutively:
+    `slot_of` indexes that global numbering (`moejax.models.experts.ExpertPools`)."""
+
+    gate_up: Any  # [S, H, 2I] or a tuple of pools
+    down: Any  # [S, I, H] or a tuple of pools
     slot_of: jax.Array  # [E] int32 (only experts with a nonzero weight are read)
     ids: jax.Array  # [N, K]
     weights: jax.Array  # [N, K]

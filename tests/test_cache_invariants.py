@@ -18,9 +18,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from moejax.cache.build import build_cached_experts
-from moejax.checkpoint.layout import to_host
 from moejax.families import preset
 from moejax.job_config import base_config
+from moejax.model_source import in_memory
 from moejax.models.stepped import SteppedDecoder
 from moejax.policies import names
 from moejax.testing import random_model, resident_decoder
@@ -38,9 +38,7 @@ MAX_LEN, NEW = 40, 6
 def tiny():
     cfg = preset("olmoe", "tiny")
     model, gate_up, down = random_model(cfg, seed=11)
-    host = ({l: to_host(v) for l, v in gate_up.items()},
-            {l: to_host(v) for l, v in down.items()})
-    return cfg, model, gate_up, down, host
+    return cfg, model, gate_up, down, in_memory(cfg, model, gate_up, down)
 
 
 _reference: dict = {}
@@ -57,11 +55,11 @@ def _resident(tiny, prompt_len, seed):
 
 
 def _cached_run(tiny, prompt, eviction, prefetch, slots, miss="fetch", routing="standard"):
-    cfg, model, _, _, (hgu, hdn) = tiny
+    cfg, model, _, _, loaded = tiny
     c = base_config()
     c.cache.slots, c.policies.eviction, c.policies.prefetch = slots, eviction, prefetch
     c.policies.miss, c.policies.routing = miss, routing
-    source = build_cached_experts(c, cfg, hgu, hdn)
+    source = build_cached_experts(c, loaded)
     cache = source.cache
     checks = []
 
@@ -148,14 +146,14 @@ def test_quality_policies_change_the_model_and_still_keep_the_budget(tiny, miss,
 def test_io_callback_gate_path_matches_returned_path(tiny):
     """SpecMD's gate hook (io_callback from inside the router step) and the plain path feed
     the cache the same gate outputs: same tokens, same counters, same virtual times."""
-    cfg, model, _, _, (hgu, hdn) = tiny
+    cfg, model, _, _, loaded = tiny
     prompt, _ = _resident(tiny, 23, 0)
     runs = []
     for path in ("returned", "io_callback"):
         c = base_config()
         c.cache.slots, c.policies.eviction = 7, "least_stale"
         c.policies.prefetch = "score_percentile(p=80)"
-        source = build_cached_experts(c, cfg, hgu, hdn)
+        source = build_cached_experts(c, loaded)
         dec = SteppedDecoder(model, source, max_len=MAX_LEN, lookahead=2, gate_path=path)
         out = dec.generate(prompt, NEW, keep_logits=True)
         source.cache.finish()

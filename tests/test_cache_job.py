@@ -98,7 +98,8 @@ def test_capacity_errors_name_both_numbers(setting, message, tmp_path):
     ("prefetch", "topk(overfetch=1.5, depth=2)", "unknown argument 'depth'"),
     ("miss", "drop(keep=0)", "keep=0"),
     ("routing", "cache_aware(lam=-1)", "lam=-1"),
-    ("eviction", "lhu", "quantized"),
+    ("miss", 'fetch_priority(levels="int4:int8")', "from high to low precision"),
+    ("miss", 'fetch_lowest_bit(levels="int8:fp8")', "fp8"),
 ])
 def test_bad_policy_specs(field, spec, message, tmp_path):
     c = _tiny()
@@ -154,9 +155,11 @@ def test_specmd_presets(tmp_path):
                                         "source": dict.fromkeys(
                                             ("eviction", "prefetch", "miss", "routing"),
                                             "preset")}
-    c.policies.preset = "specmd_3"  # LHU + precision cascade: needs quantized tiers
-    with pytest.raises(ConfigError, match="quantized"):
-        jobs.run(c, str(tmp_path / "b"))
+    c.policies.preset = "specmd_3"  # LHU + the precision cascade, over quantized pools
+    res = jobs.run(c, str(tmp_path / "b"))
+    assert list(res["cache"]["pools"]) == ["int8", "int4", "int2"]  # SpecMD's cascade
+    assert sum(res["cache"]["total"]["requests_by_precision"].values()) == \
+        res["cache"]["total"]["requests"]
     c.policies.preset = "specmd_9"
     with pytest.raises(ConfigError, match="policies.preset='specmd_9'"):
         jobs.run(c, str(tmp_path / "c"))

@@ -15,9 +15,7 @@ with dense layers in between), so a policy mixing up the two is caught.
 from __future__ import annotations
 
 import numpy as np
-import pytest
 
-from moejax.config import ConfigError
 from moejax.policies import build
 
 # MoE layer index -> position in the pass (0..L-1).
@@ -449,6 +447,28 @@ def test_random_never_pinned_and_consistent_after_evictions():
 # ---------------------------------------------------------------------------------------------
 
 
-def test_lhu_needs_quantized_tiers():
-    with pytest.raises(ConfigError, match="quantized"):
-        build("eviction", "lhu", num_layers=3, num_experts=8, num_slots=6, seed=0)
+def test_lhu_evicts_the_fewest_high_precision_uses_then_lru():
+    lhu = build("eviction", "lhu", num_layers=3, num_experts=8, num_slots=6, seed=0,
+                cache_precision="int8")
+    assert lhu.needs_precision
+    lhu.set_layer_positions({0: 0, 1: 1, 2: 2})
+    a, b, c = (0, 1), (1, 2), (2, 3)
+    for key in (a, b, c):
+        lhu.on_admit(key, 0, False)
+    anything = lambda k: True  # noqa: E731
+    assert lhu.victim(0, anything) == a  # no uses yet: least recently admitted
+    for key, level in ((a, "int8"), (a, "int8"), (b, "int4"), (b, "int4"), (b, "int4"),
+                       (c, "int8")):
+        lhu.on_access(key, 0)
+        lhu.on_use_precision(key, level)
+    # b was used most, but never at the high precision: it goes first.
+    assert lhu.victim(0, anything) == b
+    assert lhu.victim(0, lambda k: k != b) == c  # one high use against a's two
+    lhu.on_evict(b)
+    lhu.on_evict(c)
+    lhu.on_admit(c, 0, False)  # counts survive eviction (as LFU's)
+    assert lhu.uses[c] == 1 and lhu.victim(0, anything) == c
+    lhu.on_access(c, 0)
+    lhu.on_use_precision(c, "int8")  # ties with a (two each): the least recent goes
+    assert lhu.victim(0, anything) == a
+    assert lhu.victim(0, lambda k: False) is None

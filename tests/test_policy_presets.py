@@ -42,7 +42,7 @@ def test_explicit_fields_without_a_preset():
         "routing": "explicit"}
 
 
-@pytest.mark.parametrize("name", ["specmd_1", "specmd_2", "specmd_4", "specmd_5"])
+@pytest.mark.parametrize("name", ["specmd_1", "specmd_2", "specmd_3", "specmd_4", "specmd_5"])
 def test_a_preset_alone_runs_its_four_specs(name):
     c = base_config()
     c.policies.preset = name
@@ -110,15 +110,13 @@ def test_the_analysis_reads_the_policies_that_ran(tmp_path):
         "least_stale", "topk(overfetch=1.0)", "fetch", "standard")
 
 
-def test_unavailable_and_unknown_presets_are_clear_errors():
+def test_specmd_3_runs_and_unknown_presets_are_clear_errors():
     c = base_config()
-    c.policies.preset = "specmd_3"
-    with pytest.raises(ConfigError, match="specmd_3.*quantized expert tiers"):
-        presets.resolve(c.policies)
-    # Replacing its unbuilt policies does not make it run: it is not SpecMD #3 any more.
-    c.policies.eviction, c.policies.miss = "lru", "fetch"
-    with pytest.raises(ConfigError, match="quantized"):
-        presets.report(c.policies)
+    c.policies.preset = "specmd_3"  # LHU + the precision cascade: built with the pools
+    assert presets.resolve(c.policies) == presets.PRESETS["specmd_3"] == {
+        "prefetch": "topk(overfetch=1.0)", "eviction": "lhu", "miss": "fetch_priority",
+        "routing": "standard"}
+    assert not presets.UNAVAILABLE
     c.policies.preset = "specmd_9"
     with pytest.raises(ConfigError, match=r"policies.preset='specmd_9' is not one of"):
         presets.resolve(c.policies)

@@ -7,6 +7,7 @@ import pytest
 
 from moejax.config import ConfigError
 from moejax.policies import build, names, parse
+from moejax.policies.registry import PLANNED
 
 CTX = dict(num_layers=3, num_experts=8, top_k=2, num_slots=6, seed=0, renormalize=True)
 
@@ -118,10 +119,52 @@ def test_bad_values_name_the_spec(kind, spec):
 
 
 @pytest.mark.parametrize("kind, spec", [
-    ("miss", "fetch_lowest_bit"), ("miss", "fetch_priority"), ("eviction", "lhu")])
-def test_quantized_tier_policies_refuse(kind, spec):
-    with pytest.raises(ConfigError, match="quantized"):
-        build(kind, spec, **CTX)
+    ("miss", "fetch_lowest_bit"), ("miss", "fetch_priority"), ("eviction", "lhu"),
+    ("miss", "drop_priority_cascade")])
+def test_precision_tier_policies_are_built(kind, spec):
+    assert not PLANNED
+    policy = build(kind, spec, **CTX)
+    assert policy.name == spec
+
+
+def test_cache_precision_is_context_only():
+    """The plain precision comes from the cache, never from a spec's arguments."""
+    with pytest.raises(ConfigError, match="unknown argument 'cache_precision'"):
+        build("miss", "fetch(cache_precision='int4')", **CTX)
+    with pytest.raises(ConfigError, match="too many arguments"):
+        build("miss", "fetch('int4')", **CTX)
+    assert build("miss", "fetch", **CTX, cache_precision="int4").levels == ("int4",)
+    assert build("miss", "fetch", **CTX).levels == ("native",)
+
+
+@pytest.mark.parametrize("spec, precision, levels", [
+    ("fetch_lowest_bit", "", ("int8", "int4")),
+    ("fetch_lowest_bit", "int4", ("int4", "int2")),
+    ("fetch_lowest_bit(levels='native:int4')", "", ("native", "int4")),
+    ("fetch_priority", "", ("int8", "int4", "int2")),
+    ("fetch_priority", "native", ("native", "int8", "int4", "int2")),
+    ("fetch_priority", "int8", ("int8", "int4", "int2")),
+    ("fetch_priority", "int4", ("int4", "int2")),
+    ("fetch_priority(levels='int8:4:2')", "", ("int8", "int4", "int2")),
+    ("drop_priority_cascade", "", ("int8", "int4")),
+    ("substitute(tol=0.1)", "int2", ("int2",)),
+])
+def test_miss_policy_levels(spec, precision, levels):
+    assert build("miss", spec, **CTX, cache_precision=precision).levels == levels
+
+
+@pytest.mark.parametrize("spec, precision, message", [
+    ("fetch_priority(levels='int4:int8')", "", "high to low"),
+    ("fetch_priority(levels='int8:int4')", "int4", "start at int8, but cache.precision=int4"),
+    ("fetch_priority(percentile=101)", "", "percentile=101"),
+    ("fetch_priority(upgrade=1)", "", "upgrade=1"),
+    ("fetch_lowest_bit(levels='fp8')", "", "fp8"),
+    ("drop_priority_cascade(keep=0)", "", "keep=0"),
+    ("fetch", "int3", "cache.precision='int3'"),
+])
+def test_bad_precision_arguments_name_the_problem(spec, precision, message):
+    with pytest.raises(ConfigError, match=message):
+        build("miss", spec, **CTX, cache_precision=precision)
 
 
 @pytest.mark.parametrize("kind, spec", [("miss", "drop(keep=2.5)"),

@@ -3,10 +3,13 @@ registered eviction, prefetch, miss and routing policy (the lists come from the 
 new policy is fuzzed without editing this file), replay-only ones included, on random scored
 traces replayed through the one cache code path (no model: fast enough to draw many cases).
 
-Checked after every pass: the budget (resident + in-flight <= slots), slot bookkeeping,
-`hits + late_hits + misses == requests` per layer, collisions <= misses, prefetch used <=
-issued, demand bytes == misses x expert bytes; at the end, wasted <= prefetched bytes. And the
-capability declarations the cache relies on hold (`needs_future` implies `replay_only`).
+Checked after every pass: the budget (resident + in-flight <= slots, per precision pool, and
+their bytes within the byte budget), slot bookkeeping, `hits + late_hits + misses == requests`
+per layer, collisions <= misses, prefetch used <= issued, demand bytes == misses x expert bytes
+(one pool) and the per-precision counters summing to the totals; at the end, wasted <=
+prefetched bytes. The plain precision is drawn too, so the precision-aware miss policies run
+over one pool per level of their cascade. And the capability declarations the cache relies on
+hold (`needs_future` implies `replay_only`).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from moejax.cache.cache import CacheShape, ExpertCache
+from moejax.cache.capacity import PoolSpec
 from moejax.cache.replay import layer_gates, replay
 from moejax.policies import build, names
 from moejax.policies.base import KINDS
@@ -26,6 +30,16 @@ from moejax.sim.clock import VirtualClock
 from moejax.traces.format import FORMAT, Trace
 
 EXPERT_BYTES = 4096
+BYTES_AT = {"native": EXPERT_BYTES, "int8": 2176, "int4": 1152, "int2": 640}
+
+
+def _shape(miss_policy, layers: int, experts: int, k: int, slots: list[int]) -> CacheShape:
+    """One pool per level of the miss policy, `slots[i]` slots in the i-th."""
+    pools, offset = [], 0
+    for level, n in zip(miss_policy.levels, slots):
+        pools.append(PoolSpec(level, BYTES_AT[level], n, offset))
+        offset += n
+    return CacheShape.with_pools(tuple(range(layers)), layers, experts, k, tuple(pools))
 
 
 def _scored_trace(rng: np.random.Generator, layers: int, experts: int, k: int,
@@ -61,7 +75,12 @@ class _CheckingCache(ExpertCache):
             assert row["prefetch_used"] <= row["prefetch_issued"], row
             assert row["recall_served"] <= row["recall_requests"], row
         t = self.metrics.totals()
-        assert t["demand_bytes"] == t["misses"] * EXPERT_BYTES
+        if len(self.shape.pools) == 1:
+            assert t["demand_bytes"] == t["misses"] * self.shape.expert_bytes
+        assert sum(t["requests_by_precision"].values()) == t["requests"]
+        assert sum(t["products_by_precision"].values()) == t["products"]
+        assert sum(t["h2d_bytes_by_precision"].values()) == t["h2d_bytes"]
+        assert t["upgrades"] <= t["misses"]
         return timing
 
 
@@ -79,11 +98,15 @@ def test_every_policy_combination_keeps_the_invariants(eviction, prefetch, miss,
     slots = data.draw(st.integers(k, layers * experts))
     trace = _scored_trace(np.random.default_rng(data.draw(st.integers(0, 2**16))), layers,
                           experts, k, [prefill] + [1] * steps)
-    shape = CacheShape(tuple(range(layers)), layers, experts, k, EXPERT_BYTES, slots)
-    ctx = dict(num_layers=layers, num_experts=experts, top_k=k, num_slots=slots, seed=0,
-               renormalize=True)
+    precision = data.draw(st.sampled_from(["", "native", "int8", "int4", "int2"]))
+    ctx = dict(num_layers=layers, num_experts=experts, top_k=k, seed=0, renormalize=True)
+    miss_policy = build("miss", miss, **ctx, cache_precision=precision)
+    slots = [slots] + [data.draw(st.integers(k, layers * experts))
+                       for _ in miss_policy.levels[1:]]
+    shape = _shape(miss_policy, layers, experts, k, slots)
+    ctx.update(num_slots=shape.num_slots, cache_precision=shape.precision)
     cache = _CheckingCache(shape, build("eviction", eviction, **ctx),
-                           build("prefetch", prefetch, **ctx), build("miss", miss, **ctx),
+                           build("prefetch", prefetch, **ctx), miss_policy,
                            build("routing", routing, **ctx),
                            VirtualClock(hardware.get("a100_specmd")), pin_scope=pin_scope)
     replay(cache, [trace])
@@ -116,7 +139,7 @@ def test_capabilities_match_what_the_policy_reads():
             policies = {k: build(k, {"eviction": "lru", "prefetch": "none", "miss": "fetch",
                                      "routing": "standard"}[k], **ctx) for k in KINDS}
             policies[kind] = build(kind, name, **ctx)
-            cache = ExpertCache(CacheShape((0, 1, 2), 3, 6, 2, EXPERT_BYTES, 5),
+            cache = ExpertCache(_shape(policies["miss"], 3, 6, 2, [5] * 4),
                                 policies["eviction"], policies["prefetch"], policies["miss"],
                                 policies["routing"], VirtualClock(hardware.get("a100_specmd")))
             for p in range(trace.num_passes):

@@ -30,28 +30,37 @@ def _replay_config(trace: str, **policies):
     return c
 
 
-@pytest.mark.parametrize("eviction,prefetch,miss", [
-    ("least_stale", "score_percentile(p=80, lookahead=2)", "fetch"),
-    ("lru", "topk(overfetch=1.5)", "fetch"),
-    ("score", "none", "drop(keep=2)"),
-    ("lru_per_layer", "temporal", "substitute(tol=0.2)"),
+@pytest.mark.parametrize("eviction,prefetch,miss,cache", [
+    ("least_stale", "score_percentile(p=80, lookahead=2)", "fetch", {"slots": 9}),
+    ("lru", "topk(overfetch=1.5)", "fetch", {"slots": 9}),
+    ("score", "none", "drop(keep=2)", {"slots": 9}),
+    ("lru_per_layer", "temporal", "substitute(tol=0.2)", {"slots": 9}),
+    # Precision-aware: three pools sharing the budget, LHU, the cascade with upgrades.
+    ("lhu", "score_percentile(p=80)", 'fetch_priority(levels="int8:int4:int2", upgrade=True)',
+     {"capacity_frac": 0.3}),
+    ("least_stale", "topk(overfetch=1.0)", "fetch", {"capacity_frac": 0.1, "precision": "int4"}),
 ])
 @pytest.mark.slow
-def test_replay_of_a_live_run_reproduces_it_exactly(tmp_path, eviction, prefetch, miss):
+def test_replay_of_a_live_run_reproduces_it_exactly(tmp_path, eviction, prefetch, miss, cache):
     live = base_config()
     live.model.preset, live.model.family = "tiny", "olmoe"
-    live.cache.slots = 9
     live.policies.eviction, live.policies.prefetch, live.policies.miss = eviction, prefetch, miss
     live.run.max_new_tokens, live.log.progress = 12, False
     live.tracing.record = True
+    for k, v in cache.items():
+        setattr(live.cache, k, v)
     ran = jobs.run(live, str(tmp_path / "live"))
     c = _replay_config(ran["trace"], eviction=eviction, prefetch=prefetch, miss=miss)
-    c.cache.slots = 9
+    for k, v in cache.items():
+        setattr(c.cache, k, v)
     replayed = jobs.run(c, str(tmp_path / "replay"))
+    assert replayed["cache"]["pools"] == ran["cache"]["pools"]
     for part in ("total", "per_layer"):
         assert replayed["cache"][part] == ran["cache"][part], part
     assert replayed["cache"]["timing"] == ran["cache"]["timing"]
     assert ran["cache"]["total"]["requests"] > 0
+    used = [p for p, n in ran["cache"]["total"]["requests_by_precision"].items() if n]
+    assert len(used) == len(ran["cache"]["pools"])  # every pool served requests
 
 
 def _id_trace(ids: np.ndarray, num_experts: int) -> Trace:

@@ -10,6 +10,20 @@ routing policy -> miss policy -> requests (hit / late hit / miss; misses demand-
 eviction policy choosing victims among unpinned slots) -> prefetch for the layers ahead ->
 the layer's experts run (in waves of at most `num_slots` experts when a prefill layer needs
 more experts than there are slots).
+
+Precision pools (`CacheShape.pools`, `moejax/cache/capacity.py`): the slots are split into one
+pool per precision the miss policy may fetch (its `levels`, high to low), numbered globally
+pool after pool; each pool has its own free list, and a victim for a fetch into a pool is
+chosen among that pool's keys. Residency stays per `(layer, expert)`: at most one copy of an
+expert is resident, at one precision (`precision_of_slot`). A request wants the precision the
+miss policy names (`MissDecision.precision`, `levels[0]` by default): a resident copy at or
+above it is a hit; one below it is the miss policy's `upgrade` choice — a hit on the low copy
+(`served_below_wanted`), or a fetch at the wanted precision into its pool, the low slot freed
+(an `upgrade`: a miss, not an eviction; the eviction policy sees the key leave and re-enter).
+A miss is fetched into the wanted precision's pool; prefetches go at `levels[0]`. A prefill
+layer's waves are cut so that each pool holds its share of the wave; a policy with
+`fallback` fetches at the next lower level with room instead of starting a new wave. With one
+pool (the default) the fast path of a single slot pool runs, unchanged.
 """
 
 from __future__ import annotations
@@ -21,6 +35,7 @@ from typing import Iterator, Protocol
 
 import numpy as np
 
+from moejax.cache.capacity import PoolSpec
 from moejax.cache.metrics import CacheMetrics, PassTiming, WaveOutcome
 from moejax.config import ConfigError
 from moejax.policies.base import EvictionPolicy, MissPolicy, PrefetchPolicy, RoutingPolicy
@@ -30,21 +45,68 @@ from moejax.sim.cost import CostModel
 
 @dataclasses.dataclass(frozen=True)
 class CacheShape:
+    """The cache's dimensions. `expert_bytes` is one expert at the plain precision (the first
+    pool's), `num_slots` all slots; `pools` (one native pool of every slot when not given) the
+    per-precision pools, high to low, their slots consecutive. `capacity` (the byte budget and
+    what it is a fraction of) and `precision_bytes` (bytes of one expert at each precision the
+    source has) are what results.json reports; None / () when the shape was given directly."""
+
     layers: tuple[int, ...]  # MoE layer indices in pass order
     num_layers: int  # all decoder layers (dense ones included), for the cost model
     num_experts: int
     top_k: int
     expert_bytes: int
     num_slots: int
+    pools: tuple[PoolSpec, ...] = ()
+    capacity: object = None  # moejax.cache.capacity.Budget
+    precision_bytes: tuple[tuple[str, int], ...] = ()
+
+    def __post_init__(self):
+        if not self.pools:
+            object.__setattr__(self, "pools", (PoolSpec("native", self.expert_bytes,
+                                                        self.num_slots, 0),))
+        offset = 0
+        for p in self.pools:
+            if p.offset != offset or p.num_slots < 1:
+                raise ValueError(f"pools {self.pools} are not consecutive non-empty slot ranges")
+            offset += p.num_slots
+        if offset != self.num_slots or self.pools[0].expert_bytes != self.expert_bytes:
+            raise ValueError(f"pools {self.pools} disagree with num_slots={self.num_slots} / "
+                             f"expert_bytes={self.expert_bytes} (the first pool's)")
+
+    @classmethod
+    def with_pools(cls, layers, num_layers: int, num_experts: int, top_k: int,
+                   pools: tuple[PoolSpec, ...], capacity=None,
+                   precision_bytes: dict[str, int] | None = None) -> "CacheShape":
+        return cls(tuple(layers), num_layers, num_experts, top_k, pools[0].expert_bytes,
+                   sum(p.num_slots for p in pools), tuple(pools), capacity,
+                   tuple((precision_bytes or {}).items()))
 
     @property
     def total_experts(self) -> int:
         return self.num_experts * len(self.layers)
 
+    @property
+    def precision(self) -> str:
+        """The plain precision: what a plain fetch and a prefetch move (the first pool's)."""
+        return self.pools[0].precision
+
+    @property
+    def precisions(self) -> tuple[str, ...]:
+        return tuple(p.precision for p in self.pools)
+
+    @property
+    def capacity_bytes(self) -> float:
+        """The byte budget the pools share (their slots' bytes when not given)."""
+        if self.capacity is not None:
+            return self.capacity.capacity_bytes
+        return float(sum(p.num_slots * p.expert_bytes for p in self.pools))
+
 
 def slots_for(shape_experts: int, top_k: int, expert_bytes: int, capacity_frac: float | None,
               slots: int | None) -> int:
-    """Slot count from `cache.capacity_frac` (of all routed-expert bytes) or `cache.slots`."""
+    """Slot count of one native pool from `cache.capacity_frac` (of all routed-expert bytes) or
+    `cache.slots` (`moejax/cache/capacity.py` sizes the precision pools in general)."""
     if (capacity_frac is None) == (slots is None):
         raise ConfigError("set exactly one of cache.capacity_frac and cache.slots")
     if slots is not None:
@@ -89,9 +151,10 @@ class PassState:
 class ExpertCache:
     """Residency of experts in `num_slots` device slots, decided by four policies.
 
-    State: `residency` maps each resident or in-flight `Key` to its slot; `slot_key`,
-    `slot_ready` (when the slot's last transfer lands) and `free` describe the slots. Deciding
-    (`run_layer`, `_serve`, `_prefetch`) is kept apart from counting (`CacheMetrics.count_*`).
+    State: `residency` maps each resident or in-flight `Key` to its (global) slot; `slot_key`,
+    `slot_ready` (when the slot's last transfer lands), `slot_pool` and `free_lists` (one per
+    pool; `free` is the first pool's) describe the slots. Deciding (`run_layer`, `_serve`,
+    `_prefetch`) is kept apart from counting (`CacheMetrics.count_*`).
     """
 
     def __init__(self, shape: CacheShape, eviction: EvictionPolicy, prefetch: PrefetchPolicy,
@@ -106,12 +169,28 @@ class ExpertCache:
         self.lookahead_scores = lookahead_scores
         self.pos_of = {l: p for p, l in enumerate(shape.layers)}
         eviction.set_layer_positions(self.pos_of)
-        self.metrics = CacheMetrics(list(shape.layers))
+        pools = shape.pools
+        self.pool_index = {p.precision: i for i, p in enumerate(pools)}
+        levels = tuple(getattr(miss, "levels", ("native",)))
+        if levels[0] != shape.precision or any(p not in self.pool_index for p in levels):
+            raise ConfigError(f"miss policy {miss.name!r} fetches at {list(levels)}, but the "
+                              f"cache's pools are {list(shape.precisions)} (the first level is "
+                              "the plain precision and needs the first pool)")
+        self.multi = len(pools) > 1
+        self.metrics = CacheMetrics(list(shape.layers), shape.precisions)
         s = shape.num_slots
         self.residency: dict[Key, int] = {}
         self.slot_key: list[Key | None] = [None] * s
         self.slot_ready = [0.0] * s
-        self.free = list(range(s - 1, -1, -1))  # pop() gives slot 0 first
+        self.slot_pool = [i for i, p in enumerate(pools) for _ in range(p.num_slots)]
+        self.slot_bytes = [p.expert_bytes for p in pools for _ in range(p.num_slots)]
+        # pop() gives a pool's lowest slot first.
+        self.free_lists = [list(range(p.offset + p.num_slots - 1, p.offset - 1, -1))
+                           for p in pools]
+        self.free = self.free_lists[0]
+        if self.multi:
+            self._allocate = self._allocate_in_pool
+        self.tell_precision = eviction.needs_precision
         self.in_cache: dict[int, set[int]] = {l: set() for l in shape.layers}
         # Prefetched and not yet used: key -> (pass, layer) it was fetched for.
         self.prefetch_origin: dict[Key, tuple[int, int]] = {}
@@ -156,7 +235,8 @@ class ExpertCache:
     def finish(self) -> None:
         """End of the run: prefetched experts never used are wasted bytes."""
         for key in self.prefetch_origin:
-            self.metrics.count_wasted_prefetch(self.pos_of[key[0]], self.shape.expert_bytes)
+            self.metrics.count_wasted_prefetch(self.pos_of[key[0]],
+                                               self.slot_bytes[self.residency[key]])
         self.prefetch_origin.clear()
 
     def _charge_dense_layers(self, upto: int) -> None:
@@ -171,6 +251,14 @@ class ExpertCache:
     def resident_keys(self) -> set[Key]:
         return set(self.residency)
 
+    def precision_of_slot(self, slot: int) -> str:
+        return self.shape.pools[self.slot_pool[slot]].precision
+
+    def precision_of(self, key: Key) -> str | None:
+        """The precision of `key`'s resident (or in-flight) copy, None if it has none."""
+        slot = self.residency.get(key)
+        return None if slot is None else self.precision_of_slot(slot)
+
     def _evict(self, key: Key) -> int:
         with self.annotate("cache/evict"):
             slot = self.residency.pop(key)
@@ -179,11 +267,23 @@ class ExpertCache:
             self.eviction.on_evict(key)
             wasted = self.prefetch_origin.pop(key, None) is not None
             self.metrics.count_eviction(self.pos_of[key[0]],
-                                        self.shape.expert_bytes if wasted else 0)
+                                        self.slot_bytes[slot] if wasted else 0)
             return slot
 
-    def _allocate(self, pos: int, protected: set[Key], incoming: Key) -> int | None:
-        """A slot for `incoming`: a free one, or a victim's that is not in `protected`."""
+    def _release(self, key: Key) -> None:
+        """An upgrade: `key`'s low copy leaves its slot (back to its pool's free list); not an
+        eviction."""
+        slot = self.residency.pop(key)
+        self.slot_key[slot] = None
+        self.in_cache[key[0]].discard(key[1])
+        self.eviction.on_evict(key)
+        if self.prefetch_origin.pop(key, None) is not None:
+            self.metrics.count_wasted_prefetch(self.pos_of[key[0]], self.slot_bytes[slot])
+        self.free_lists[self.slot_pool[slot]].append(slot)
+
+    def _allocate(self, pos: int, protected: set[Key], incoming: Key, pool: int = 0) -> int | None:
+        """A slot for `incoming`: a free one, or a victim's that is not in `protected` (one
+        pool; with several, `_allocate_in_pool` replaces it)."""
         if self.free:
             return self.free.pop()
         victim = self.eviction.victim(pos, lambda k: k not in protected, incoming)
@@ -194,9 +294,26 @@ class ExpertCache:
                                  "protected or not resident")
         return self._evict(victim)
 
+    def _allocate_in_pool(self, pos: int, protected: set[Key], incoming: Key,
+                          pool: int = 0) -> int | None:
+        """A slot of `pool` for `incoming`: a free one, or a victim's (of that pool) that is
+        not in `protected`."""
+        free = self.free_lists[pool]
+        if free:
+            return free.pop()
+        residency, slot_pool = self.residency, self.slot_pool
+        victim = self.eviction.victim(
+            pos, lambda k: k not in protected and slot_pool[residency[k]] == pool, incoming)
+        if victim is None:
+            return None
+        if victim in protected or victim not in residency or slot_pool[residency[victim]] != pool:
+            raise AssertionError(f"eviction policy {self.eviction.name} chose {victim}, which is "
+                                 "protected, not resident or in another pool")
+        return self._evict(victim)
+
     def _admit(self, key: Key, slot: int, issue_at: float, prefetch: bool, pos: int) -> float:
         # A slot still being filled by an earlier transfer is reused only after it lands.
-        ready = max(self.clock.transfer(self.shape.expert_bytes, issue_at), self.slot_ready[slot])
+        ready = max(self.clock.transfer(self.slot_bytes[slot], issue_at), self.slot_ready[slot])
         self.residency[key] = slot
         self.slot_key[slot] = key
         self.slot_ready[slot] = ready
@@ -230,10 +347,14 @@ class ExpertCache:
         ids, weights, active = decision.ids, decision.weights, decision.active
         if decision.dropped or decision.substituted:
             self.metrics.count_decision(pos, decision.dropped, decision.substituted)
-        requests = self._requests(layer, ids, active)
         here = (self.pass_id, layer)
         had_prediction = here in self.predicted
         self.predicted.discard(here)
+        if self.multi:
+            yield from self._run_pools(gate, layer, pos, ids, weights, active, decision.precision,
+                                       here, had_prediction)
+            return
+        requests = self._requests(layer, ids, active)
 
         s = self.shape.num_slots
         waves = [requests[i:i + s] for i in range(0, len(requests), s)] or [[]]
@@ -245,26 +366,174 @@ class ExpertCache:
                 self._prefetch(gate, pos, pinned, now)
             outcome.stall = self.clock.wait(outcome.ready)
             p.stall += outcome.stall
+            wave_active = active if len(waves) == 1 else active & np.isin(ids, chunk)
+            outcome.products = pairs = int(wave_active.sum())
             self.metrics.count_wave(pos, len(chunk), outcome, had_prediction,
                                     self.shape.expert_bytes)
-            wave_active = active if len(waves) == 1 else active & np.isin(ids, chunk)
             residency = self.residency
             # (With pin_scope="request" an expert of the wave may already be gone again.)
             yield Wave(layer, {e: residency[(layer, e)] for e in chunk if (layer, e) in residency},
                        ids, weights, wave_active, first=(w == 0))
             if self.cost is not None:
-                pairs = int(wave_active.sum())
                 self.clock.compute(self.cost.experts(pairs, len(chunk), tokens, shared=(w == 0)))
 
-    def _requests(self, layer: int, ids: np.ndarray, active: np.ndarray) -> list[int]:
+    # -- several precision pools ---------------------------------------------------------------
+    def _run_pools(self, gate: LayerGate, layer: int, pos: int, ids: np.ndarray,
+                   weights: np.ndarray, active: np.ndarray, wanted: dict[int, str] | None,
+                   here: tuple[int, int], had_prediction: bool) -> Iterator[Wave]:
+        """`run_layer` with several pools: each wave is planned just before it is served (on
+        the residency it finds), so that every pool holds its part of the wave."""
+        p, tokens = self._pass, gate.ids.shape[0]
+        requests = self._requests(layer, ids, active, reorder=False)
+        want_of = self._wanted(requests, wanted)
+        wave, rest = self._plan_wave(layer, requests, want_of)
+        if rest:  # several waves: resident experts first (as with one pool)
+            cached = self.in_cache[layer]
+            requests = ([e for e in requests if e in cached] +
+                        [e for e in requests if e not in cached])
+            wave, rest = self._plan_wave(layer, requests, want_of)
+        w, single = 0, not rest
+        while True:
+            chunk = [e for e, _, _ in wave]
+            now = self.clock.now()
+            pinned = {(layer, e) for e in chunk}
+            outcome, served, demand = self._serve_pools(layer, pos, wave, pinned, now, here)
+            if w == 0:
+                self._prefetch(gate, pos, pinned, now)
+            outcome.stall = self.clock.wait(outcome.ready)
+            p.stall += outcome.stall
+            wave_active = active if single else active & np.isin(ids, chunk)
+            outcome.products = pairs = int(wave_active.sum())
+            self.metrics.count_wave(pos, len(chunk), outcome, had_prediction,
+                                    self.shape.expert_bytes)
+            requests_by, products_by = [0] * len(self.shape.pools), [0] * len(self.shape.pools)
+            per_expert = (np.bincount(ids[wave_active], minlength=self.shape.num_experts)
+                          if pairs else None)
+            for e, i in zip(chunk, served):
+                requests_by[i] += 1
+                if per_expert is not None:
+                    products_by[i] += int(per_expert[e])
+            self.metrics.count_pools(pos, requests_by, products_by, demand)
+            residency = self.residency
+            yield Wave(layer, {e: residency[(layer, e)] for e in chunk if (layer, e) in residency},
+                       ids, weights, wave_active, first=(w == 0))
+            if self.cost is not None:
+                self.clock.compute(self.cost.experts(pairs, len(chunk), tokens, shared=(w == 0)))
+            if not rest:
+                return
+            w += 1
+            wave, rest = self._plan_wave(layer, rest, want_of)
+
+    def _wanted(self, requests: list[int], wanted: dict[int, str] | None) -> dict[int, int]:
+        """Expert -> index of the pool of the precision the miss policy wants it at."""
+        if not wanted:
+            return dict.fromkeys(requests, 0)
+        index = self.pool_index
+        try:
+            return {e: index[wanted[e]] if e in wanted else 0 for e in requests}
+        except KeyError as err:
+            raise AssertionError(f"miss policy {self.miss.name} wants precision {err} "
+                                 f"outside its levels {self.shape.precisions}") from None
+
+    def _plan_wave(self, layer: int, requests: list[int], want_of: dict[int, int]
+                   ) -> tuple[list[tuple[int, int, int]], list[int]]:
+        """The next wave `[(expert, pool it is served from, pool wanted)]` and the requests
+        left for later waves. A pool's room in a wave is its slot count: every key the wave
+        holds in it counts (its hits and fetches, and the low copies an upgrade leaves only when
+        it is served). A fetch whose pool is full falls to the next lower pool with room when
+        the miss policy has `fallback` (an upgrade stays at its resident copy if none above it
+        has room); otherwise the wave ends there."""
+        residency, slot_pool = self.residency, self.slot_pool
+        upgrade, fallback = self.miss.upgrade, self.miss.fallback
+        room = [p.num_slots for p in self.shape.pools]
+        last = len(room)
+        wave: list[tuple[int, int, int]] = []
+        for n, e in enumerate(requests):
+            want = want_of[e]
+            slot = residency.get((layer, e))
+            r = last if slot is None else slot_pool[slot]
+            target = None
+            if r <= want or (r < last and not upgrade):  # a hit on the resident copy
+                if room[r]:
+                    target = r
+            elif r == last or room[r]:  # a fetch (an upgrade also holds its low slot)
+                for t in range(want, r if fallback else want + 1):
+                    if room[t]:
+                        target = t
+                        break
+                if target is None and fallback and r < last:
+                    target = r  # no room above: the resident copy serves
+            if target is None:
+                if not wave:
+                    raise AssertionError(f"request {e} of layer {layer} fits no pool")
+                return wave, requests[n:]
+            room[target] -= 1
+            if r < last and target != r:
+                room[r] -= 1
+            wave.append((e, target, want))
+        return wave, []
+
+    def _serve_pools(self, layer: int, pos: int, wave: list[tuple[int, int, int]],
+                     pinned: set[Key], now: float, here: tuple[int, int]
+                     ) -> tuple[WaveOutcome, list[int], list[int]]:
+        """`_serve` over the pools: hits (also below the wanted precision), upgrades, and
+        demand fetches into the planned pool. Returns the outcome, the pool each expert was
+        served from, and the demand bytes per pool."""
+        out = WaveOutcome(ready=now, demand_bytes=0)
+        residency, slot_ready, origins = self.residency, self.slot_ready, self.prefetch_origin
+        slot_pool, pools = self.slot_pool, self.shape.pools
+        on_access, tell = self.eviction.on_access, self.tell_precision
+        by_layer = self.pin_scope == "layer"
+        served, demand = [], [0] * len(pools)
+        for e, target, want in wave:
+            key = (layer, e)
+            slot = residency.get(key)
+            if slot is not None and slot_pool[slot] <= target:
+                # A hit (the plan's; with pin_scope="request" possibly a copy above it).
+                at = slot_ready[slot]
+                if at > now:
+                    out.late_hits += 1
+                    out.ready = max(out.ready, at)
+                else:
+                    out.hits += 1
+                if slot_pool[slot] > want:
+                    out.served_below_wanted += 1
+                if origins and origins.pop(key, None) == here:
+                    out.prefetch_used += 1
+            else:
+                if slot is not None:  # an upgrade: the low copy's slot goes back to its pool
+                    self._release(key)
+                    out.upgrades += 1
+                else:
+                    out.collisions += key in self.seen_this_pass
+                slot = self._allocate(pos, pinned if by_layer else {key}, key, target)
+                if slot is None:
+                    raise AssertionError(f"no slot in the {pools[target].precision} pool for a "
+                                         "demand fetch although the wave was planned to fit")
+                out.ready = max(out.ready, self._admit(key, slot, now, False, pos))
+                out.misses += 1
+                nbytes = pools[target].expert_bytes
+                out.demand_bytes += nbytes
+                demand[target] += nbytes
+                if target > want:
+                    out.served_below_wanted += 1
+            served.append(slot_pool[slot])
+            on_access(key, pos)
+            if tell:
+                self.eviction.on_use_precision(key, pools[slot_pool[slot]].precision)
+        return out, served, demand
+
+    def _requests(self, layer: int, ids: np.ndarray, active: np.ndarray,
+                  reorder: bool = True) -> list[int]:
         """The layer's distinct experts in router-rank order (rank-major over tokens, first
         occurrence wins). When they need more than one wave, the resident ones go first, so no
-        wave evicts an expert a later wave of the layer needs only because of ordering."""
+        wave evicts an expert a later wave of the layer needs only because of ordering
+        (`reorder=False`: the caller decides, as several pools do)."""
         if ids.shape[0] == 1:
             requests = [int(e) for e, a in zip(ids[0].tolist(), active[0].tolist()) if a]
         else:
             requests = requests_in_rank_order(ids, active)
-        if len(requests) > self.shape.num_slots:
+        if reorder and len(requests) > self.shape.num_slots:
             here = self.in_cache[layer]
             requests = ([e for e in requests if e in here] +
                         [e for e in requests if e not in here])
@@ -277,6 +546,7 @@ class ExpertCache:
         residency, slot_ready, origins = self.residency, self.slot_ready, self.prefetch_origin
         on_access = self.eviction.on_access
         by_layer = self.pin_scope == "layer"
+        tell = self.tell_precision
         for e in chunk:
             key = (layer, e)
             slot = residency.get(key)
@@ -298,6 +568,8 @@ class ExpertCache:
                 out.ready = max(out.ready, self._admit(key, slot, now, False, pos))
                 out.misses += 1
             on_access(key, pos)
+            if tell:  # one pool: every use is at the plain precision
+                self.eviction.on_use_precision(key, self.shape.precision)
         return out
 
     def _prefetch(self, gate: LayerGate, pos: int, pinned: set[Key], issue_at: float) -> None:
@@ -326,10 +598,19 @@ class ExpertCache:
 
     # -- checks --------------------------------------------------------------------------------
     def check_invariants(self) -> None:
-        """Budget and bookkeeping consistency (used by the property tests)."""
+        """Budget and bookkeeping consistency (used by the property tests): per pool, resident
+        plus in-flight keys within its slots, and over the pools their bytes within the byte
+        budget."""
         s = self.shape.num_slots
-        assert len(self.residency) + len(self.free) == s, "slots leaked"
+        assert len(self.residency) + sum(map(len, self.free_lists)) == s, "slots leaked"
         assert len(self.residency) <= s, "budget exceeded"
+        held = [0] * len(self.shape.pools)
         for key, slot in self.residency.items():
             assert self.slot_key[slot] == key
+            held[self.slot_pool[slot]] += 1
+        for i, (pool, free) in enumerate(zip(self.shape.pools, self.free_lists)):
+            assert held[i] <= pool.num_slots, f"the {pool.precision} pool is over its slots"
+            assert all(self.slot_pool[f] == i and self.slot_key[f] is None for f in free)
+        used = sum(n * p.expert_bytes for n, p in zip(held, self.shape.pools))
+        assert used <= self.shape.capacity_bytes + 1e-6, "byte budget exceeded"
         assert sum(len(v) for v in self.in_cache.values()) == len(self.residency)

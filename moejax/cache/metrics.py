@@ -8,7 +8,19 @@
   experts prefetched; recall = requests served by a prefetch / requests in layers that had a
   prediction;
 * stall: time compute waits on transfers; bytes host->device split demand / prefetch, and
-  wasted prefetch bytes (prefetched, evicted or left at the end without ever being used).
+  wasted prefetch bytes (prefetched, evicted or left at the end without ever being used);
+* products: active token-expert contributions computed (after the miss policy).
+
+Precisions (one slot pool per precision, `moejax/cache/capacity.py`). Bytes are counted at the
+precision that moved (the pool's expert bytes), wasted prefetch bytes too. Per precision, per
+layer and in total: `requests_by_precision` (each request under the precision it was *served*
+at: its resident copy's), `products_by_precision` (contributions computed at each precision)
+and `products_share_by_precision`, `h2d_bytes_by_precision` (demand + prefetch);
+`sum(requests_by_precision) == requests`, `sum(h2d_bytes_by_precision) == h2d_bytes`.
+* upgrade: an expert wanted at a higher precision than its resident copy, fetched again at the
+  wanted one (the miss policy's `upgrade`). It is a **miss** for the hit/miss counters (and
+  its bytes demand bytes), not a collision miss, and not an eviction;
+* served below wanted: a hit on a copy at a lower precision than the one wanted (no upgrade).
 """
 
 from __future__ import annotations
@@ -19,9 +31,14 @@ import numpy as np
 
 COUNTERS = ("requests", "hits", "late_hits", "misses", "collision_misses", "dropped",
             "substituted", "prefetch_issued", "prefetch_used", "recall_served",
-            "recall_requests", "evictions", "waves")
+            "recall_requests", "evictions", "waves", "upgrades", "served_below_wanted",
+            "products")
 SECONDS = ("stall_s",)
 BYTES = ("demand_bytes", "prefetch_bytes", "wasted_prefetch_bytes")
+# Kept per precision when the cache has several pools (else they are the totals above).
+BY_PRECISION = ("requests", "products", "demand_bytes", "prefetch_bytes")
+PRECISION_FIELDS = ("requests_by_precision", "products_by_precision",
+                    "products_share_by_precision", "h2d_bytes_by_precision")
 
 
 @dataclasses.dataclass(slots=True)
@@ -33,6 +50,10 @@ class WaveOutcome:
     misses: int = 0
     collisions: int = 0  # misses on experts resident at the pass start or admitted since
     prefetch_used: int = 0  # hits on experts prefetched for exactly this pass and layer
+    upgrades: int = 0  # misses that replaced a lower-precision copy (counted in misses too)
+    served_below_wanted: int = 0  # hits on a copy below the wanted precision
+    products: int = 0  # token-expert contributions the wave computes
+    demand_bytes: int | None = None  # None: misses x the plain precision's expert bytes
     ready: float = 0.0  # when the last of the wave's experts lands
     stall: float = 0.0  # how long compute waited for it
 
@@ -47,8 +68,10 @@ class PassTiming:
 
 
 class CacheMetrics:
-    def __init__(self, layers: list[int]):
+    def __init__(self, layers: list[int], precisions: tuple[str, ...] = ("native",)):
+        """`precisions`: the cache's pools, high to low; the first is the plain one."""
         self.layers = list(layers)
+        self.precisions = tuple(precisions)
         n = len(layers)
         # Plain Python lists: the cache increments them several times per request, and a list
         # item add is ~10x cheaper than a numpy scalar one (replay runs millions of requests).
@@ -56,6 +79,10 @@ class CacheMetrics:
         self.c.update({k: [0.0] * n for k in SECONDS})
         self.passes: list[PassTiming] = []
         self.snapshots: list[dict] = []  # running totals after each pass (TensorBoard series)
+        # With several pools: counter -> pool index -> per layer (`count_pools`).
+        self.pc: dict[str, list[list]] | None = None
+        if len(self.precisions) > 1:
+            self.pc = {k: [[0] * n for _ in self.precisions] for k in BY_PRECISION}
 
     @property
     def per_layer(self) -> dict[str, np.ndarray]:
@@ -70,8 +97,13 @@ class CacheMetrics:
         c["late_hits"][pos] += o.late_hits
         c["misses"][pos] += o.misses
         c["collision_misses"][pos] += o.collisions
-        c["demand_bytes"][pos] += o.misses * expert_bytes
+        c["demand_bytes"][pos] += (o.misses * expert_bytes if o.demand_bytes is None
+                                   else o.demand_bytes)
         c["prefetch_used"][pos] += o.prefetch_used
+        c["products"][pos] += o.products
+        if o.upgrades or o.served_below_wanted:
+            c["upgrades"][pos] += o.upgrades
+            c["served_below_wanted"][pos] += o.served_below_wanted
         if had_prediction:
             c["recall_served"][pos] += o.prefetch_used
             c["recall_requests"][pos] += requests
@@ -82,9 +114,21 @@ class CacheMetrics:
         self.c["dropped"][pos] += dropped
         self.c["substituted"][pos] += substituted
 
-    def count_prefetch(self, target_pos: int, nbytes: int) -> None:
+    def count_pools(self, pos: int, requests: list[int], products: list[int],
+                    demand_bytes: list[int]) -> None:
+        """One wave's requests (by served precision), products and demand bytes, per pool
+        (several pools only; `count_wave` counts the totals)."""
+        pc = self.pc
+        for i in range(len(self.precisions)):
+            pc["requests"][i][pos] += requests[i]
+            pc["products"][i][pos] += products[i]
+            pc["demand_bytes"][i][pos] += demand_bytes[i]
+
+    def count_prefetch(self, target_pos: int, nbytes: int, pool: int = 0) -> None:
         self.c["prefetch_issued"][target_pos] += 1
         self.c["prefetch_bytes"][target_pos] += nbytes
+        if self.pc is not None:
+            self.pc["prefetch_bytes"][pool][target_pos] += nbytes
 
     def count_eviction(self, pos: int, wasted_bytes: int) -> None:
         """An eviction; `wasted_bytes` when the expert was prefetched and never used."""
@@ -109,13 +153,34 @@ class CacheMetrics:
                                 if c["recall_requests"] else None),
         }
 
-    def totals(self) -> dict:
+    def _by_precision(self, c: dict, pick) -> dict:
+        """The per-precision fields of a row `c` of totals; `pick(list)` reduces one per-layer
+        list (a sum for the totals, one item for a layer)."""
+        if self.pc is None:
+            (p,) = self.precisions
+            per = {k: {p: c[k]} for k in BY_PRECISION}
+        else:
+            per = {k: {p: pick(self.pc[k][i]) for i, p in enumerate(self.precisions)}
+                   for k in BY_PRECISION}
+        products = c["products"]
+        return {
+            "requests_by_precision": per["requests"],
+            "products_by_precision": per["products"],
+            "products_share_by_precision": {p: (v / products if products else None)
+                                            for p, v in per["products"].items()},
+            "h2d_bytes_by_precision": {p: per["demand_bytes"][p] + per["prefetch_bytes"][p]
+                                       for p in self.precisions},
+        }
+
+    def totals(self, by_precision: bool = True) -> dict:
         c = {k: sum(v) for k, v in self.c.items()}
         c["h2d_bytes"] = c["demand_bytes"] + c["prefetch_bytes"]
-        return {**c, **self._rates(c)}
+        if not by_precision:
+            return {**c, **self._rates(c)}
+        return {**c, **self._rates(c), **self._by_precision(c, sum)}
 
     def snapshot(self) -> None:
-        t = self.totals()
+        t = self.totals(by_precision=False)  # (the TensorBoard series do not plot them)
         t["pass_s"] = self.passes[-1].end_s - self.passes[-1].start_s if self.passes else 0.0
         self.snapshots.append(t)
 
@@ -123,7 +188,8 @@ class CacheMetrics:
         rows = []
         for pos, layer in enumerate(self.layers):
             c = {k: v[pos] for k, v in self.c.items()}
-            rows.append({"layer": layer, **c, **self._rates(c)})
+            rows.append({"layer": layer, **c, **self._rates(c),
+                         **self._by_precision(c, lambda v, pos=pos: v[pos])})
         return rows
 
     def timing(self) -> dict:

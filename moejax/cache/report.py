@@ -52,6 +52,8 @@ def table(metrics: CacheMetrics, header: str, bytes_known: bool = True) -> str:
         f"hit rate {_pct(t['hit_rate']).strip()} (late {_pct(t['late_hit_rate']).strip()}), "
         f"collision misses {_pct(t['collision_miss_rate']).strip()}, prefetch precision "
         f"{_pct(t['prefetch_precision']).strip()} recall {_pct(t['prefetch_recall']).strip()}")
+    if len(metrics.precisions) > 1:
+        lines.extend(_precision_lines(t, bytes_known))
     if not bytes_known:
         lines.append(f"TTFT {UNKNOWN}, decode {UNKNOWN}, stall {UNKNOWN}; H2D {UNKNOWN} "
                      "(expert bytes unknown: name the model or give cache.expert_bytes; the "
@@ -65,6 +67,22 @@ def table(metrics: CacheMetrics, header: str, bytes_known: bool = True) -> str:
         f"{_mb(t['demand_bytes'])}, prefetch {_mb(t['prefetch_bytes'])}, wasted "
         f"{_mb(t['wasted_prefetch_bytes'])})")
     return "\n".join(lines)
+
+
+def _precision_lines(t: dict, bytes_known: bool) -> list[str]:
+    """One line per precision: requests served at it, products computed at it, H2D bytes;
+    then the upgrades and the requests served below the precision wanted."""
+    out = []
+    for p, n in t["requests_by_precision"].items():
+        share = t["products_share_by_precision"][p]
+        h2d = _mb(t["h2d_bytes_by_precision"][p]) + " MB" if bytes_known else UNKNOWN
+        of_requests = _pct(n / t["requests"] if t["requests"] else None).strip()
+        products = t["products_by_precision"][p]
+        out.append(f"  {p:>6}: requests {n} ({of_requests}), products {products} "
+                   f"({_pct(share).strip()}), H2D {h2d}")
+    out.append(f"  upgrades {t['upgrades']}, served below the precision wanted "
+               f"{t['served_below_wanted']}")
+    return out
 
 
 _SIZED_SERIES = ("transfer/", "perf/")  # bytes and times: meaningless when sizes are unknown
@@ -110,6 +128,8 @@ def _without_sizes(out: dict) -> None:
         for key in sized:
             if key in section:
                 section[key] = None
+        if "h2d_bytes_by_precision" in section:
+            section["h2d_bytes_by_precision"] = dict.fromkeys(section["h2d_bytes_by_precision"])
     out["timing"] = {k: (v if k == "decode_tokens" else None) for k, v in out["timing"].items()}
     for p in out.get("passes", ()):
         for key in ("start_s", "end_s", "stall_s"):
@@ -121,10 +141,36 @@ def cache_results(cache, policies: dict, passes: bool = True,
     """The `cache` section of a job's results.json (schema in WORKSPACE.md), one place for the
     generate, perplexity and replay jobs. `policies`: what ran (`presets.report`).
     `passes=False` leaves out the per-pass timings; `expert_bytes_known=False` nulls
-    `expert_bytes` and every byte and time value."""
+    `expert_bytes` and every byte and time value.
+
+    Capacity: `slots` (all pools), `capacity_frac` (slots over routed experts, the old measure),
+    `capacity_bytes` (the pools' byte budget), `capacity_of` ("experts" or "model"),
+    `capacity_frac_of_experts` / `capacity_frac_of_model` (that budget over all routed experts'
+    native bytes / the whole model's native bytes, None when unknown), `pools` (per precision:
+    slots, expert_bytes, share of the budget), `precision` (the plain precision, whose bytes
+    `expert_bytes` are) and `expert_bytes_by_precision` (one expert at each precision the
+    source has)."""
     shape = cache.shape
+    known = expert_bytes_known
+    budget = shape.capacity
+    experts_native = (budget.expert_native_bytes if budget is not None
+                      else shape.total_experts * shape.expert_bytes)
+    model_bytes = budget.model_bytes if budget is not None else None
+    cap = shape.capacity_bytes
     out = {"slots": shape.num_slots, "capacity_frac": shape.num_slots / shape.total_experts,
-           "expert_bytes": shape.expert_bytes if expert_bytes_known else None,
+           "expert_bytes": shape.expert_bytes if known else None,
+           "precision": shape.precision,
+           "capacity_of": budget.capacity_of if budget is not None else "experts",
+           "capacity_bytes": cap if known else None,
+           "capacity_frac_of_experts": cap / experts_native if known and experts_native
+           else None,
+           "capacity_frac_of_model": cap / model_bytes if known and model_bytes else None,
+           "pools": {p.precision: {"slots": p.num_slots,
+                                   "expert_bytes": p.expert_bytes if known else None,
+                                   "share": p.share} for p in shape.pools},
+           "expert_bytes_by_precision": ({p: b for p, b in shape.precision_bytes} if known
+                                         else None) or (
+               {shape.precision: shape.expert_bytes} if known else None),
            "clock": cache.clock.kind, "hardware": dataclasses.asdict(cache.clock.hw),
            "policies": policies, **cache.metrics.to_dict()}
     if not passes:

@@ -3,7 +3,14 @@
     OUT/config.json                       ModelConfig (family, dimensions, dtypes)
     OUT/dense/                            Orbax checkpoint of the dense parameters
     OUT/experts/layer_LLL/{gate_up,down}  TensorStore zarr3, one expert per chunk, crc32c
+    OUT/experts/layer_LLL/{gate_up,down}.{int8,int4,int2}/{values,scale,zero}
+                                          quantized copies (optional): one zarr3 shard file
+                                          per part, one expert per inner chunk, crc32c
     OUT/tokenizer/                        the source checkpoint's tokenizer files, if any
+
+config.json holds the ModelConfig and, under "precisions", the quantized copies present:
+`{"int4": {"group_size": 64, "calibration": "search", "groups": {"gate_up": 48, "down": 48}}}`
+(`groups`: the group length actually used along each kind's contraction axis).
 """
 
 from __future__ import annotations
@@ -23,16 +30,111 @@ from moejax.checkpoint.errors import CheckpointError
 from moejax.checkpoint.params import flat_params, load_flat_params
 from moejax.config import ConfigError, ModelConfig
 from moejax.models.decoder import MoEDecoder, abstract_decoder
+from moejax.quant import formats
+from moejax.quant.formats import DEFAULT_GROUP_SIZE, QUANTIZED, QuantizedWeights
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                    "tokenizer.model", "vocab.json", "merges.txt", "generation_config.json")
 
 
+PRECISIONS_KEY = "precisions"
+ADD_PRECISIONS_HINT = ("add them with: python -m moejax.convert --out={path} --add_precisions "
+                       "--precisions={wanted}")
+
+
+def parse_precisions(precisions, what: str = "--precisions") -> tuple[str, ...]:
+    """`"int8,int4"` (or a sequence) -> `("int8", "int4")`: quantized precisions, no repeats,
+    in the order of `formats.PRECISIONS`."""
+    if precisions is None:
+        return ()
+    items = [p.strip() for p in precisions.split(",")] if isinstance(precisions, str) \
+        else [str(p) for p in precisions]
+    items = [p for p in items if p]
+    bad = [p for p in items if p not in QUANTIZED]
+    if bad:
+        raise ConfigError(f"{what}={precisions!r}: {bad} not quantized precisions; expected a "
+                          f"comma-separated subset of {QUANTIZED}")
+    if len(set(items)) != len(items):
+        raise ConfigError(f"{what}={precisions!r} repeats a precision")
+    return tuple(p for p in QUANTIZED if p in items)
+
+
+def resolve_calibrations(precisions: tuple[str, ...], calibration,
+                         what: str = "--calibration") -> dict[str, str]:
+    """The calibration of each precision: `calibration` is None (each precision's default), one
+    name for all, `"int4=hqq,int2=search"`, or a dict."""
+    from moejax.quant.quantize import CALIBRATIONS, check_calibration
+    if isinstance(calibration, str) and "=" in calibration:
+        d = {}
+        for item in calibration.split(","):
+            p, _, c = item.partition("=")
+            if not c:
+                raise ConfigError(f"{what}={calibration!r}: expected NAME or "
+                                  "PRECISION=NAME,... e.g. 'int2=search'")
+            d[p.strip()] = c.strip()
+        calibration = d
+    if isinstance(calibration, dict):
+        extra = sorted(set(calibration) - set(precisions))
+        if extra:
+            raise ConfigError(f"{what}: calibration given for {extra}, which are not among the "
+                              f"precisions written {list(precisions)}")
+        return {p: check_calibration(p, calibration.get(p), what) for p in precisions}
+    if calibration is not None and calibration not in CALIBRATIONS:
+        raise ConfigError(f"{what}={calibration!r} is not one of {CALIBRATIONS}")
+    return {p: check_calibration(p, calibration, what) for p in precisions}
+
+
+def _check_group_size(group_size, what: str = "--group_size") -> int:
+    if isinstance(group_size, bool) or not isinstance(group_size, (int, np.integer)) \
+            or group_size < 1:
+        raise ConfigError(f"{what}={group_size!r} must be a positive integer")
+    return int(group_size)
+
+
+def _quantize_layer(out: str, cfg: ModelConfig, layer: int, arrays: dict[str, np.ndarray],
+                    calibrations: dict[str, str], group_size: int,
+                    compression: str | None) -> None:
+    from moejax.quant.quantize import quantize
+    for precision, cal in calibrations.items():
+        for kind, w in arrays.items():
+            q = quantize(np.asarray(w), precision, group_size, cal)
+            expert_store.write_quantized(out, layer, kind, precision, q, compression)
+
+
+def _precision_entries(cfg: ModelConfig, calibrations: dict[str, str],
+                       group_size: int) -> dict[str, dict]:
+    h, i = cfg.hidden_size, cfg.expert_intermediate_size
+    groups = {"gate_up": formats.group_size_for(h, group_size),
+              "down": formats.group_size_for(i, group_size)}
+    return {p: {"group_size": group_size, "calibration": c, "groups": dict(groups)}
+            for p, c in calibrations.items()}
+
+
+def _write_config(out: str, cfg: ModelConfig, precisions: dict[str, dict]) -> None:
+    """config.json, atomically: its presence marks a complete checkpoint."""
+    d = json.loads(cfg.to_json())
+    quantized = {p: precisions[p] for p in QUANTIZED if p in precisions}
+    if quantized:
+        d[PRECISIONS_KEY] = quantized
+    marker = os.path.join(out, "config.json")
+    tmp = marker + ".tmp"
+    with open(tmp, "w") as f:
+        f.write(json.dumps(d, indent=2, sort_keys=True))
+    os.replace(tmp, marker)
+
+
 def save(out: str, cfg: ModelConfig, dense_params: dict[str, np.ndarray],
          layer_experts: Iterable[tuple[int, np.ndarray, np.ndarray]],
-         tokenizer_dir: str | None = None, compression: str | None = None) -> None:
+         tokenizer_dir: str | None = None, compression: str | None = None,
+         precisions=(), group_size: int = DEFAULT_GROUP_SIZE, calibration=None) -> None:
     """Writes a checkpoint. `layer_experts` yields `(layer, gate_up, down)` one layer at a time
-    so a large model never holds all its experts in memory."""
+    so a large model never holds all its experts in memory. `precisions` (e.g. `("int8",
+    "int4")`) are quantized copies written beside each layer's native experts, in groups of
+    `group_size` rows, with `calibration` (None: each precision's default; a name; or a dict
+    precision -> name)."""
+    precisions = parse_precisions(precisions, "precisions")
+    group_size = _check_group_size(group_size, "group_size")
+    calibrations = resolve_calibrations(precisions, calibration, "calibration")
     os.makedirs(out, exist_ok=True)
     # An old config.json would make a half-overwritten directory look complete.
     marker = os.path.join(out, "config.json")
@@ -42,6 +144,8 @@ def save(out: str, cfg: ModelConfig, dense_params: dict[str, np.ndarray],
     for layer, gate_up, down in layer_experts:
         expert_store.write_kind(out, layer, "gate_up", gate_up, compression)
         expert_store.write_kind(out, layer, "down", down, compression)
+        _quantize_layer(out, cfg, layer, {"gate_up": gate_up, "down": down}, calibrations,
+                        group_size, compression)
         written.add(layer)
     if written != set(cfg.moe_layers):
         raise CheckpointError(f"{out}: experts written for layers {sorted(written)}, "
@@ -54,34 +158,72 @@ def save(out: str, cfg: ModelConfig, dense_params: dict[str, np.ndarray],
             for f in copied:
                 shutil.copy2(os.path.join(tokenizer_dir, f), os.path.join(out, "tokenizer", f))
     # config.json last, atomically: its presence marks a complete checkpoint.
-    tmp = marker + ".tmp"
-    with open(tmp, "w") as f:
-        f.write(cfg.to_json())
-    os.replace(tmp, marker)
+    _write_config(out, cfg, _precision_entries(cfg, calibrations, group_size))
 
 
 def save_model(out: str, model: MoEDecoder, gate_up: dict[int, np.ndarray],
-               down: dict[int, np.ndarray], compression: str | None = None) -> None:
+               down: dict[int, np.ndarray], compression: str | None = None,
+               precisions=(), group_size: int = DEFAULT_GROUP_SIZE, calibration=None) -> None:
     """Saves an in-memory model (tests, training) in the checkpoint layout."""
     params = {k: np.asarray(v) for k, v in flat_params(model).items()}
     save(out, model.cfg, params, ((l, np.asarray(gate_up[l]), np.asarray(down[l]))
-                                  for l in model.cfg.moe_layers), compression=compression)
+                                  for l in model.cfg.moe_layers), compression=compression,
+         precisions=precisions, group_size=group_size, calibration=calibration)
 
 
-def read_config(path: str) -> ModelConfig:
+def _read_config_dict(path: str) -> tuple[str, dict]:
     cfg_path = os.path.join(path, "config.json")
     if not os.path.exists(cfg_path):
         raise CheckpointError(f"{cfg_path}: missing (not a moejax checkpoint, or incomplete)")
     try:
         with open(cfg_path) as f:
-            return ModelConfig.from_dict(json.load(f))
-    except (json.JSONDecodeError, ConfigError, TypeError) as e:
+            d = json.load(f)
+    except json.JSONDecodeError as e:
         raise CheckpointError(f"{cfg_path}: invalid moejax config: {e}") from e
+    if not isinstance(d, dict):
+        raise CheckpointError(f"{cfg_path}: invalid moejax config: not a JSON object")
+    return cfg_path, d
+
+
+def read_config(path: str) -> ModelConfig:
+    cfg_path, d = _read_config_dict(path)
+    d = {k: v for k, v in d.items() if k != PRECISIONS_KEY}
+    try:
+        return ModelConfig.from_dict(d)
+    except (ConfigError, TypeError) as e:
+        raise CheckpointError(f"{cfg_path}: invalid moejax config: {e}") from e
+
+
+def read_precisions(path: str) -> dict[str, dict]:
+    """The precisions a checkpoint holds: `{"native": {"dtype": ...}, "int4": {"group_size":
+    64, "calibration": "search", "groups": {"gate_up": 48, "down": 48}}, ...}`, highest first."""
+    cfg = read_config(path)
+    cfg_path, d = _read_config_dict(path)
+    entries = d.get(PRECISIONS_KEY, {})
+    bad = f"{cfg_path}: invalid {PRECISIONS_KEY!r} entry"
+    if not isinstance(entries, dict):
+        raise CheckpointError(f"{bad}: expected an object keyed by precision")
+    unknown = sorted(set(entries) - set(QUANTIZED))
+    if unknown:
+        raise CheckpointError(f"{bad}: unknown precisions {unknown}; known: {list(QUANTIZED)}")
+    out = {"native": {"dtype": cfg.dtype}}
+    for p in QUANTIZED:
+        if p not in entries:
+            continue
+        e = entries[p]
+        groups = e.get("groups") if isinstance(e, dict) else None
+        if not (isinstance(groups, dict) and set(groups) == set(expert_store.KINDS) and
+                all(isinstance(v, int) and v >= 1 for v in groups.values())):
+            raise CheckpointError(f"{bad} for {p}: expected {{'groups': {{'gate_up': G, "
+                                  f"'down': G}}, ...}}, got {e!r}")
+        out[p] = dict(e)
+    return out
 
 
 @dataclasses.dataclass
 class Checkpoint:
-    """A loaded checkpoint: the dense model and each MoE layer's experts in host memory."""
+    """A loaded checkpoint: the dense model and each MoE layer's experts in host memory
+    (native; quantized copies are read on demand by `experts_at`)."""
 
     path: str
     cfg: ModelConfig
@@ -89,6 +231,28 @@ class Checkpoint:
     host_gate_up: dict[int, jax.Array]
     host_down: dict[int, jax.Array]
     tokenizer_dir: str | None
+    # Precision -> its config.json entry; always has "native".
+    precisions: dict[str, dict] = dataclasses.field(default_factory=dict)
+    _quantized: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
+
+    def experts_at(self, precision: str) -> tuple[dict[int, jax.Array | QuantizedWeights],
+                                                  dict[int, jax.Array | QuantizedWeights]]:
+        """`(gate_up, down)` per MoE layer at `precision`, in host memory: the native arrays
+        for "native"; for a quantized precision, `QuantizedWeights` of host jax arrays, read
+        from disk on first use and kept."""
+        formats.check(precision)
+        if precision == "native":
+            return self.host_gate_up, self.host_down
+        if precision not in self.precisions:
+            present = [p for p in formats.PRECISIONS if p in self.precisions] or ["native"]
+            raise CheckpointError(
+                f"{os.path.join(self.path, 'config.json')}: the checkpoint has no {precision} "
+                f"experts (precisions present: {present}); " +
+                ADD_PRECISIONS_HINT.format(path=self.path, wanted=precision))
+        if precision not in self._quantized:
+            self._quantized[precision] = read_quantized_experts(
+                self.path, self.cfg, precision, self.precisions[precision])
+        return self._quantized[precision]
 
 
 def host_memory_kind(device: jax.Device | None = None) -> str:
@@ -107,8 +271,51 @@ def to_host(array: np.ndarray, device: jax.Device | None = None) -> jax.Array:
     return jax.device_put(array, sharding)
 
 
+def read_quantized_experts(path: str, cfg: ModelConfig, precision: str, entry: dict):
+    """One precision's quantized experts of every MoE layer, in host memory."""
+    h, i, e = cfg.hidden_size, cfg.expert_intermediate_size, cfg.num_experts
+    shapes = {"gate_up": (e, h, 2 * i), "down": (e, i, h)}
+    out = {"gate_up": {}, "down": {}}
+    for layer in cfg.moe_layers:
+        for kind in expert_store.KINDS:
+            q = expert_store.read_quantized(path, layer, kind, precision, shapes[kind],
+                                            entry["groups"][kind])
+            out[kind][layer] = q.map(to_host)
+    return out["gate_up"], out["down"]
+
+
+def add_precisions(path: str, precisions, group_size: int = DEFAULT_GROUP_SIZE,
+                   calibration=None) -> dict[str, dict]:
+    """Quantizes an existing checkpoint's native experts and writes the copies beside them
+    (same compression as the native arrays); returns the precisions now present. Copies of a
+    precision already present are replaced. config.json is rewritten atomically, first without
+    the precisions being written (so an interrupted run never lists a half-written copy), and
+    last with them."""
+    precisions = parse_precisions(precisions, "precisions")
+    if not precisions:
+        raise ConfigError(f"precisions={precisions!r}: nothing to add; expected a subset of "
+                          f"{QUANTIZED}")
+    group_size = _check_group_size(group_size, "group_size")
+    calibrations = resolve_calibrations(precisions, calibration, "calibration")
+    cfg = read_config(path)
+    present = read_precisions(path)
+    kept = {p: v for p, v in present.items() if p != "native" and p not in precisions}
+    _write_config(path, cfg, kept)
+    h, i, e = cfg.hidden_size, cfg.expert_intermediate_size, cfg.num_experts
+    for layer in cfg.moe_layers:
+        arrays = {"gate_up": expert_store.read_kind(path, layer, "gate_up", (e, h, 2 * i),
+                                                    cfg.dtype),
+                  "down": expert_store.read_kind(path, layer, "down", (e, i, h), cfg.dtype)}
+        compression = expert_store.compression_of(path, layer, "gate_up")
+        _quantize_layer(path, cfg, layer, arrays, calibrations, group_size, compression)
+    new = {**kept, **_precision_entries(cfg, calibrations, group_size)}
+    _write_config(path, cfg, new)
+    return read_precisions(path)
+
+
 def load(path: str) -> Checkpoint:
     cfg = read_config(path)
+    precisions = read_precisions(path)
     model = nnx.merge(*nnx.split(abstract_decoder(cfg)))
     abstract = {k: jax.ShapeDtypeStruct(v.shape, v.dtype) for k, v in flat_params(model).items()}
     load_flat_params(model, dense.restore(os.path.join(path, "dense"), abstract))
@@ -119,4 +326,5 @@ def load(path: str) -> Checkpoint:
                                                         cfg.dtype))
         down[layer] = to_host(expert_store.read_kind(path, layer, "down", (e, i, h), cfg.dtype))
     tok = os.path.join(path, "tokenizer")
-    return Checkpoint(path, cfg, model, gate_up, down, tok if os.path.isdir(tok) else None)
+    return Checkpoint(path, cfg, model, gate_up, down, tok if os.path.isdir(tok) else None,
+                      precisions)

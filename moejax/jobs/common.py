@@ -11,7 +11,7 @@ from __future__ import annotations
 import ml_collections
 
 from moejax.cache import report
-from moejax.cache.build import expert_source
+from moejax.cache.build import expert_source, resident_precision
 from moejax.cache.cache import ExpertCache
 from moejax.cache.runtime import CachedExperts
 from moejax.metrics_writer import MetricsWriter
@@ -45,13 +45,25 @@ def cache_of(experts: ExpertSource) -> ExpertCache | None:
     return experts.cache if isinstance(experts, CachedExperts) else None
 
 
+def experts_precision(config: ml_collections.ConfigDict, experts: ExpertSource) -> str:
+    """The precision the experts run at: every resident expert's (`cache.enabled` False), or
+    the cache's plain precision (its pools, in results.json's `cache` section, say the rest)."""
+    cache = cache_of(experts)
+    return cache.shape.precision if cache is not None else resident_precision(config)
+
+
 def cache_header(config: ml_collections.ConfigDict, cache: ExpertCache,
                  policies: dict | None = None) -> str:
     """One line naming the cache's size, policies, hardware and clock (above the table)."""
     hw, s = cache.clock.hw, cache.shape
     p = policies or presets.resolve(config.policies)
-    return (f"cache: {s.num_slots}/{s.total_experts} expert slots "
-            f"({100 * s.num_slots / s.total_experts:.1f}%), eviction {p['eviction']}, prefetch "
+    if len(s.pools) == 1:
+        slots = (f"{s.num_slots}/{s.total_experts} expert slots at {s.precision} "
+                 f"({100 * s.num_slots / s.total_experts:.1f}% of the experts)")
+    else:
+        slots = " + ".join(f"{pool.num_slots} {pool.precision}" for pool in s.pools) + \
+            f" slots for {s.total_experts} experts"
+    return (f"cache: {slots}, eviction {p['eviction']}, prefetch "
             f"{p['prefetch']}, miss {p['miss']}, routing {p['routing']}; {hw.name} at "
             f"{hw.h2d_gbps:g} GB/s host->device, {cache.clock.kind} clock")
 

@@ -12,7 +12,13 @@ import numpy as np
 
 from moejax.cache import report
 from moejax.config import ConfigError
-from moejax.jobs.common import cache_header, cache_of, configured_decoder, report_cache
+from moejax.jobs.common import (
+    cache_header,
+    cache_of,
+    configured_decoder,
+    experts_precision,
+    report_cache,
+)
 from moejax.model_source import load_model
 from moejax.results import write_json_atomic
 from moejax.tokenizer import parse_ids
@@ -91,7 +97,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     n_decode = max(0, len(generated) - 1)  # the first token comes from prefill
     results = {
         "job": "generate",
-        "model": {"source": loaded.source, "family": cfg.family, "config": cfg.to_dict()},
+        "model": {"source": loaded.source, "family": cfg.family, "config": cfg.to_dict(),
+                  "precision": experts_precision(config, experts)},
         "tokenizer": loaded.tokenizer.name,
         "prompt": prompt_text,
         "prompt_ids": prompt_ids,

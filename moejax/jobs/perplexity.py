@@ -16,7 +16,7 @@ import ml_collections
 import numpy as np
 
 from moejax.config import ConfigError
-from moejax.jobs.common import cache_of, configured_decoder, report_cache
+from moejax.jobs.common import cache_of, configured_decoder, experts_precision, report_cache
 from moejax.model_source import load_model
 from moejax.models.stepped import SteppedDecoder
 from moejax.results import write_json_atomic
@@ -88,7 +88,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
         if not isinstance(loaded.tokenizer, ByteTokenizer) else len(ids) - 1
     results = {
         "job": "perplexity",
-        "model": {"source": loaded.source, "family": loaded.cfg.family},
+        "model": {"source": loaded.source, "family": loaded.cfg.family,
+                  "precision": experts_precision(config, experts)},
         "tokenizer": loaded.tokenizer.name,
         "text_file": os.path.abspath(config.text_file),
         "tokens_scored": int(len(nll)),
@@ -105,5 +106,6 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     write_json_atomic(os.path.join(workdir, "results.json"), results)
     print(f"{config.text_file}: {results['bits_per_byte']:.4f} bits/byte, "
           f"{results['bits_per_token']:.4f} bits/token over {len(nll)} tokens "
-          f"[{loaded.source}] -> {os.path.join(workdir, 'results.json')}")
+          f"[{loaded.source}, experts at {results['model']['precision']}] -> "
+          f"{os.path.join(workdir, 'results.json')}")
     return results

@@ -6,6 +6,14 @@
 Writes `W/results.json` in the live schema (`cache`: totals, per layer, timing). The model
 shape comes from the trace; expert bytes (and the cost model of the virtual clock) from the
 trace's model config when it has one (moejax traces), else from `model.family`/`model.preset`.
+Precision pools are sized as live ones (`moejax.cache.build.build_cache_for`, the same cache
+code), with each quantized expert's bytes computed from that model config and
+`cache.group_size` — no weights are loaded:
+
+    python -m moejax.main --config=configs/replay.py --config.trace=olmoe_prose.jsonl \\
+        --config.model.family=olmoe --config.model.preset=olmoe-1b-7b \\
+        --config.cache.capacity_frac=0.05 --config.cache.capacity_of=model \\
+        --config.cache.precision=int4 --workdir=W
 """
 
 from __future__ import annotations
@@ -17,14 +25,15 @@ import time
 import ml_collections
 
 from moejax.cache import report
-from moejax.cache.build import build_cache, clock_kind, num_slots
-from moejax.cache.cache import CacheShape
+from moejax.cache.build import build_cache_for, clock_kind
+from moejax.cache.capacity import precision_bytes_of
 from moejax.cache.replay import replay
 from moejax.config import ConfigError, ModelConfig
 from moejax.families import FAMILIES, preset
 from moejax.jobs.common import cache_header, report_cache
 from moejax.policies import presets
 from moejax.policies.registry import policy_class
+from moejax.quant import formats
 from moejax.results import write_json_atomic
 from moejax.traces.format import Trace, TraceError
 from moejax.traces.importers import ImportedTraces, import_traces
@@ -52,6 +61,37 @@ def _model_config(config: ml_collections.ConfigDict, trace: Trace) -> ModelConfi
                "with --config.trace_num_experts=N)"
                if (trace.meta.get("info") or {}).get("num_experts_source") == "inferred" else ""))
     return cfg
+
+
+def _precision_bytes(config: ml_collections.ConfigDict, trace: Trace,
+                     cfg: ModelConfig | None) -> tuple[dict[str, int], bool]:
+    """Bytes of one expert at each precision replay can size, and whether they are known.
+
+    Native: `cache.expert_bytes`, else the trace's, else the model config's. The quantized
+    precisions from the model config's shapes (`cache.group_size`), when a model is known.
+    Unknown sizes (an id-only trace, no model named): every precision counts 1-byte experts
+    (counts exact, bytes and times meaningless), and only an absolute `cache.slots` sizes the
+    cache."""
+    native = (config.cache.expert_bytes or trace.meta.get("expert_bytes")
+              or (cfg.expert_bytes if cfg else None))
+    if not native:
+        # Misses, collisions and hits + late hits do not depend on expert size (admission is
+        # immediate); bytes and times do, and so does the split of hits into ready and late
+        # ones: those are reported as unknown.
+        if config.cache.slots <= 0:
+            raise ConfigError(f"{config.trace} does not record expert bytes, so a capacity "
+                              "fraction cannot be turned into slots: give --config.cache.slots=N, "
+                              "or name the model (--config.model.family=F "
+                              "--config.model.preset=P, e.g. olmoe / olmoe-1b-7b), or "
+                              "--config.cache.expert_bytes=B")
+        return dict.fromkeys(formats.PRECISIONS, 1), False
+    if cfg is None:
+        return {"native": int(native)}, True
+    if config.cache.group_size < 1:
+        raise ConfigError(f"cache.group_size={config.cache.group_size} must be >= 1")
+    out = precision_bytes_of(cfg, config.cache.group_size)
+    out["native"] = int(native)
+    return out, True
 
 
 def _import(config: ml_collections.ConfigDict) -> ImportedTraces:
@@ -97,27 +137,14 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
         if (t.layers, t.num_experts, t.top_k) != (first.layers, first.num_experts, first.top_k):
             raise ConfigError(f"{config.trace}: sequences of different model shapes")
     cfg = _model_config(config, first)
-    expert_bytes = (config.cache.expert_bytes or first.meta.get("expert_bytes")
-                    or (cfg.expert_bytes if cfg else None))
-    bytes_known = bool(expert_bytes)
-    if not bytes_known:
-        # Misses, collisions and hits + late hits do not depend on expert size (admission is
-        # immediate); bytes and times do, and so does the split of hits into ready and late
-        # ones: those are reported as unknown.
-        expert_bytes = 1
-        if config.cache.slots <= 0:
-            raise ConfigError(f"{config.trace} does not record expert bytes, so a capacity "
-                              "fraction cannot be turned into slots: give --config.cache.slots=N, "
-                              "or name the model (--config.model.family=F "
-                              "--config.model.preset=P, e.g. olmoe / olmoe-1b-7b), or "
-                              "--config.cache.expert_bytes=B")
+    precision_bytes, bytes_known = _precision_bytes(config, first, cfg)
     layers = first.layers
-    slots = num_slots(config, len(layers), first.num_experts, first.top_k, expert_bytes)
-    shape = CacheShape(tuple(layers), cfg.num_layers if cfg else max(layers) + 1,
-                       first.num_experts, first.top_k, expert_bytes, slots)
     policies = _policies_for(config, first)
     specs = {k: policies[k] for k in presets.FIELDS}
-    cache = build_cache(config, shape, cfg, cfg.norm_topk_prob if cfg else False, specs)
+    cache = build_cache_for(config, cfg, precision_bytes, cfg.norm_topk_prob if cfg else False,
+                            specs, layers=tuple(layers),
+                            num_layers=cfg.num_layers if cfg else max(layers) + 1,
+                            num_experts=first.num_experts, top_k=first.top_k)
     if cache.eviction.needs_future and (specs["routing"] != "standard"
                                         or specs["miss"] != "fetch"):
         raise ConfigError("belady's future is the trace's router selection: it needs "

@@ -31,30 +31,35 @@ from jax.experimental import io_callback
 
 from moejax.models.attention import KVCache
 from moejax.models.decoder import MoEDecoder
-from moejax.models.experts import moe_ffn
+from moejax.models.experts import ExpertPool, moe_ffn, pool_slots
 from moejax.models.layers import norm
 from moejax.models.routing import route
+from moejax.quant.formats import QuantizedWeights
 from moejax.seam import ExpertSource, ExpertWave, GateOutputs
 
 GATE_PATHS = ("returned", "io_callback")
 
 
 class ResidentExperts:
-    """Every expert of every layer on the device: the reference the cache must reproduce."""
+    """Every expert of every layer on the device: the reference the cache must reproduce.
 
-    def __init__(self, gate_up: dict[int, jax.Array], down: dict[int, jax.Array]):
-        self.gate_up = gate_up
-        self.down = down
-        num_experts = next(iter(gate_up.values())).shape[0]
+    At a quantized precision each layer's experts are one packed pool (`QuantizedWeights`),
+    dequantized inside the experts step exactly as the cache's slot pools are, so the cached
+    model at precision P reproduces this one at P."""
+
+    def __init__(self, gate_up: dict[int, ExpertPool], down: dict[int, ExpertPool]):
+        self.gate_up = {l: _as_pool_arg(v) for l, v in gate_up.items()}
+        self.down = {l: _as_pool_arg(v) for l, v in down.items()}
+        num_experts = pool_slots(next(iter(gate_up.values())))
         self.identity = jnp.arange(num_experts, dtype=jnp.int32)
 
     @classmethod
-    def from_host(cls, host_gate_up: dict[int, jax.Array],
-                  host_down: dict[int, jax.Array]) -> "ResidentExperts":
+    def from_host(cls, host_gate_up: dict[int, ExpertPool],
+                  host_down: dict[int, ExpertPool]) -> "ResidentExperts":
         on_device = jax.sharding.SingleDeviceSharding(jax.devices()[0], memory_kind="device")
         put = functools.partial(jax.device_put, device=on_device)
-        return cls({k: put(v) for k, v in host_gate_up.items()},
-                   {k: put(v) for k, v in host_down.items()})
+        return cls({k: jax.tree.map(put, v) for k, v in host_gate_up.items()},
+                   {k: jax.tree.map(put, v) for k, v in host_down.items()})
 
     def begin_pass(self, tokens: int, position: int) -> None:
         pass
@@ -65,6 +70,12 @@ class ResidentExperts:
 
     def end_pass(self) -> None:
         pass
+
+
+def _as_pool_arg(pool: ExpertPool):
+    """A native pool is passed as the array itself, a quantized one as a one-pool tuple (the
+    experts step's `ExpertPools`)."""
+    return (pool,) if isinstance(pool, QuantizedWeights) else pool
 
 
 # ---------------------------------------------------------------------------------------------

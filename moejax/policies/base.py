@@ -14,7 +14,17 @@ than probing for attributes:
   copies them to the host, an id-only trace cannot drive it;
 * `needs_spec`: reads the speculative scores (`LayerGate.spec`);
 * `needs_future`: reads the trace's future routing, handed over by `set_future` before replay;
-* `replay_only`: cannot run live (every policy that needs the future).
+* `replay_only`: cannot run live (every policy that needs the future);
+* `needs_precision` (eviction): is told the precision each use was served at
+  (`on_use_precision`); the cache calls that hook only for policies that declare it.
+
+Precisions (`moejax/quant/formats.py`, high to low: native, int8, int4, int2). A policy whose
+constructor declares `cache_precision` receives the cache's plain precision (`cache.precision`:
+what a plain fetch and a prefetch move); a miss policy receives the *given* `cache.precision`,
+"" when it was not given, since a precision-aware miss policy's own `levels` then define it.
+A miss policy's `levels` are the precisions it may fetch, high to low: the cache keeps one slot
+pool per level (`CacheShape.pools`), prefetches at `levels[0]`, and fetches a missing expert at
+the precision its `MissDecision.precision` names (`levels[0]` when it names none).
 
 Keys are `(layer, expert)`. Layer *positions* (0..L-1 over the MoE layers) order the pass.
 """
@@ -42,6 +52,7 @@ class Policy:
     needs_spec: ClassVar[bool] = False
     needs_future: ClassVar[bool] = False
     replay_only: ClassVar[bool] = False
+    needs_precision: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -77,7 +88,12 @@ class EvictionPolicy(Policy):
         """`key`, already resident, was selected by the prefetcher."""
 
     def on_evict(self, key: Key) -> None:
-        pass
+        """`key` left its slot: evicted, or (an upgrade) about to re-enter at a higher precision
+        (then `on_admit` follows; the cache does not count that as an eviction)."""
+
+    def on_use_precision(self, key: Key, precision: str) -> None:
+        """`key` was used (after `on_access`) at `precision`, the precision of its resident
+        copy. Called only for policies that declare `needs_precision`."""
 
     def on_scores(self, layer: int, probs: np.ndarray) -> None:
         """Router probabilities `[N, E]` of `layer` in this pass (called when `needs_probs`)."""
@@ -110,10 +126,43 @@ class MissDecision:
     active: np.ndarray  # [N, K] bool: contributions that run (dropped ones do not)
     dropped: int = 0  # distinct experts dropped
     substituted: int = 0  # distinct experts replaced
+    # Expert -> the precision to fetch it at if it misses (or to upgrade to, see
+    # `MissPolicy.upgrade`); experts not named (and all when None) want `levels[0]`.
+    precision: dict[int, str] | None = None
 
 
 class MissPolicy(Policy):
+    """Decides what runs of a layer's selection, and at which precision a miss is fetched.
+
+    * `levels`: the precisions it may fetch, high to low (default: the plain precision only);
+    * `upgrade`: an expert wanted at a higher precision than its resident copy is fetched again
+      at the wanted one, its low copy's slot freed (True), or served by the low copy (False,
+      counted `served_below_wanted`);
+    * `fallback`: when the wanted precision's pool has no room left for the running wave (its
+      slots all held by the wave), fetch at the next lower level that has room instead of
+      splitting the wave (SpecMD's "fallback levels ... under capacity constraints")."""
+
     kind = "miss"
+    levels: tuple[str, ...] = ("native",)
+    upgrade: bool = False
+    fallback: ClassVar[bool] = False
+
+    def _set_levels(self, precision: str, levels=None) -> None:
+        """`levels` given: checked and parsed (and `precision`, when given, must be the
+        first); else the plain precision alone."""
+        from moejax.quant import formats
+
+        if precision:
+            formats.check(precision, "cache.precision")
+        if levels is None:
+            self.levels = (precision or "native",)
+            return
+        self.levels = formats.parse_levels(levels, f"{self.name} levels")
+        if precision and self.levels[0] != precision:
+            raise ValueError(f"levels={levels!r} start at {self.levels[0]}, but "
+                             f"cache.precision={precision} (what a plain fetch and a prefetch "
+                             "move: the first level). Leave cache.precision unset or make "
+                             "the levels start with it")
 
     def handle(self, gate: LayerGate, ids: np.ndarray, weights: np.ndarray,
                resident: set[int]) -> MissDecision:

@@ -1,5 +1,8 @@
 """Eviction policies (SpecMD §3, appendix B). Victim selection is O(1) amortised or O(layers)
-for all but `score` (a vectorised argmin): replay runs millions of requests.
+for all but `score` (a vectorised argmin): replay runs millions of requests. With several
+precision pools the cache asks for a victim of one pool (`evictable` is False for the keys of
+the others), so a victim search may walk past the other pools' keys: O(resident keys) at
+worst.
 
 All take `num_layers` (MoE layers) and `num_experts` from the cache; `random` takes a seed.
 """
@@ -376,3 +379,71 @@ class Belady(_Base):
         return best
 
 
+
+
+@register("eviction", "lhu")
+class LHU(_Base):
+    """Least High-precision Used (HOBBIT, via SpecMD appendix B): "tracks high-precision expert
+    usage frequency, prioritizing retention of frequently-accessed high-precision experts".
+
+    Per key, the number of its uses served at the highest precision in use (`cache_precision`,
+    the plain precision: the miss policy's first level) over the whole run (kept across
+    evictions, as `lfu`'s counts). Victim: fewest high-precision uses, ties to the least
+    recently used (admission, every use and a prefetch selection count as recent). With a
+    single precision every use is high-precision: LFU with LRU ties.
+
+    Keys sit in one LRU-ordered bucket per count, the counts in a sorted list: a victim is the
+    first evictable key of the lowest buckets (O(1) amortised with one pool; with several, the
+    other pools' keys are walked past)."""
+
+    name = "lhu"
+    needs_precision = True
+
+    def __init__(self, num_layers: int, num_experts: int, cache_precision: str = "native"):
+        super().__init__(num_layers, num_experts)
+        self.high = cache_precision or "native"
+        self.uses: dict[Key, int] = {}  # high-precision uses, resident or not
+        self.buckets: dict[int, OrderedDict[Key, None]] = {}
+        self.counts: list[int] = []  # sorted counts with a non-empty bucket
+        self.where: dict[Key, int] = {}  # resident key -> its bucket
+
+    def _put(self, key: Key, count: int) -> None:
+        bucket = self.buckets.get(count)
+        if bucket is None:
+            bucket = self.buckets[count] = OrderedDict()
+            bisect.insort(self.counts, count)
+        bucket[key] = None
+        self.where[key] = count
+
+    def _take(self, key: Key) -> None:
+        count = self.where.pop(key)
+        bucket = self.buckets[count]
+        del bucket[key]
+        if not bucket:
+            del self.buckets[count]
+            self.counts.pop(bisect.bisect_left(self.counts, count))
+
+    def on_admit(self, key, pos, prefetch):
+        self._put(key, self.uses.get(key, 0))
+
+    def on_access(self, key, pos):
+        self.buckets[self.where[key]].move_to_end(key)
+
+    on_touch = on_access  # selected by the prefetcher: recent, not a use
+
+    def on_use_precision(self, key, precision):
+        if precision == self.high:
+            count = self.uses.get(key, 0) + 1
+            self.uses[key] = count
+            self._take(key)
+            self._put(key, count)
+
+    def on_evict(self, key):
+        self._take(key)
+
+    def victim(self, pos, evictable, incoming=None):
+        for count in self.counts:
+            for key in self.buckets[count]:
+                if evictable(key):
+                    return key
+        return None

@@ -16,8 +16,9 @@ a field left `""` takes the preset's spec, or `DEFAULTS` when no preset is named
 Least-Stale eviction (SpecMD's drop-in experiment). `resolve` gives the four specs that run;
 `report` what results.json records (`cache.policies`).
 
-`specmd_3` needs quantized expert tiers (LHU, precision cascade): asking for it is a clear error
-until they exist.
+`specmd_3` runs the precision cascade over the pools of `cache.precision` and every lower
+precision (`fetch_priority`'s default levels; SpecMD's int8:int4:int2 when `cache.precision`
+is not given; SpecMD's Table 2 runs it at 4 bits: `--config.cache.precision=int4`, int4:int2).
 """
 
 from __future__ import annotations
@@ -43,11 +44,8 @@ PRESETS: dict[str, dict[str, str]] = {
                      routing="standard"),
 }
 
-# Presets that are named but cannot run yet, and why.
-UNAVAILABLE: dict[str, str] = {
-    "specmd_3": "SpecMD #3 (HOBBIT: LHU eviction, fetch_priority precision cascade) needs "
-                "quantized expert tiers (int8/int4/int2 copies), which moejax does not have yet",
-}
+# Presets that are named but cannot run yet, and why (none at present).
+UNAVAILABLE: dict[str, str] = {}
 
 
 def _given(policies, field: str) -> str:

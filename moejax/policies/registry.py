@@ -19,13 +19,13 @@ from moejax.policies.base import KINDS, Policy
 
 _REGISTRIES: dict[str, dict[str, type[Policy]]] = {kind: {} for kind in KINDS}
 
-# Policies of the precision tiers (SpecMD's HOBBIT configuration, #3), not built yet.
-_QUANTIZED = "needs quantized expert tiers (int8/int4/int2 copies), which moejax does not have yet"
-PLANNED: dict[tuple[str, str], str] = {
-    ("eviction", "lhu"): f"LHU (least high-precision used) {_QUANTIZED}",
-    ("miss", "fetch_lowest_bit"): f"fetch_lowest_bit {_QUANTIZED}",
-    ("miss", "fetch_priority"): f"fetch_priority (the precision cascade) {_QUANTIZED}",
-}
+# Names a later tier will fill, and what each waits for (none at present: the precision
+# tiers' `lhu`, `fetch_lowest_bit` and `fetch_priority` are built).
+PLANNED: dict[tuple[str, str], str] = {}
+
+# Constructor parameters only the cache's context fills, never a spec's argument (built without
+# them, a policy takes its default): the plain precision (`moejax.cache.build.policy_context`).
+CONTEXT_ONLY = frozenset({"cache_precision"})
 
 
 def register(kind: str, name: str):
@@ -92,8 +92,8 @@ def build(kind: str, spec: str, **context: Any) -> Any:
     name, args, kwargs = parse(spec)
     ctor = policy_class(kind, name)
     params = inspect.signature(ctor).parameters
-    user = [p for p in params.values() if p.name not in context and p.kind in
-            (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    user = [p for p in params.values() if p.name not in context and p.name not in CONTEXT_ONLY
+            and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
     valid = [p.name for p in user]
     if len(args) > len(valid):
         raise ConfigError(f"{kind} policy {spec!r}: too many arguments; it takes {valid}")
