@@ -18,8 +18,11 @@ def table(sweep_dir: str, prefetch: str, h2d_gbps: float, evictions: list[str]) 
     rows = [r for r in load_cells(sweep_dir)
             if r["prefetch"] == prefetch and abs(float(r["h2d_gbps"]) - h2d_gbps) < 1e-9]
     by = defaultdict(dict)
+    label = {}
     for r in rows:
-        by[(r["trace"], r["capacity_frac"])][r["eviction"]] = r
+        key = (r["trace"], r["capacity_key"])
+        by[key][r["eviction"]] = r
+        label[key] = f"{r['capacity']} ({r['slots']} slots)"
     head = " | ".join(f"{e} hit / coll" for e in evictions)
     lines = [f"prefetch `{prefetch}`, {h2d_gbps:g} GB/s", "",
              f"| trace | capacity | {head} |", "| --- | ---: |" + " ---: |" * len(evictions)]
@@ -29,9 +32,9 @@ def table(sweep_dir: str, prefetch: str, h2d_gbps: float, evictions: list[str]) 
             return "–"
         return f"{100 * r['hit_rate']:.1f}% / {100 * r['collision_miss_rate']:.2f}%"
 
-    for (trace, cap) in sorted(by):
-        cells = " | ".join(cell(by[(trace, cap)].get(e)) for e in evictions)
-        lines.append(f"| {trace} | {100 * cap:.0f}% | {cells} |")
+    for key in sorted(by):
+        cells = " | ".join(cell(by[key].get(e)) for e in evictions)
+        lines.append(f"| {key[0]} | {label[key]} | {cells} |")
     return "\n".join(lines)
 
 

@@ -56,7 +56,8 @@ def capacity_label(cache_cfg: dict, effective: float | None) -> tuple[str, tuple
     frac = cache_cfg.get("capacity_frac", effective)
     if frac is None:
         return "?", (2, 0)
-    return f"{100 * float(frac):.3g}%", (0, float(frac))
+    of = " of the model" if cache_cfg.get("capacity_of") == "model" else ""
+    return f"{100 * float(frac):.3g}%{of}", (0, float(frac))
 
 
 def cell_row(name: str, results: Any) -> dict:
