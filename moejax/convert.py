@@ -44,7 +44,7 @@ def check_quant_flags(precisions, group_size, calibration) -> tuple[str, ...]:
     """Validates --precisions / --group_size / --calibration (ConfigError naming the flag);
     returns the precisions."""
     wanted = layout.parse_precisions(precisions, "--precisions")
-    layout._check_group_size(group_size, "--group_size")
+    layout.check_group_size(group_size, "--group_size")
     if calibration is not None and not wanted:
         raise ConfigError(f"--calibration={calibration!r} needs --precisions (one or more of "
                           f"{QUANTIZED})")

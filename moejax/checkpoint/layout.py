@@ -84,7 +84,7 @@ def resolve_calibrations(precisions: tuple[str, ...], calibration,
     return {p: check_calibration(p, calibration, what) for p in precisions}
 
 
-def _check_group_size(group_size, what: str = "--group_size") -> int:
+def check_group_size(group_size, what: str = "--group_size") -> int:
     if isinstance(group_size, bool) or not isinstance(group_size, (int, np.integer)) \
             or group_size < 1:
         raise ConfigError(f"{what}={group_size!r} must be a positive integer")
@@ -133,7 +133,7 @@ def save(out: str, cfg: ModelConfig, dense_params: dict[str, np.ndarray],
     `group_size` rows, with `calibration` (None: each precision's default; a name; or a dict
     precision -> name)."""
     precisions = parse_precisions(precisions, "precisions")
-    group_size = _check_group_size(group_size, "group_size")
+    group_size = check_group_size(group_size, "group_size")
     calibrations = resolve_calibrations(precisions, calibration, "calibration")
     os.makedirs(out, exist_ok=True)
     # An old config.json would make a half-overwritten directory look complete.
@@ -295,7 +295,7 @@ def add_precisions(path: str, precisions, group_size: int = DEFAULT_GROUP_SIZE,
     if not precisions:
         raise ConfigError(f"precisions={precisions!r}: nothing to add; expected a subset of "
                           f"{QUANTIZED}")
-    group_size = _check_group_size(group_size, "group_size")
+    group_size = check_group_size(group_size, "group_size")
     calibrations = resolve_calibrations(precisions, calibration, "calibration")
     cfg = read_config(path)
     present = read_precisions(path)
