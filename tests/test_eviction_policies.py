@@ -15,6 +15,7 @@ with dense layers in between), so a policy mixing up the two is caught.
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from moejax.policies import build
 
@@ -401,6 +402,236 @@ def test_least_stale_fifo_within_a_queue():
     assert d.victim(1) == (2, 3)
     assert d.victim(1, pinned={(2, 3)}) == (2, 1)
     assert d.victim(1, pinned={(2, 3), (2, 1)}) == (2, 7)
+
+
+def test_least_stale_defaults_to_the_two_queue_reading():
+    d = Driver("least_stale", POS4)
+    assert (d.policy.order, d.policy.prefetch_current) == ("two_queue", "pass")
+
+
+def _ls_orders_state(spec: str) -> Driver:
+    """Pass 0 uses two experts of every layer (layer 2: 3, 1, 0 in that order); pass 1 reuses
+    (2,0) and (4,0), the prefetcher running at pos 1 touches (6,0) and at pos 2 touches
+    (8,0); layer 6 (pos 2) is running: it hits (6,0) and needs (6,2), both pinned. Then:
+
+        stale:   pos0 (2,3) (2,1) | pos1 (4,1) | pos2 (6,1) | pos3 (8,1)
+        current: pos0 (2,0)       | pos1 (4,0) | pos2 (6,0)*| pos3 (8,0)     (* pinned)
+    """
+    d = Driver(spec, POS4)
+    run_pass(d, {2: [3, 1, 0], 4: [0, 1], 6: [0, 1], 8: [0, 1]})
+    d.start_pass()
+    d.hit((2, 0))
+    d.hit((4, 0))
+    d.prefetch((6, 0), pos=1)
+    d.hit((6, 0))
+    d.prefetch((8, 0), pos=2)
+    return d
+
+
+def _drain(d: Driver, pos: int, pinned, incoming) -> list:
+    out = []
+    while (v := d.victim(pos, pinned, incoming)) is not None:
+        d.evict(v)
+        out.append(v)
+    return out
+
+
+LS_PINNED = {(6, 0), (6, 2)}
+
+
+def test_least_stale_two_queue_order():
+    # Stale queue, ascending position, FIFO within a layer ((2,3) entered before (2,1), so
+    # it goes first although its id is larger); then the current queue, ascending.
+    for spec in ("least_stale", 'least_stale(order="two_queue")'):
+        d = _ls_orders_state(spec)
+        assert _drain(d, 2, LS_PINNED, (6, 2)) == [
+            (2, 3), (2, 1), (4, 1), (6, 1), (8, 1),  # stale: pos 0, 0, 1, 2, 3
+            (2, 0), (4, 0), (8, 0)]  # current, (6,0) pinned
+
+
+def test_least_stale_left_first_order():
+    # Left = position <= 2 (the running layer's own unpinned (6,1) is done for this pass).
+    # stale-left, current-left, stale-right, current-right, each ascending: the current-left
+    # (2,0) and (4,0) go before the stale-right (8,1), unlike two_queue.
+    d = _ls_orders_state('least_stale(order="left_first")')
+    assert _drain(d, 2, LS_PINNED, (6, 2)) == [
+        (2, 3), (2, 1), (4, 1), (6, 1),  # stale-left
+        (2, 0), (4, 0),  # current-left ((6,0) pinned)
+        (8, 1),  # stale-right
+        (8, 0)]  # current-right
+
+
+def test_least_stale_cyclic_order():
+    # After layer 6 (pos 2) the next use of a layer at position q is (q - 2) mod 4 layers
+    # away, 4 for q = 2 itself (the next pass): the order of positions is 2, 1, 0, 3. The
+    # stale queue in that order, then the current queue in that order.
+    d = _ls_orders_state('least_stale(order="cyclic")')
+    assert _drain(d, 2, LS_PINNED, (6, 2)) == [
+        (6, 1), (4, 1), (2, 3), (2, 1), (8, 1),  # stale: pos 2, 1, 0, 0, 3
+        (4, 0), (2, 0), (8, 0)]  # current: pos 1, 0, 3 ((6,0) pinned)
+
+
+def test_least_stale_cyclic_right_side_farthest_first():
+    # Running layer 2 (pos 0) in pass 1, all of pass 0's experts stale: after pos 0 the
+    # positions come round as 1, 2, 3 (then 0 in the next pass), so the order is 0, 3, 2, 1:
+    # the next layer's (4,0) is kept longest; two_queue and left_first take ascending 0..3.
+    want = {"cyclic": [(2, 1), (8, 0), (6, 0), (4, 0)],
+            "two_queue": [(2, 1), (4, 0), (6, 0), (8, 0)],
+            "left_first": [(2, 1), (4, 0), (6, 0), (8, 0)]}
+    for order, expected in want.items():
+        d = Driver(f'least_stale(order="{order}")', POS4)
+        run_pass(d, {2: [0, 1], 4: [0], 6: [0], 8: [0]})
+        d.start_pass()
+        d.hit((2, 0))
+        assert _drain(d, 0, {(2, 0), (2, 2)}, (2, 2)) == expected, order
+
+
+def _ls_prefetch_scenario(spec: str):
+    """Pass 0 uses (4,1) and (8,1). Pass 1: layer 2 (pos 0) fetches (2,0); the prefetcher
+    running at pos 0 admits (4,5) for layer 4; layer 4 (pos 1) runs and requests only (4,6),
+    pinned, not yet fetched. (4,5) was prefetch-selected, never requested."""
+    d = Driver(spec, POS4)
+    run_pass(d, {4: [1], 8: [1]})
+    d.start_pass()
+    d.fetch((2, 0))
+    d.prefetch((4, 5), pos=0)
+    return d
+
+
+def test_least_stale_prefetch_current_pass():
+    d = _ls_prefetch_scenario("least_stale")
+    # (4,5) stays current for the whole pass: stale (4,1) (8,1) first, then current
+    # (2,0) (4,5).
+    assert _drain(d, 1, {(4, 6)}, (4, 6)) == [(4, 1), (8, 1), (2, 0), (4, 5)]
+    # A touch by the prefetcher makes a stale key current even when its layer already ran.
+    d = _ls_prefetch_scenario("least_stale")
+    d.prefetch((4, 1), pos=3)
+    assert _drain(d, 3, {(8, 1)}, (8, 2)) == [(2, 0), (4, 5), (4, 1)]
+
+
+def test_least_stale_prefetch_current_until_target():
+    spec = 'least_stale(prefetch_current="until_target")'
+    d = _ls_prefetch_scenario(spec)
+    # While layer 4 has not been reached (running pos 0), (4,5) is current: the stale (4,1),
+    # (8,1) go first, then current (2,0)... (pinned (2,0) here: then (4,5)).
+    assert d.victim(0, {(2, 0)}, (2, 1)) == (4, 1)
+    assert d.victim(0, {(2, 0), (4, 1), (8, 1)}, (2, 1)) == (4, 5)
+    # Layer 4 (pos 1) is running and did not request (4,5): it is stale now, appended to
+    # layer 4's stale queue behind (4,1) (stale since the pass start).
+    assert _drain(d, 1, {(4, 6)}, (4, 6)) == [(4, 1), (4, 5), (8, 1), (2, 0)]
+
+    # A prefetched key that its layer does request is current for the rest of the pass.
+    d = _ls_prefetch_scenario(spec)
+    d.prefetch((6, 7), pos=1)
+    d.fetch((4, 6), pos=1)
+    d.hit((6, 7), pos=2)
+    assert _drain(d, 3, {(8, 1)}, (8, 2)) == [(4, 1), (4, 5), (2, 0), (4, 6), (6, 7)]
+
+    # A selection for a layer already reached in this pass leaves the key stale; the next
+    # pass starts afresh.
+    d = _ls_prefetch_scenario(spec)
+    d.prefetch((4, 1), pos=3)  # layer 4 (pos 1) already reached: (4,1) stays stale
+    assert d.victim(3, {(8, 1)}, (8, 2)) == (4, 1)
+    d.prefetch((2, 9), pos=3)  # a new admission for a reached layer enters stale
+    assert _drain(d, 3, {(8, 1)}, (8, 2)) == [(2, 9), (4, 1), (4, 5), (2, 0)]
+    d.start_pass()
+    d.prefetch((8, 1), pos=0)  # reached was reset: current until layer 8 runs
+    d.fetch((2, 3))
+    d.fetch((4, 4), pos=1)
+    assert d.victim(1, {(4, 4)}, None) == (2, 3)  # (8,1) still current at pos 1 (else first)
+    assert d.victim(3, {(4, 4)}, None) == (8, 1)  # layer 8 reached, (8,1) not requested
+
+
+def _ls_reference_victim(policy, ref, pos, evictable):
+    """Brute force over `ref` (key -> [current?, requested?, seq]): the order's rank."""
+    L = policy.num_layers
+
+    def rank(key):
+        cur, req, seq = ref[key]
+        p = policy.pos_of[key[0]]
+        if policy.order == "two_queue":
+            return (cur, p, seq)
+        if policy.order == "left_first":
+            return (p > pos, cur, p, seq)
+        return (cur, (pos - p) % L, seq)
+
+    keys = [k for k in ref if evictable(k)]
+    return min(keys, key=rank) if keys else None
+
+
+def test_least_stale_random_sequences_match_a_brute_force_reference():
+    rng = np.random.default_rng(0)
+    for order in ("two_queue", "left_first", "cyclic"):
+        for pc in ("pass", "until_target"):
+            d = Driver(f'least_stale(order="{order}", prefetch_current="{pc}")', POS4)
+            layers = sorted(POS4, key=POS4.__getitem__)
+            ref, seq, checked, selected = {}, iter(range(10**9)), 0, 0
+            for _ in range(40):  # passes
+                d.start_pass()
+                # Current keys turn stale in the order they had in the current queues.
+                for k in sorted((k for k, v in ref.items() if v[0]), key=lambda k: ref[k][2]):
+                    ref[k] = [False, False, next(seq)]
+                reached = -1
+                for layer in layers:
+                    pos = POS4[layer]
+                    if pc == "until_target":  # prefetch-only keys of reached layers: stale
+                        for k in sorted((k for k, v in ref.items() if v[0] and not v[1]
+                                         and POS4[k[0]] <= pos), key=lambda k: ref[k][2]):
+                            ref[k] = [False, False, next(seq)]
+                    reached = pos
+                    want = rng.choice(6, size=2, replace=False).tolist()
+                    pinned = {(layer, int(e)) for e in want}
+                    for key in sorted(pinned):
+                        if key not in d.resident and len(d.resident) >= 7:
+                            exp = _ls_reference_victim(d.policy, ref, pos,
+                                                       lambda k: k not in pinned)
+                            assert d.victim(pos, pinned, key) == exp
+                            checked += 1
+                            d.evict(exp)
+                            del ref[exp]
+                        if key in d.resident:
+                            d.hit(key)
+                            if not ref[key][0]:
+                                ref[key] = [True, True, next(seq)]
+                            ref[key][1] = True
+                        else:
+                            d.fetch(key)
+                            ref[key] = [True, True, next(seq)]
+                    if pos + 1 < len(layers) and rng.random() < 0.7:  # prefetch the next layer
+                        nxt = layers[pos + 1]
+                        for e in rng.choice(6, size=2, replace=False).tolist():
+                            key = (nxt, int(e))
+                            selected += 1
+                            if key in d.resident:
+                                d.prefetch(key, pos)
+                                if not ref[key][0]:
+                                    ref[key] = [True, False, next(seq)]
+                            elif len(d.resident) < 7:
+                                d.prefetch(key, pos)
+                                ref[key] = [True, False, next(seq)]
+                assert reached == len(layers) - 1
+            assert checked > 100 and selected > 50, (checked, selected)
+
+
+def test_least_stale_arguments_and_spec_parsing():
+    from moejax.config import ConfigError
+    from moejax.policies.registry import policy_class
+
+    ctx = dict(num_layers=4, num_experts=8, num_slots=8, seed=0)
+    p = build("eviction", 'least_stale(order="left_first")', **ctx)
+    assert (p.name, p.order, p.prefetch_current) == ("least_stale", "left_first", "pass")
+    p = build("eviction", 'least_stale("cyclic", prefetch_current="until_target")', **ctx)
+    assert (p.order, p.prefetch_current) == ("cyclic", "until_target")
+    assert policy_class("eviction", 'least_stale(order="cyclic")').name == "least_stale"
+    with pytest.raises(ConfigError, match=r"unknown order 'lifo'; valid: \['two_queue', "
+                                          r"'left_first', 'cyclic'\]"):
+        build("eviction", 'least_stale(order="lifo")', **ctx)
+    with pytest.raises(ConfigError, match=r"unknown prefetch_current 'layer'; valid: \['pass', "
+                                          r"'until_target'\]"):
+        build("eviction", 'least_stale(prefetch_current="layer")', **ctx)
+    with pytest.raises(ConfigError, match=r"unknown argument 'ordr'.*'order', "
+                                          r"'prefetch_current'"):
+        build("eviction", 'least_stale(ordr="cyclic")', **ctx)
 
 
 # ---------------------------------------------------------------------------------------------

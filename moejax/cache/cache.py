@@ -194,7 +194,10 @@ class ExpertCache:
         self.in_cache: dict[int, set[int]] = {l: set() for l in shape.layers}
         # Prefetched and not yet used: key -> (pass, layer) it was fetched for.
         self.prefetch_origin: dict[Key, tuple[int, int]] = {}
-        self.predicted: set[tuple[int, int]] = set()  # (pass, layer) with a prediction
+        # (pass, layer) -> the experts predicted for it (every prefetch call's selection,
+        # admitted or not), compared with the layer's routing when it runs.
+        self.predicted: dict[tuple[int, int], set[int]] = {}
+        self.running_pos = -1  # position of the layer being served
         self.seen_this_pass: set[Key] = set()  # resident at the pass start or admitted since
         self.pass_id = -1
         self._pass: PassState | None = None
@@ -215,7 +218,8 @@ class ExpertCache:
         self.pass_id += 1
         self.eviction.on_pass_start(self.pass_id)
         self.seen_this_pass = set(self.residency)
-        self.predicted = {x for x in self.predicted if x[0] >= self.pass_id}
+        self.predicted = {x: v for x, v in self.predicted.items() if x[0] >= self.pass_id}
+        self.running_pos = -1
         start = self.clock.now()
         if self.cost is not None:
             self.clock.compute(self.cost.embed_and_logits(tokens) / 2)
@@ -265,9 +269,13 @@ class ExpertCache:
             self.slot_key[slot] = None
             self.in_cache[key[0]].discard(key[1])
             self.eviction.on_evict(key)
-            wasted = self.prefetch_origin.pop(key, None) is not None
+            origin = self.prefetch_origin.pop(key, None)
+            # Prefetched for a layer of this pass that has not run yet: evicted before use.
+            early = (origin is not None and origin[0] == self.pass_id
+                     and self.pos_of[origin[1]] > self.running_pos)
             self.metrics.count_eviction(self.pos_of[key[0]],
-                                        self.slot_bytes[slot] if wasted else 0)
+                                        self.slot_bytes[slot] if origin is not None else 0,
+                                        early)
             return slot
 
     def _release(self, key: Key) -> None:
@@ -348,8 +356,13 @@ class ExpertCache:
         if decision.dropped or decision.substituted:
             self.metrics.count_decision(pos, decision.dropped, decision.substituted)
         here = (self.pass_id, layer)
-        had_prediction = here in self.predicted
-        self.predicted.discard(here)
+        self.running_pos = pos
+        prediction = self.predicted.pop(here, None)
+        had_prediction = prediction is not None
+        if had_prediction:  # the predicted set against the router's own selection
+            truth = set(gate.ids.ravel().tolist())
+            self.metrics.count_prediction(pos, len(prediction), len(prediction & truth),
+                                          len(truth))
         if self.multi:
             yield from self._run_pools(gate, layer, pos, ids, weights, active, decision.precision,
                                        here, had_prediction)
@@ -580,7 +593,8 @@ class ExpertCache:
         for target, experts in self.prefetch.predict(gate):
             if target not in self.pos_of:
                 continue
-            self.predicted.add((self.pass_id, target))
+            predicted = self.predicted.setdefault((self.pass_id, target), set())
+            predicted.update(int(e) for e in experts)
             tpos = self.pos_of[target]
             for e in experts:
                 key = (target, int(e))

@@ -4,9 +4,17 @@
 * hit: resident and ready; late hit: in flight when needed; miss: neither
   (hits + late_hits + misses == requests);
 * collision miss: a miss on an expert resident at the start of the pass or admitted during it;
+* ready hit: a hit on an expert resident and ready (`ready_hit_rate` = hits / requests;
+  `hit_rate` counts late hits too, as SpecMD's hit rate does not);
 * prefetch precision = prefetched experts used by the pass-layer they were fetched for /
   experts prefetched; recall = requests served by a prefetch / requests in layers that had a
-  prediction;
+  prediction (both count transfers: what was fetched, not what was predicted);
+* prediction precision / recall: the experts the prefetcher predicted for a pass-layer (every
+  call's selection, fetched or found resident) against the router's own selection of that
+  layer when it runs — |predicted ∩ routed| / |predicted| and / |routed|, whatever is resident;
+* evicted before use: a prefetched expert evicted before the layer of this pass it was fetched
+  for ran;
+* collision share of misses = collision misses / misses;
 * stall: time compute waits on transfers; bytes host->device split demand / prefetch, and
   wasted prefetch bytes (prefetched, evicted or left at the end without ever being used);
 * products: active token-expert contributions computed (after the miss policy).
@@ -32,7 +40,7 @@ import numpy as np
 COUNTERS = ("requests", "hits", "late_hits", "misses", "collision_misses", "dropped",
             "substituted", "prefetch_issued", "prefetch_used", "recall_served",
             "recall_requests", "evictions", "waves", "upgrades", "served_below_wanted",
-            "products")
+            "products", "evicted_before_use", "predicted", "predicted_routed", "routed")
 SECONDS = ("stall_s",)
 BYTES = ("demand_bytes", "prefetch_bytes", "wasted_prefetch_bytes")
 # Kept per precision when the cache has several pools (else they are the totals above).
@@ -130,10 +138,21 @@ class CacheMetrics:
         if self.pc is not None:
             self.pc["prefetch_bytes"][pool][target_pos] += nbytes
 
-    def count_eviction(self, pos: int, wasted_bytes: int) -> None:
-        """An eviction; `wasted_bytes` when the expert was prefetched and never used."""
+    def count_eviction(self, pos: int, wasted_bytes: int, before_use: bool = False) -> None:
+        """An eviction; `wasted_bytes` when the expert was prefetched and never used,
+        `before_use` when the layer it was prefetched for had not run yet."""
         self.c["evictions"][pos] += 1
         self.c["wasted_prefetch_bytes"][pos] += wasted_bytes
+        if before_use:
+            self.c["evicted_before_use"][pos] += 1
+
+    def count_prediction(self, pos: int, predicted: int, correct: int, routed: int) -> None:
+        """A pass-layer that had a prediction: sizes of the predicted set, of its intersection
+        with the router's selection, and of that selection."""
+        c = self.c
+        c["predicted"][pos] += predicted
+        c["predicted_routed"][pos] += correct
+        c["routed"][pos] += routed
 
     def count_wasted_prefetch(self, pos: int, nbytes: int) -> None:
         self.c["wasted_prefetch_bytes"][pos] += nbytes
@@ -145,12 +164,18 @@ class CacheMetrics:
         issued = c["prefetch_issued"]
         return {
             "hit_rate": (c["hits"] + c["late_hits"]) / req if req else None,
+            "ready_hit_rate": c["hits"] / req if req else None,
             "late_hit_rate": c["late_hits"] / req if req else None,
             "miss_rate": c["misses"] / req if req else None,
             "collision_miss_rate": c["collision_misses"] / req if req else None,
+            "collision_share_of_misses": (c["collision_misses"] / c["misses"]
+                                          if c["misses"] else None),
             "prefetch_precision": c["prefetch_used"] / issued if issued else None,
             "prefetch_recall": (c["recall_served"] / c["recall_requests"]
                                 if c["recall_requests"] else None),
+            "prediction_precision": (c["predicted_routed"] / c["predicted"]
+                                     if c["predicted"] else None),
+            "prediction_recall": c["predicted_routed"] / c["routed"] if c["routed"] else None,
         }
 
     def _by_precision(self, c: dict, pick) -> dict:

@@ -49,9 +49,15 @@ def table(metrics: CacheMetrics, header: str, bytes_known: bool = True) -> str:
                      f"{_ms(row['stall_s'], bytes_known):>9}")
     t, tm = metrics.totals(), metrics.timing()
     lines.append(
-        f"hit rate {_pct(t['hit_rate']).strip()} (late {_pct(t['late_hit_rate']).strip()}), "
+        f"hit rate {_pct(t['hit_rate']).strip()} (ready {_pct(t['ready_hit_rate']).strip()}, "
+        f"late {_pct(t['late_hit_rate']).strip()}), "
         f"collision misses {_pct(t['collision_miss_rate']).strip()}, prefetch precision "
         f"{_pct(t['prefetch_precision']).strip()} recall {_pct(t['prefetch_recall']).strip()}")
+    if t["predicted"]:
+        lines.append(
+            f"prediction precision {_pct(t['prediction_precision']).strip()} recall "
+            f"{_pct(t['prediction_recall']).strip()} (predicted sets against the routing), "
+            f"prefetches evicted before use {t['evicted_before_use']}")
     if len(metrics.precisions) > 1:
         lines.extend(_precision_lines(t, bytes_known))
     if not bytes_known:
@@ -103,6 +109,9 @@ def write_tensorboard(writer: MetricsWriter, metrics: CacheMetrics,
         scalars(step, {
             "cache/hit_rate": snap["hit_rate"],
             "cache/late_hit_rate": snap["late_hit_rate"],
+            "cache/ready_hit_rate": snap["ready_hit_rate"],
+            "cache/prediction_precision": snap["prediction_precision"],
+            "cache/prediction_recall": snap["prediction_recall"],
             "cache/miss_rate": snap["miss_rate"],
             "cache/collision_miss_rate": snap["collision_miss_rate"],
             "cache/prefetch_precision": snap["prefetch_precision"],

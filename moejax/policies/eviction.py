@@ -244,35 +244,135 @@ class ScoreBased(_Base):
 
 @register("eviction", "least_stale")
 class LeastStale(_Base):
-    """SpecMD's Least-Stale. An expert is *current* once requested or prefetch-selected in
-    this pass, *stale* otherwise. Stale experts go first — those left of the current layer
-    before those to its right — each side FIFO by layer position; current experts only when no
-    stale one is left (to avoid running out of room), also FIFO by layer position."""
+    """SpecMD's Least-Stale (§4 "The Least-Stale Policy"), as a family of readings.
+
+    An expert is *current* once requested in this pass, or selected by the prefetcher (see
+    `prefetch_current`); *stale* otherwise (every expert becomes stale at a pass start). Each
+    class keeps one FIFO per layer position (insertion order: when it became current, resp.
+    stale); a victim is the first evictable key of the first non-empty queue in the walk that
+    `order` gives. Let `p` be the running layer's position and L the number of MoE layers.
+    *Left* means layer position <= p: the running layer's own keys count as left, since every
+    key it still needs is pinned by its wave, so an unpinned one is done until the next pass.
+
+    * `order="two_queue"` (default) — the paper's text literally: "The cache is partitioned
+      into a stale queue containing experts from previous forward passes and a current queue
+      containing experts from the ongoing pass. Eviction prioritizes stale experts [...].
+      Experts in the current queue are evicted only to prevent out-of-memory errors. Within
+      each queue, experts follow FIFO ordering based on layer position" (and "Stale experts
+      have a higher eviction priority than current ones", Fig. 2). Walk: stale positions
+      0, 1, ..., L-1, then current positions 0, 1, ..., L-1. The order is static (it does not
+      depend on `p`), as the paper's "priority heaps [...] O(log N) insertion, and O(1)
+      eviction" need; while layer p runs, stale positions < p are the "stale left-layer
+      experts" that go first.
+    * `order="left_first"` — "prioritizes removing experts from already-processed layers while
+      protecting experts needed for upcoming layers" (appendix) read as position first:
+      stale-left, current-left, stale-right, current-right, each by ascending position
+      (0..p, then p+1..L-1). A current-left expert goes before a stale-right one.
+    * `order="cyclic"` — Belady's intuition over the pass cycle: after layer p, layer q's
+      experts are next needed at distance (q - p) mod L, with q = p farthest (L: the next
+      pass), so the layer that comes round last goes first: positions p, p-1, ..., 0 (left,
+      most recently finished first), then L-1, L-2, ..., p+1 (right, farthest first). The
+      stale queue in that order, then the current queue in that order (stale before current,
+      as the paper says).
+
+    Ties within a layer: FIFO (the order the keys entered the queue); deterministic.
+
+    `prefetch_current` — what a prefetch selection (`on_admit(prefetch=True)` or `on_touch`)
+    of a not yet requested expert makes current:
+
+    * `"pass"` (default, "current, meaning it is used in the current pass or selected by
+      prefetching"): current for the rest of the pass;
+    * `"until_target"`: current only until its target layer (the key's own layer, `key[0]`)
+      is reached: once the running position is >= that layer's position, a prefetched key
+      that layer did not request is stale (appended to its layer's stale queue). A request
+      makes it current for the pass as usual. A selection for a layer already reached in this
+      pass leaves (or puts) the key stale.
+
+    Cost: a victim walks 2L layer queues (plus the pinned keys at their heads), as before;
+    `until_target` moves each prefetched key at most once per pass."""
 
     name = "least_stale"
+    ORDERS = ("two_queue", "left_first", "cyclic")
+    PREFETCH_CURRENT = ("pass", "until_target")
 
-    def __init__(self, num_layers: int, num_experts: int):
+    def __init__(self, num_layers: int, num_experts: int, order: str = "two_queue",
+                 prefetch_current: str = "pass"):
         super().__init__(num_layers, num_experts)
+        if order not in self.ORDERS:
+            raise ValueError(f"unknown order {order!r}; valid: {list(self.ORDERS)}")
+        if prefetch_current not in self.PREFETCH_CURRENT:
+            raise ValueError(f"unknown prefetch_current {prefetch_current!r}; valid: "
+                             f"{list(self.PREFETCH_CURRENT)}")
+        self.order, self.prefetch_current = order, prefetch_current
+        self.until_target = prefetch_current == "until_target"
         self.stale: list[OrderedDict[Key, None]] = [OrderedDict() for _ in range(num_layers)]
-        self.current: list[OrderedDict[Key, None]] = [OrderedDict() for _ in range(num_layers)]
+        # key -> True once requested in this pass, False while only prefetch-selected.
+        self.current: list[OrderedDict[Key, bool]] = [OrderedDict() for _ in range(num_layers)]
+        self.reached = -1  # highest running position seen in this pass (until_target)
+        # The queues a victim search walks, per running position -1..L-1 (the queue objects
+        # are never replaced, only mutated, so the walks stay valid).
+        self.walks = {p: self._walk(p) for p in range(-1, num_layers)}
+
+    def _walk(self, pos: int) -> tuple[OrderedDict, ...]:
+        L, stale, cur = self.num_layers, self.stale, self.current
+        if self.order == "two_queue":
+            return tuple(stale) + tuple(cur)
+        if self.order == "left_first":
+            left, right = range(0, pos + 1), range(pos + 1, L)
+            return (tuple(stale[p] for p in left) + tuple(cur[p] for p in left)
+                    + tuple(stale[p] for p in right) + tuple(cur[p] for p in right))
+        cyc = list(range(pos, -1, -1)) + list(range(L - 1, pos, -1))
+        return tuple(stale[p] for p in cyc) + tuple(cur[p] for p in cyc)
 
     def on_pass_start(self, pass_id):
         for p in range(self.num_layers):
             self.stale[p].update(self.current[p])
             self.current[p].clear()
+        self.reached = -1
 
-    def _make_current(self, key):
+    def _reach(self, pos: int) -> None:
+        """until_target: the pass has reached `pos`; prefetched keys of layers up to it that
+        were not requested become stale."""
+        for p in range(self.reached + 1, min(pos, self.num_layers - 1) + 1):
+            cur = self.current[p]
+            if cur and not all(cur.values()):
+                moved = [k for k, requested in cur.items() if not requested]
+                for k in moved:
+                    del cur[k]
+                self.stale[p].update(dict.fromkeys(moved))
+        self.reached = pos
+
+    def _request(self, key, pos):
+        if self.until_target and pos > self.reached:
+            self._reach(pos)
         p = self.pos_of[key[0]]
         self.stale[p].pop(key, None)
-        self.current[p][key] = None
+        self.current[p][key] = True  # keeps its FIFO place if already current
+
+    def _select(self, key, pos):
+        """A prefetch selection of `key` by the prefetcher running at `pos`."""
+        p = self.pos_of[key[0]]
+        if self.until_target:
+            if pos > self.reached:
+                self._reach(pos)
+            if p <= self.reached:  # its target layer has been reached: it stays stale
+                if key not in self.current[p]:
+                    self.stale[p].setdefault(key, None)
+                return
+        self.stale[p].pop(key, None)
+        self.current[p].setdefault(key, False)
 
     def on_admit(self, key, pos, prefetch):
-        self._make_current(key)
+        if prefetch:
+            self._select(key, pos)
+        else:
+            self._request(key, pos)
 
     def on_access(self, key, pos):
-        self._make_current(key)
+        self._request(key, pos)
 
-    on_touch = on_access
+    def on_touch(self, key, pos):
+        self._select(key, pos)
 
     def on_evict(self, key):
         p = self.pos_of[key[0]]
@@ -280,13 +380,13 @@ class LeastStale(_Base):
         self.current[p].pop(key, None)
 
     def victim(self, pos, evictable, incoming=None):
-        for queue in (self.stale, self.current):
-            # Ascending layer position: left of (or at) the running layer, then to its right.
-            for layer_queue in queue:
-                if layer_queue:
-                    for key in layer_queue:
-                        if evictable(key):
-                            return key
+        if self.until_target and pos > self.reached:
+            self._reach(pos)
+        for queue in self.walks[max(-1, min(pos, self.num_layers - 1))]:
+            if queue:
+                for key in queue:
+                    if evictable(key):
+                        return key
         return None
 
 
