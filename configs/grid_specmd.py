@@ -1,72 +1,116 @@
-"""SpecMD's capacity x bandwidth x policy grid, replayed on routing traces.
+"""SpecMD's grid at the paper's settings, replayed on routing traces.
 
 python -m launch.sweep --config=configs/grid_specmd.py --sweep_dir=/tmp/grid --workers=2
 python -m launch.sweep --config=configs/grid_specmd.py:traces=captures --sweep_dir=/tmp/grid_real
 python -m moejax.analysis.report --sweep_dir=/tmp/grid
 
-Axes: capacity {1%, 5%, 25%} of the whole model's bytes (SpecMD's meaning,
-`cache.capacity_of=model`: the captures name their model, the scored traces carry theirs) x
-host->device bandwidth {5, 16, 32 GB/s} x eviction {lru, lru_per_layer, lfu, fld, score,
-least_stale, belady} x prefetch {none, topk(1.0), topk(1.5), score_percentile(80), oracle}, over
-* `captures`: the four real capture traces bundled in moejax/assets/captures (OLMoE-1B-7B,
-  Qwen1.5-MoE-A2.7B; ids only: policies that need gate scores — score eviction, top-k and
-  score-percentile prefetch — cannot run on them, so those cells are left out and the
-  score-free `temporal` predictor (same layer, previous token) takes their place);
-* `scored`: the embedded model's six scored traces (moejax/assets/traces), every cell. Small
-  capacities of these 256-expert traces get the top-k floor of 4 slots.
-`traces=all` (default) is both.
-"""
+The paper's settings: capacity {1%, 5%, 25%} of the whole model's bytes
+(`cache.capacity_of=model`), four-bit experts (`cache.precision=int4`), 5 GB/s host->device on
+SpecMD's A100 profile; both prefetch queues (`immediate`, and SpecMD's `watchdog`). Parts:
 
-import glob
-import os
+* `policies` — eviction {lru, lru_per_layer, lfu, fld, score, least_stale (left_first, the
+  default), least_stale(two_queue), least_stale(cyclic), belady} x prefetch;
+* `dropin` — SpecMD's drop-in experiment: presets specmd_1..specmd_4 as they are, and with
+  their eviction replaced by Least-Stale (scored traces: the presets' prefetchers and
+  cache-aware routing read gate scores);
+* `miss` — the miss policies under least_stale + score_percentile(80) (scored traces).
+
+Traces (`traces=` all (default), captures, scored, long, families):
+* `captures`: the four real captures (OLMoE-1B-7B, Qwen1.5-MoE-A2.7B; ids only: no score
+  eviction or score-based prefetch, `temporal` and `oracle` instead), each replayed as four
+  requests of 128 tokens with a 32-token prefill (`trace_request_tokens`), so that cold and
+  warm TTFT exist;
+* `scored`: the embedded model's six short scored traces (a 64-token prefill, 191 decodes);
+* `long`: its three 1024-token traces, as four requests of 256 tokens with a 64-token prefill;
+* `families`: the four families' tiny presets with random weights (architecture only; the
+  prose trace of each, and fewer policies: FAMILY_EVICTIONS x FAMILY_PREFETCHES).
+Small capacities of the small models get a floor of 4 slots (`cache.min_slots`: every tiny
+model's top-k fits).
+"""
 
 from moejax import bundled
 from moejax.job_config import base_config, parse_args
 
 CAPACITIES = (0.01, 0.05, 0.25)
-BANDWIDTHS_GBPS = (5.0, 16.0, 32.0)
-EVICTIONS = ("lru", "lru_per_layer", "lfu", "fld", "score", "least_stale", "belady")
+H2D_GBPS = 5.0
+QUEUES = ("immediate", "watchdog")
+EVICTIONS = ("lru", "lru_per_layer", "lfu", "fld", "score", "least_stale",
+             "least_stale(order=two_queue)", "least_stale(order=cyclic)", "belady")
 PREFETCHES = ("none", "topk(overfetch=1.0)", "topk(overfetch=1.5)", "score_percentile(p=80)",
               "oracle")
 SCORE_FREE_PREFETCH = ("none", "temporal", "oracle")
+DROPIN_PRESETS = ("specmd_1", "specmd_2", "specmd_3", "specmd_4")
+FAMILY_EVICTIONS = ("lru", "fld", "score", "least_stale", "least_stale(order=two_queue)")
+FAMILY_PREFETCHES = ("none", "topk(overfetch=1.0)", "score_percentile(p=80)", "oracle")
+MISSES = ("fetch", "drop(keep=2)", "substitute(tol=0.05)", "fetch_priority", "fetch_lowest_bit")
+PARTS = ("policies", "dropin", "miss")
+GROUPS = ("captures", "scored", "long", "families")
 
 
 def get_config(arg: str | None = None):
-    parse_args(arg, {"traces": "all"})
+    parse_args(arg, {"traces": "all", "parts": "all"})
     c = base_config()
     c.job = "replay"
     c.model.preset = ""
     c.clock.kind = "virtual"
     c.cache.capacity_of = "model"
+    c.cache.precision = "int4"
+    c.hardware.h2d_gbps = H2D_GBPS
     c.log.progress = False
     c.log.tensorboard = False  # thousands of cells: results.json only
     return c
 
 
 def traces(which: str) -> list[tuple[str, dict]]:
+    """(path, overrides) of the traces of group(s) `which` ("all" or one of GROUPS)."""
+    if which != "all" and which not in GROUPS:
+        raise ValueError(f"traces={which!r}: expected all or one of {GROUPS}")
     out = []
     if which in ("all", "captures"):
         for path in bundled.capture_files():
             family, preset = bundled.capture_model(path)
-            out.append((path, {"model.family": family, "model.preset": preset}))
+            out.append((path, {"model.family": family, "model.preset": preset,
+                               "trace_request_tokens": 128, "trace_prefill_tokens": 32}))
     if which in ("all", "scored"):
-        for path in sorted(glob.glob(os.path.join(bundled.SCORED_TRACES_DIR, "*.npz"))):
-            out.append((path, {"cache.min_slots": 4}))
-    if not out:
-        raise ValueError(f"traces={which!r}: expected all, captures or scored (and trace files)")
+        out += [(path, {"cache.min_slots": 4}) for path in bundled.scored_trace_files()]
+    if which in ("all", "long"):
+        out += [(path, {"cache.min_slots": 4, "trace_request_tokens": 256,
+                        "trace_prefill_tokens": 64}) for path in bundled.long_trace_files()]
+    if which in ("all", "families"):  # random weights: one domain is enough
+        out += [(bundled.family_trace_path(family, "prose"), {"cache.min_slots": 4})
+                for family in bundled.TRACE_FAMILIES]
     return out
 
 
 def sweep(add, arg: str | None = None):
-    which = parse_args(arg, {"traces": "all"})["traces"]
-    for path, model in traces(which):
+    args = parse_args(arg, {"traces": "all", "parts": "all"})
+    parts = PARTS if args["parts"] == "all" else tuple(args["parts"].split("+"))
+    if not set(parts) <= set(PARTS):
+        raise ValueError(f"parts={args['parts']!r}: expected all or a '+'-list of {PARTS}")
+    for path, model in traces(args["traces"]):
         scored = path.endswith(".npz")
-        evictions = EVICTIONS if scored else tuple(e for e in EVICTIONS if e != "score")
-        prefetches = PREFETCHES if scored else SCORE_FREE_PREFETCH
+        family = path.startswith(bundled.FAMILY_TRACES_DIR)
         for capacity in CAPACITIES:
-            for gbps in BANDWIDTHS_GBPS:
-                for eviction in evictions:
-                    for prefetch in prefetches:
-                        add(**{"trace": path, "cache.capacity_frac": capacity,
-                               "hardware.h2d_gbps": gbps, "policies.eviction": eviction,
-                               "policies.prefetch": prefetch, **model})
+            for queue in QUEUES:
+                cell = {"trace": path, "cache.capacity_frac": capacity,
+                        "cache.prefetch_queue": queue, **model}
+                if "policies" in parts:
+                    evictions = EVICTIONS if scored else tuple(e for e in EVICTIONS
+                                                               if e != "score")
+                    prefetches = PREFETCHES if scored else SCORE_FREE_PREFETCH
+                    if family:
+                        evictions, prefetches = FAMILY_EVICTIONS, FAMILY_PREFETCHES
+                    for eviction in evictions:
+                        for prefetch in prefetches:
+                            add(**cell, **{"policies.eviction": eviction,
+                                           "policies.prefetch": prefetch})
+                if "dropin" in parts and scored:
+                    for preset in DROPIN_PRESETS:
+                        add(**cell, **{"policies.preset": preset})
+                        add(**cell, **{"policies.preset": preset,
+                                       "policies.eviction": "least_stale"})
+                if "miss" in parts and scored:
+                    for miss in MISSES:
+                        add(**cell, **{"policies.eviction": "least_stale",
+                                       "policies.prefetch": "score_percentile(p=80)",
+                                       "policies.miss": miss})

@@ -53,6 +53,11 @@ def base_config() -> ml_collections.ConfigDict:
     # together for the grouped matmul; live runs need it) or "request" (only the expert being
     # fetched: SpecMD's expert-at-a-time execution, the classic cache model; replay only).
     c.cache.pin_scope = "layer"
+    # How prefetch predictions become transfers: "immediate" (each prediction takes a slot and
+    # books its transfer when made) or "watchdog" (SpecMD's: predictions wait in a queue; a
+    # watchdog issues one when a slot can be had under the eviction policy and a copy engine
+    # is free, drops it once its target layer has started, and demand misses go first).
+    c.cache.prefetch_queue = "immediate"
     # Replay of traces that do not record expert sizes (capture / vLLM logs): bytes per expert
     # (0: from the trace or model.preset; unknown sizes still give exact counts).
     c.cache.expert_bytes = 0
@@ -91,11 +96,18 @@ def base_config() -> ml_collections.ConfigDict:
     # Comma-separated token ids, used instead of `prompt` when set (checkpoints without a
     # tokenizer, or exact prompts for comparisons).
     c.run.prompt_ids = ""
+    # Several prompts, each one request, run one after another through the same expert cache
+    # (a fresh sequence each, greedy `max_new_tokens` each): TTFT of the first request is cold,
+    # of the later ones warm. When given, `prompt` is ignored; not with `prompt_ids`. From the
+    # shell a Python list literal, `--config.run.prompts='["The Python interpreter", "def
+    # main():"]'`, or the flag repeated with each prompt quoted inside:
+    # `--config.run.prompts='"def main():"' --config.run.prompts='"import os"'`.
+    c.run.prompts = ()
     c.run.max_new_tokens = 32
     c.run.batch_size = 1
     c.run.stop_at_eos = True
-    # Run the prefill and one decode step once before the timed run, so TTFT and tok/s measure
-    # execution rather than XLA compilation.
+    # Run the prefill of each distinct prompt length and one decode step once before the timed
+    # run, so TTFT (of every request) and tok/s measure execution rather than XLA compilation.
     c.run.warmup = True
 
     c.log = ml_collections.ConfigDict()
@@ -128,6 +140,13 @@ def base_config() -> ml_collections.ConfigDict:
     # Incomplete trailing tokens of a vLLM log (rows of some layers missing) are errors
     # instead of skipped with a warning (moejax/traces/importers.py).
     c.trace_strict = False
+    # Replay a batch-1 sequence as consecutive requests of this many token rows (0: one
+    # request), each starting with a prefill pass of its first `trace_prefill_tokens` rows (0
+    # with 0: the passes as recorded). A token routes the same inside a prefill as in a decode
+    # step, so this gives decode-only captures a TTFT, and several requests a warm TTFT
+    # (moejax/traces/requests.py says what it does not reproduce).
+    c.trace_request_tokens = 0
+    c.trace_prefill_tokens = 0
 
     c.profile = ml_collections.ConfigDict()
     c.profile.enabled = False

@@ -70,3 +70,33 @@ def save_hf_model(model, directory: str, max_shard_size: str | None = None) -> s
     kw = {"max_shard_size": max_shard_size} if max_shard_size else {}
     model.save_pretrained(directory, **kw)
     return directory
+
+
+def random_scored_trace(rng, layers: int, experts: int, k: int, passes: list[int],
+                        expert_bytes: int, noisy_spec: bool = True, weights: bool = True):
+    """A `Trace` from random router logits: top-k ids in rank order, renormalised weights
+    (left out with `weights=False`), probabilities, and lookahead-1 speculative scores — the
+    next layer's probabilities, times uniform(0.5, 1.5) noise when `noisy_spec`. `passes`:
+    token rows per pass, the first one the prefill."""
+    import numpy as np
+
+    from moejax.traces.format import FORMAT, Trace
+
+    rows = sum(passes)
+    logits = rng.normal(0, 2, (rows, layers, experts))
+    probs = np.exp(logits) / np.exp(logits).sum(-1, keepdims=True)
+    ids = np.argsort(-probs, axis=-1, kind="stable")[..., :k]
+    w = np.take_along_axis(probs, ids, -1)
+    w = w / w.sum(-1, keepdims=True)
+    spec_source = probs
+    if noisy_spec:
+        noisy = probs * rng.uniform(0.5, 1.5, probs.shape)
+        spec_source = noisy / noisy.sum(-1, keepdims=True)
+    spec = np.zeros((rows, layers, 1, experts), np.float32)
+    spec[:, :-1, 0] = spec_source[:, 1:]
+    meta = {"format": FORMAT, "model": {}, "layers": list(range(layers)), "num_experts": experts,
+            "top_k": k, "expert_bytes": expert_bytes, "lookahead": 1, "prefill_passes": 1,
+            "source": "test", "info": {}}
+    offsets = np.concatenate([[0], np.cumsum(passes)]).astype(np.int64)
+    return Trace(meta, offsets, np.zeros(rows, np.int32), ids.astype(np.int64),
+                 w.astype(np.float32) if weights else None, probs.astype(np.float32), spec)

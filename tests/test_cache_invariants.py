@@ -54,9 +54,11 @@ def _resident(tiny, prompt_len, seed):
     return _reference[key]
 
 
-def _cached_run(tiny, prompt, eviction, prefetch, slots, miss="fetch", routing="standard"):
+def _cached_run(tiny, prompt, eviction, prefetch, slots, miss="fetch", routing="standard",
+                queue="immediate"):
     cfg, model, _, _, loaded = tiny
     c = base_config()
+    c.cache.prefetch_queue = queue
     c.cache.slots, c.policies.eviction, c.policies.prefetch = slots, eviction, prefetch
     c.policies.miss, c.policies.routing = miss, routing
     source = build_cached_experts(c, loaded)
@@ -76,10 +78,11 @@ def _cached_run(tiny, prompt, eviction, prefetch, slots, miss="fetch", routing="
 @pytest.mark.slow
 @settings(max_examples=14, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(eviction=st.sampled_from(EVICTIONS), prefetch=st.sampled_from(PREFETCHES),
-       slots=st.sampled_from(SLOTS), prompt_len=st.sampled_from([5, 23]), seed=st.integers(0, 2))
-def test_exactness_budget_and_counters(tiny, eviction, prefetch, slots, prompt_len, seed):
+       slots=st.sampled_from(SLOTS), prompt_len=st.sampled_from([5, 23]), seed=st.integers(0, 2),
+       queue=st.sampled_from(["immediate", "watchdog"]))
+def test_exactness_budget_and_counters(tiny, eviction, prefetch, slots, prompt_len, seed, queue):
     prompt, ref = _resident(tiny, prompt_len, seed)
-    out, cache, occupancy = _cached_run(tiny, prompt, eviction, prefetch, slots)
+    out, cache, occupancy = _cached_run(tiny, prompt, eviction, prefetch, slots, queue=queue)
     # 1. Exactness. Prefill waves add the same products in another order: float rounding only.
     np.testing.assert_allclose(out.prefill_logits, ref.prefill_logits, rtol=0, atol=2e-5)
     assert out.generated_ids == ref.generated_ids

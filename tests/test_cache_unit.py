@@ -28,13 +28,14 @@ COUNTERS = ("requests", "hits", "late_hits", "misses", "collision_misses", "drop
 
 
 def make_cache(slots, eviction="lru", prefetch="none", miss="fetch", routing="standard",
-               layers=(0, 1, 2), num_layers=3):
+               layers=(0, 1, 2), num_layers=3, hw=HW, **cache_args):
     shape = CacheShape(tuple(layers), num_layers, E, K, B, slots)
     ctx = dict(num_layers=len(layers), num_experts=E, top_k=K, num_slots=slots, seed=0,
                renormalize=True)
     return ExpertCache(shape, build("eviction", eviction, **ctx),
                        build("prefetch", prefetch, **ctx), build("miss", miss, **ctx),
-                       build("routing", routing, **ctx), VirtualClock(HW), cost=None, sink=None)
+                       build("routing", routing, **ctx), VirtualClock(hw), cost=None, sink=None,
+                       **cache_args)
 
 
 def make_gate(layer, ids, next_layer=None, next_scores=None):

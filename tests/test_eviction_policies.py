@@ -307,12 +307,16 @@ def test_score_lowest_accumulated_probability_resident_only():
 
 # ---------------------------------------------------------------------------------------------
 # least_stale
+# The hand-worked scenarios below are of the two-queue reading (an earlier issue's wording:
+# "stale left, then stale right, then current"); the default order is left_first (tests of the
+# orders side by side follow).
+TWO_QUEUE = 'least_stale(order="two_queue")'
 
 
 def test_least_stale_issue_scenario_stale_left_then_stale_right_then_current():
     """"Least-Stale evicts stale experts left of the current layer before stale ones to its
     right, and current ones only when nothing stale is left"."""
-    d = Driver("least_stale", POS4)
+    d = Driver(TWO_QUEUE, POS4)
     # Pass 0 runs layers 2, 4, 6, 8 (positions 0..3): every expert becomes current.
     run_pass(d, {2: [0, 1], 4: [0, 1], 6: [0, 1], 8: [0, 1]})
     # Pass 1 starts: all eight are stale. Layer 2 (pos 0) uses (2,0) again: current. The
@@ -342,7 +346,7 @@ def test_least_stale_issue_scenario_stale_left_then_stale_right_then_current():
 
 
 def test_least_stale_left_before_right_regardless_of_age():
-    d = Driver("least_stale", POS4)
+    d = Driver(TWO_QUEUE, POS4)
     # Pass 0: only layer 8 (pos 3) uses (8,0). Pass 1: only layer 2 (pos 0) uses (2,5).
     run_pass(d, {8: [0]})
     run_pass(d, {2: [5]})
@@ -352,7 +356,7 @@ def test_least_stale_left_before_right_regardless_of_age():
     assert d.victim(1, incoming=(4, 0)) == (2, 5)
     # Among stale-left experts, ascending layer position: (2,5) at pos 0 before (4,3) at pos 1
     # even though (4,3) became stale in an earlier pass.
-    d2 = Driver("least_stale", POS4)
+    d2 = Driver(TWO_QUEUE, POS4)
     run_pass(d2, {4: [3]})
     run_pass(d2, {2: [5]})
     d2.start_pass()
@@ -361,7 +365,7 @@ def test_least_stale_left_before_right_regardless_of_age():
 
 
 def test_least_stale_pass_start_and_touch():
-    d = Driver("least_stale", POS4)
+    d = Driver(TWO_QUEUE, POS4)
     d.start_pass()
     d.fetch((2, 0))
     d.fetch((6, 0))
@@ -382,7 +386,7 @@ def test_least_stale_pass_start_and_touch():
 
 
 def test_least_stale_fifo_within_a_queue():
-    d = Driver("least_stale", POS4)
+    d = Driver(TWO_QUEUE, POS4)
     # Pass 0, layer 2: (2,3) then (2,1) are fetched, then (2,3) is used again. FIFO keeps
     # (2,3) first in the current queue (LRU would now put (2,1) first).
     d.start_pass()
@@ -404,9 +408,9 @@ def test_least_stale_fifo_within_a_queue():
     assert d.victim(1, pinned={(2, 3), (2, 1)}) == (2, 7)
 
 
-def test_least_stale_defaults_to_the_two_queue_reading():
+def test_least_stale_defaults_to_the_left_first_reading():
     d = Driver("least_stale", POS4)
-    assert (d.policy.order, d.policy.prefetch_current) == ("two_queue", "pass")
+    assert (d.policy.order, d.policy.prefetch_current) == ("left_first", "pass")
 
 
 def _ls_orders_state(spec: str) -> Driver:
@@ -442,23 +446,23 @@ LS_PINNED = {(6, 0), (6, 2)}
 def test_least_stale_two_queue_order():
     # Stale queue, ascending position, FIFO within a layer ((2,3) entered before (2,1), so
     # it goes first although its id is larger); then the current queue, ascending.
-    for spec in ("least_stale", 'least_stale(order="two_queue")'):
-        d = _ls_orders_state(spec)
-        assert _drain(d, 2, LS_PINNED, (6, 2)) == [
-            (2, 3), (2, 1), (4, 1), (6, 1), (8, 1),  # stale: pos 0, 0, 1, 2, 3
-            (2, 0), (4, 0), (8, 0)]  # current, (6,0) pinned
+    d = _ls_orders_state('least_stale(order="two_queue")')
+    assert _drain(d, 2, LS_PINNED, (6, 2)) == [
+        (2, 3), (2, 1), (4, 1), (6, 1), (8, 1),  # stale: pos 0, 0, 1, 2, 3
+        (2, 0), (4, 0), (8, 0)]  # current, (6,0) pinned
 
 
 def test_least_stale_left_first_order():
     # Left = position <= 2 (the running layer's own unpinned (6,1) is done for this pass).
     # stale-left, current-left, stale-right, current-right, each ascending: the current-left
     # (2,0) and (4,0) go before the stale-right (8,1), unlike two_queue.
-    d = _ls_orders_state('least_stale(order="left_first")')
-    assert _drain(d, 2, LS_PINNED, (6, 2)) == [
-        (2, 3), (2, 1), (4, 1), (6, 1),  # stale-left
-        (2, 0), (4, 0),  # current-left ((6,0) pinned)
-        (8, 1),  # stale-right
-        (8, 0)]  # current-right
+    for spec in ("least_stale", 'least_stale(order="left_first")'):  # the default
+        d = _ls_orders_state(spec)
+        assert _drain(d, 2, LS_PINNED, (6, 2)) == [
+            (2, 3), (2, 1), (4, 1), (6, 1),  # stale-left
+            (2, 0), (4, 0),  # current-left ((6,0) pinned)
+            (8, 1),  # stale-right
+            (8, 0)]  # current-right
 
 
 def test_least_stale_cyclic_order():
@@ -499,18 +503,18 @@ def _ls_prefetch_scenario(spec: str):
 
 
 def test_least_stale_prefetch_current_pass():
-    d = _ls_prefetch_scenario("least_stale")
+    d = _ls_prefetch_scenario(TWO_QUEUE)
     # (4,5) stays current for the whole pass: stale (4,1) (8,1) first, then current
     # (2,0) (4,5).
     assert _drain(d, 1, {(4, 6)}, (4, 6)) == [(4, 1), (8, 1), (2, 0), (4, 5)]
     # A touch by the prefetcher makes a stale key current even when its layer already ran.
-    d = _ls_prefetch_scenario("least_stale")
+    d = _ls_prefetch_scenario(TWO_QUEUE)
     d.prefetch((4, 1), pos=3)
     assert _drain(d, 3, {(8, 1)}, (8, 2)) == [(2, 0), (4, 5), (4, 1)]
 
 
 def test_least_stale_prefetch_current_until_target():
-    spec = 'least_stale(prefetch_current="until_target")'
+    spec = 'least_stale(order="two_queue", prefetch_current="until_target")'
     d = _ls_prefetch_scenario(spec)
     # While layer 4 has not been reached (running pos 0), (4,5) is current: the stale (4,1),
     # (8,1) go first, then current (2,0)... (pinned (2,0) here: then (4,5)).

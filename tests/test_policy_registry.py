@@ -95,10 +95,20 @@ def test_duplicate_keyword_rejected(spec):
 
 def test_non_literal_args():
     with pytest.raises(ConfigError, match="literals") as e:
-        build("prefetch", "topk(overfetch=x)", **CTX)
-    assert "topk(overfetch=x)" in str(e.value)
+        build("prefetch", "topk(overfetch=os.sep)", **CTX)
+    assert "topk(overfetch=os.sep)" in str(e.value)
     with pytest.raises(ConfigError, match="literals"):
         parse("drop(len([1]))")
+
+
+def test_bare_names_are_strings():
+    # The shell strips the quotes of --config.policies.eviction=least_stale(order="cyclic").
+    assert parse("least_stale(order=cyclic)") == parse('least_stale(order="cyclic")') == (
+        "least_stale", [], {"order": "cyclic"})
+    assert parse("fetch_priority(levels=(int8, int4))")[2] == {"levels": ("int8", "int4")}
+    assert parse("drop(keep=True)")[2] == {"keep": True}  # True/False/None stay constants
+    with pytest.raises(ConfigError, match="overfetch"):
+        build("prefetch", "topk(overfetch=x)", **CTX)  # a string where a number is wanted
 
 
 @pytest.mark.parametrize("kind, spec", [

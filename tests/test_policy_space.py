@@ -27,7 +27,7 @@ from moejax.policies.base import KINDS
 from moejax.policies.registry import policy_class
 from moejax.sim import hardware
 from moejax.sim.clock import VirtualClock
-from moejax.traces.format import FORMAT, Trace
+from moejax.testing import random_scored_trace
 
 EXPERT_BYTES = 4096
 BYTES_AT = {"native": EXPERT_BYTES, "int8": 2176, "int4": 1152, "int2": 640}
@@ -40,27 +40,6 @@ def _shape(miss_policy, layers: int, experts: int, k: int, slots: list[int]) -> 
         pools.append(PoolSpec(level, BYTES_AT[level], n, offset))
         offset += n
     return CacheShape.with_pools(tuple(range(layers)), layers, experts, k, tuple(pools))
-
-
-def _scored_trace(rng: np.random.Generator, layers: int, experts: int, k: int,
-                  passes: list[int]) -> Trace:
-    """Random router logits -> top-k ids in rank order, renormalised weights, probabilities,
-    and lookahead-1 speculative scores that are a noisy copy of the next layer's."""
-    rows = sum(passes)
-    logits = rng.normal(0, 2, (rows, layers, experts))
-    probs = np.exp(logits) / np.exp(logits).sum(-1, keepdims=True)
-    ids = np.argsort(-probs, axis=-1, kind="stable")[..., :k]
-    weights = np.take_along_axis(probs, ids, -1)
-    weights = weights / weights.sum(-1, keepdims=True)
-    noisy = probs * rng.uniform(0.5, 1.5, probs.shape)
-    spec = np.zeros((rows, layers, 1, experts), np.float32)
-    spec[:, :-1, 0] = (noisy / noisy.sum(-1, keepdims=True))[:, 1:]
-    meta = {"format": FORMAT, "model": {}, "layers": list(range(layers)), "num_experts": experts,
-            "top_k": k, "expert_bytes": EXPERT_BYTES, "lookahead": 1, "prefill_passes": 1,
-            "source": "test", "info": {}}
-    offsets = np.concatenate([[0], np.cumsum(passes)]).astype(np.int64)
-    return Trace(meta, offsets, np.zeros(rows, np.int32), ids.astype(np.int64),
-                 weights.astype(np.float32), probs.astype(np.float32), spec)
 
 
 class _CheckingCache(ExpertCache):
@@ -81,23 +60,25 @@ class _CheckingCache(ExpertCache):
         assert sum(t["products_by_precision"].values()) == t["products"]
         assert sum(t["h2d_bytes_by_precision"].values()) == t["h2d_bytes"]
         assert t["upgrades"] <= t["misses"]
+        assert not self.queue, "the watchdog queue outlived its pass"
         return timing
 
 
 @settings(max_examples=120, deadline=None)
 @given(eviction=st.sampled_from(names("eviction")), prefetch=st.sampled_from(names("prefetch")),
        miss=st.sampled_from(names("miss")), routing=st.sampled_from(names("routing")),
-       pin_scope=st.sampled_from(["layer", "request"]), data=st.data())
+       pin_scope=st.sampled_from(["layer", "request"]),
+       queue=st.sampled_from(["immediate", "watchdog"]), data=st.data())
 def test_every_policy_combination_keeps_the_invariants(eviction, prefetch, miss, routing,
-                                                       pin_scope, data):
+                                                       pin_scope, queue, data):
     if policy_class("eviction", eviction).needs_future:  # MIN's future is the router's choice
         miss, routing = "fetch", "standard"
     layers, experts, k = data.draw(st.integers(2, 4)), data.draw(st.integers(4, 8)), 2
     prefill = data.draw(st.integers(1, 5))
     steps = data.draw(st.integers(1, 6))
     slots = data.draw(st.integers(k, layers * experts))
-    trace = _scored_trace(np.random.default_rng(data.draw(st.integers(0, 2**16))), layers,
-                          experts, k, [prefill] + [1] * steps)
+    trace = random_scored_trace(np.random.default_rng(data.draw(st.integers(0, 2**16))), layers,
+                                experts, k, [prefill] + [1] * steps, EXPERT_BYTES)
     precision = data.draw(st.sampled_from(["", "native", "int8", "int4", "int2"]))
     ctx = dict(num_layers=layers, num_experts=experts, top_k=k, seed=0, renormalize=True)
     miss_policy = build("miss", miss, **ctx, cache_precision=precision)
@@ -108,7 +89,8 @@ def test_every_policy_combination_keeps_the_invariants(eviction, prefetch, miss,
     cache = _CheckingCache(shape, build("eviction", eviction, **ctx),
                            build("prefetch", prefetch, **ctx), miss_policy,
                            build("routing", routing, **ctx),
-                           VirtualClock(hardware.get("a100_specmd")), pin_scope=pin_scope)
+                           VirtualClock(hardware.get("a100_specmd")), pin_scope=pin_scope,
+                           prefetch_queue=queue)
     replay(cache, [trace])
     t = cache.metrics.totals()
     assert t["wasted_prefetch_bytes"] <= t["prefetch_bytes"]
@@ -130,7 +112,7 @@ def test_capabilities_match_what_the_policy_reads():
     """A policy that does not declare `needs_probs`/`needs_spec` must run on gates without
     them (the live runtime never copies them to the host for it)."""
     rng = np.random.default_rng(0)
-    trace = _scored_trace(rng, 3, 6, 2, [3, 1, 1])
+    trace = random_scored_trace(rng, 3, 6, 2, [3, 1, 1], EXPERT_BYTES)
     for kind in sorted(KINDS):
         for name in names(kind, live=True):
             cls = policy_class(kind, name)

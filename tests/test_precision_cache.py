@@ -28,7 +28,8 @@ from moejax.job_config import base_config
 from moejax.policies import build, names
 from moejax.policies.presets import PRESETS
 from moejax.seam import LayerGate
-from moejax.traces.format import FORMAT, Trace, load
+from moejax.testing import random_scored_trace
+from moejax.traces.format import load
 
 GiB = 2 ** 30
 BYTES = {"native": 1000, "int8": 500, "int4": 250, "int2": 125}
@@ -299,24 +300,6 @@ MISSES = ["fetch", "drop(keep=1)", "fetch_lowest_bit", "fetch_lowest_bit(levels=
           "drop_priority_cascade", "drop_priority_cascade(levels='int8:int4:int2', upgrade=True)"]
 
 
-def _random_trace(rng, layers, experts, k, passes, scored=True) -> Trace:
-    rows = sum(passes)
-    logits = rng.normal(0, 2, (rows, layers, experts))
-    probs = np.exp(logits) / np.exp(logits).sum(-1, keepdims=True)
-    ids = np.argsort(-probs, axis=-1, kind="stable")[..., :k]
-    weights = np.take_along_axis(probs, ids, -1)
-    weights = weights / weights.sum(-1, keepdims=True)
-    spec = np.zeros((rows, layers, 1, experts), np.float32)
-    spec[:, :-1, 0] = probs[:, 1:]
-    meta = {"format": FORMAT, "model": {}, "layers": list(range(layers)), "num_experts": experts,
-            "top_k": k, "expert_bytes": BYTES["native"], "lookahead": 1, "prefill_passes": 1,
-            "source": "test", "info": {}}
-    offsets = np.concatenate([[0], np.cumsum(passes)]).astype(np.int64)
-    return Trace(meta, offsets, np.zeros(rows, np.int32), ids.astype(np.int64),
-                 weights.astype(np.float32) if scored else None,
-                 probs.astype(np.float32), spec)
-
-
 class _Checked(ExpertCache):
     def run_layer(self, gate):
         for wave in super().run_layer(gate):
@@ -335,9 +318,10 @@ class _Checked(ExpertCache):
 def test_the_byte_budget_holds_at_every_wave(miss, eviction, prefetch, pin_scope, frac, shares,
                                              scored, data):
     layers, experts, k = data.draw(st.integers(2, 3)), data.draw(st.integers(4, 8)), 2
-    trace = _random_trace(np.random.default_rng(data.draw(st.integers(0, 2 ** 16))), layers,
-                          experts, k, [data.draw(st.integers(1, 6))] +
-                          [1] * data.draw(st.integers(1, 6)), scored)
+    trace = random_scored_trace(np.random.default_rng(data.draw(st.integers(0, 2 ** 16))),
+                                layers, experts, k, [data.draw(st.integers(1, 6))] +
+                                [1] * data.draw(st.integers(1, 6)), BYTES["native"],
+                                noisy_spec=False, weights=scored)
     levels = build("miss", miss, **CTX).levels
     total = sum(shares[:len(levels)])
     share_text = ",".join(f"{p}={s / total!r}" for p, s in zip(levels, shares))

@@ -39,6 +39,9 @@ def _replay_config(trace: str, **policies):
     ("lhu", "score_percentile(p=80)", 'fetch_priority(levels="int8:int4:int2", upgrade=True)',
      {"capacity_frac": 0.3}),
     ("least_stale", "topk(overfetch=1.0)", "fetch", {"capacity_frac": 0.1, "precision": "int4"}),
+    # SpecMD's watchdog queue: transfers issued when a copy engine frees, on the virtual clock.
+    ("least_stale(order=left_first)", "score_percentile(p=60, lookahead=2)", "fetch",
+     {"slots": 9, "prefetch_queue": "watchdog"}),
 ])
 @pytest.mark.slow
 def test_replay_of_a_live_run_reproduces_it_exactly(tmp_path, eviction, prefetch, miss, cache):

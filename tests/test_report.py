@@ -147,13 +147,18 @@ def test_write_report(tmp_path):
 
     name = _cell_name("prose_0", 0.25, "fld", "none")
     t = cells[name]["cache"]["total"]
-    hit = 100 * (t["hits"] + t["late_hits"]) / t["requests"]
+    ready = 100 * t["hits"] / t["requests"]
+    late = 100 * t["late_hits"] / t["requests"]
     coll = 100 * t["collision_misses"] / t["requests"]
     ttft_ms = 1e3 * cells[name]["cache"]["timing"]["ttft_s"]
-    entry = f"{hit:.1f}% / {coll:.1f}% / {ttft_ms:.1f} ms"
+    entry = f"{ready:.1f}%+{late:.1f}% / {coll:.1f}% / {ttft_ms:.1f} ms"
     section = text.split("### prose_0")[1].split("**capacity 25%**")[1]
     fld_row = next(line for line in section.splitlines() if line.startswith("| fld |"))
     assert fld_row.split(" | ")[1] == entry
+    # Ready and late are shown apart, and together they are the hit rate.
+    shown_ready, shown_late = (float(x.rstrip("%")) for x in entry.split(" / ")[0].split("+"))
+    assert shown_ready + shown_late == pytest.approx(100 * t["hit_rate"], abs=0.11)
+    assert t["late_hits"] > 0 and shown_late > 0
 
     # The best-by-TTFT entry for (prose_0, 5%) is the cell with the smallest TTFT there.
     group = {n: c for n, c in cells.items() if n.startswith("trace=prose_0,cap=0.05,")}
@@ -161,6 +166,14 @@ def test_write_report(tmp_path):
     pol = group[best]["cache"]["policies"]
     best_line = next(line for line in text.splitlines() if line.startswith("| prose_0 | 5% |"))
     assert f"| {pol['eviction']} · {pol['prefetch']} |" in best_line
+    # The best hit rate is shown as ready + late of the cell with the highest hit rate.
+    best_hit = max(group, key=lambda n: group[n]["cache"]["total"]["hit_rate"])
+    bt = group[best_hit]["cache"]["total"]
+    assert best_line.endswith(f"| {100 * bt['ready_hit_rate']:.1f}% + "
+                              f"{100 * bt['late_hit_rate']:.1f}% |")
+    assert "hit rate (ready + late)" in text
+    assert report.DROPIN_FIGURE not in text and "drop-in" not in text  # no preset cells
+    assert not os.path.exists(os.path.join(str(tmp_path), report.DROPIN_FIGURE))
 
     for fig in report.FIGURES:
         _assert_png(os.path.join(str(tmp_path), fig))
@@ -198,7 +211,8 @@ def test_empty_sweep_and_cli(tmp_path, capsys):
 def test_json_roundtrip_of_none_rates(tmp_path):
     """A cell with zero requests (all rates None) loads and renders."""
     r = _results("prose_0", 0.05, "lru", "none", 3)
-    for key in ("hit_rate", "late_hit_rate", "miss_rate", "collision_miss_rate"):
+    for key in ("hit_rate", "ready_hit_rate", "late_hit_rate", "miss_rate",
+                "collision_miss_rate"):
         r["cache"]["total"][key] = None
     os.makedirs(tmp_path / "cells" / "z")
     (tmp_path / "cells" / "z" / "results.json").write_text(json.dumps(r))
@@ -223,3 +237,55 @@ def test_varying_miss_policy_and_bandwidth(tmp_path):
     assert [line.split(" | ")[2] for line in best] == ["5", "25"]
     for fig in report.FIGURES:
         _assert_png(os.path.join(str(tmp_path), fig))
+
+
+def test_new_fields_and_older_results(tmp_path):
+    """The fields of the ready / late split, prediction and warm TTFT load; an older
+    results.json without them still reports (ready from its counters, the rest None)."""
+    new = _results("prose_0", 0.05, "lru", "topk(overfetch=1.0)", 5)
+    new["cache"]["total"]["prefetch_dropped"] = 3
+    new["cache"]["timing"].update(ttft_per_request_s=[0.02, 0.01, 0.012], cold_ttft_s=0.02,
+                                  warm_ttft_s=0.011)
+    write_json_atomic(str(tmp_path / "cells" / "new" / "results.json"), new)
+    old = _results("prose_0", 0.05, "fld", "none", 6)
+    for key in ("ready_hit_rate", "collision_share_of_misses", "prediction_precision",
+                "prediction_recall", "evicted_before_use", "prefetch_dropped"):
+        old["cache"]["total"].pop(key, None)
+    for key in ("ttft_per_request_s", "cold_ttft_s", "warm_ttft_s"):
+        old["cache"]["timing"].pop(key, None)
+    write_json_atomic(str(tmp_path / "cells" / "old" / "results.json"), old)
+    rows = {r["name"]: r for r in sweep_cells.load_cells(str(tmp_path))}
+    n, o = rows["new"], rows["old"]
+    t = new["cache"]["total"]
+    assert n["ready_hit_rate"] == t["hits"] / t["requests"]
+    assert n["ready_hit_rate"] + n["late_hit_rate"] == pytest.approx(n["hit_rate"])
+    assert n["prefetch_dropped"] == 3 and n["warm_ttft_s"] == 0.011
+    assert n["ttft_per_request_s"] == [0.02, 0.01, 0.012] and n["cold_ttft_s"] == 0.02
+    assert n["collision_share_of_misses"] == t["collision_misses"] / t["misses"]
+    ot = old["cache"]["total"]
+    assert o["ready_hit_rate"] == ot["hits"] / ot["requests"]  # from the counters
+    assert o["ready_hit_rate"] + o["late_hit_rate"] == pytest.approx(o["hit_rate"])
+    for key in ("prefetch_dropped", "prediction_precision", "evicted_before_use",
+                "collision_share_of_misses", "warm_ttft_s", "cold_ttft_s"):
+        assert o[key] is None, key
+    assert o["preset"] == "" and n["preset"] == ""
+    text = open(report.write_report(str(tmp_path))).read()
+    assert f"{100 * o['ready_hit_rate']:.1f}%+{100 * o['late_hit_rate']:.1f}% / " in text
+    header = open(tmp_path / "cells.csv").readline().strip().split(",")
+    for col in ("ready_hit_rate", "late_hit_rate", "hit_rate", "prefetch_dropped",
+                "warm_ttft_s", "preset"):
+        assert col in header
+
+
+def test_compare_shows_ready_and_late(tmp_path, capsys):
+    from moejax.analysis import compare
+
+    cells = _sweep(str(tmp_path), traces=("math_0",), capacities=(0.05,), bad_cells=False)
+    compare.main([f"--sweep_dir={tmp_path}", "--evictions=lru,least_stale"])
+    out = capsys.readouterr().out
+    assert "| trace | capacity | lru hit ready + late / coll | least_stale hit ready + late" in out
+    t = cells[_cell_name("math_0", 0.05, "lru", "none")]["cache"]["total"]
+    row = next(line for line in out.splitlines() if line.startswith("| math_0 |"))
+    assert row.split(" | ")[2] == (f"{100 * t['ready_hit_rate']:.1f}% + "
+                                   f"{100 * t['late_hit_rate']:.1f}% / "
+                                   f"{100 * t['collision_miss_rate']:.2f}%")

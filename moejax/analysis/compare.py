@@ -1,9 +1,12 @@
-"""Eviction policies side by side on a finished sweep: hit rate and collision-miss rate per
-trace and capacity, for one prefetch policy and bandwidth — the figures behind WORKSPACE.md's
-grid findings.
+"""Eviction policies side by side on a finished sweep: hit rate (ready + late) and
+collision-miss rate per trace and capacity, for one prefetch policy and bandwidth — the
+figures behind WORKSPACE.md's grid findings; or, with `--dropin`, SpecMD's drop-in tables
+(each `policies.preset` run with its own eviction vs with `policies.eviction=least_stale`, all
+else equal; the same tables as report.md's).
 
     python -m moejax.analysis.compare --sweep_dir=D [--prefetch=none] [--h2d_gbps=5]
         [--evictions=lru,lru_per_layer,least_stale,belady]
+    python -m moejax.analysis.compare --sweep_dir=D --dropin [--h2d_gbps=5]
 """
 
 from __future__ import annotations
@@ -11,41 +14,76 @@ from __future__ import annotations
 import argparse
 from collections import defaultdict
 
-from moejax.analysis.sweep_cells import load_cells
+from moejax.analysis.sweep_cells import dropin_pairs, hit_parts, load_cells
+
+
+def _at(rows: list[dict], h2d_gbps: float | None) -> list[dict]:
+    if h2d_gbps is None:
+        return rows
+    return [r for r in rows if r["h2d_gbps"] is not None
+            and abs(float(r["h2d_gbps"]) - h2d_gbps) < 1e-9]
+
+
+def _pct(x, digits: int = 1) -> str:
+    return "?" if x is None else f"{100 * x:.{digits}f}%"
+
+
+def cell(r: dict | None) -> str:
+    """`ready + late / collisions`, all of requests."""
+    if r is None:
+        return "–"
+    ready, late = hit_parts(r)
+    hits = (f"{_pct(ready)} + {_pct(late)}" if ready is not None
+            else f"{_pct(r['hit_rate'])} (split ?)")
+    return f"{hits} / {_pct(r['collision_miss_rate'], 2)}"
 
 
 def table(sweep_dir: str, prefetch: str, h2d_gbps: float, evictions: list[str]) -> str:
-    rows = [r for r in load_cells(sweep_dir)
-            if r["prefetch"] == prefetch and abs(float(r["h2d_gbps"]) - h2d_gbps) < 1e-9]
+    rows = [r for r in _at(load_cells(sweep_dir), h2d_gbps) if r["prefetch"] == prefetch]
     by = defaultdict(dict)
     label = {}
     for r in rows:
         key = (r["trace"], r["capacity_key"])
         by[key][r["eviction"]] = r
         label[key] = f"{r['capacity']} ({r['slots']} slots)"
-    head = " | ".join(f"{e} hit / coll" for e in evictions)
+    head = " | ".join(f"{e} hit ready + late / coll" for e in evictions)
     lines = [f"prefetch `{prefetch}`, {h2d_gbps:g} GB/s", "",
              f"| trace | capacity | {head} |", "| --- | ---: |" + " ---: |" * len(evictions)]
-
-    def cell(r):
-        if r is None:
-            return "–"
-        return f"{100 * r['hit_rate']:.1f}% / {100 * r['collision_miss_rate']:.2f}%"
-
     for key in sorted(by):
         cells = " | ".join(cell(by[key].get(e)) for e in evictions)
         lines.append(f"| {key[0]} | {label[key]} | {cells} |")
     return "\n".join(lines)
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__)
+def dropin(sweep_dir: str, h2d_gbps: float | None = None) -> str:
+    """SpecMD's drop-in tables (report.md's section), at one bandwidth or all (None)."""
+    from moejax.analysis.report import dropin_markdown
+
+    pairs = dropin_pairs(_at(load_cells(sweep_dir), h2d_gbps))
+    where = "all bandwidths" if h2d_gbps is None else f"{h2d_gbps:g} GB/s"
+    if not pairs:
+        return (f"no drop-in pairs ({where}): the sweep needs cells with policies.preset set, "
+                "each with the preset's own eviction and with policies.eviction=least_stale, "
+                "everything else equal")
+    return "\n".join([f"SpecMD drop-in, {where}", "", *dropin_markdown(pairs)])
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sweep_dir", required=True)
     ap.add_argument("--prefetch", default="none")
-    ap.add_argument("--h2d_gbps", type=float, default=5.0)
+    ap.add_argument("--h2d_gbps", type=float, default=None,
+                    help="bandwidth of the cells shown (default: 5 for the eviction table, "
+                         "every bandwidth for --dropin)")
     ap.add_argument("--evictions", default="lru,lru_per_layer,least_stale,belady")
-    a = ap.parse_args()
-    print(table(a.sweep_dir, a.prefetch, a.h2d_gbps, a.evictions.split(",")))
+    ap.add_argument("--dropin", action="store_true",
+                    help="print SpecMD's drop-in tables (preset vs preset + Least-Stale)")
+    a = ap.parse_args(argv)
+    if a.dropin:
+        print(dropin(a.sweep_dir, a.h2d_gbps))
+    else:
+        print(table(a.sweep_dir, a.prefetch, 5.0 if a.h2d_gbps is None else a.h2d_gbps,
+                    a.evictions.split(",")))
 
 
 if __name__ == "__main__":

@@ -7,16 +7,21 @@ launcher left an `error.txt`; an unreadable results.json also counts as failed: 
 skipped and counted) and writes into DIR: `report.md`, `cells.csv` and
 `fig4_misses_by_eviction.png` (SpecMD Fig. 4: total and collision misses per eviction policy),
 `fig5_collisions_per_layer.png` (Fig. 5: per-layer collision-miss rate),
-`fig6_prefetch_precision_recall.png` (Fig. 6: precision vs recall, hit rate vs stall per
-prefetch policy) and `fig_ttft_decode.png` (TTFT and decode tok/s per configuration).
+`fig6_prefetch_precision_recall.png` (Fig. 6: precision vs recall, ready and late hit rate vs
+stall per prefetch policy) and `fig_ttft_decode.png` (TTFT and decode tok/s per
+configuration); when the sweep holds SpecMD drop-in pairs (a `policies.preset` run with its own
+eviction and with `policies.eviction=least_stale`, all else equal: `sweep_cells.dropin_pairs`),
+also `fig_dropin_least_stale.png` and the drop-in tables.
 
-Rates are DESIGN.md's (moejax/cache/metrics.py); TTFT and decode tok/s are the cache clock's
-(`results["cache"]["timing"]`). Cells are grouped by their *configured* capacity (`5%`, or
-`N slots`), so one model's 5% and another's (different effective fractions) share a column;
-the effective fraction is kept in `capacity_frac`. Figures fix the dimensions they do not plot
-to a baseline: the lowest H2D bandwidth present, miss `fetch`, routing `standard`, prefetch
-`none` (Fig. 4, 5) and eviction `least_stale` (Fig. 6), each when present, otherwise the most
-common value.
+Hit rates are always shown as ready + late (`ready_hit_rate`: resident and ready;
+`late_hit_rate`: in flight when needed; their sum is `hit_rate`). Rates are DESIGN.md's
+(moejax/cache/metrics.py); TTFT and decode tok/s are the cache clock's
+(`results["cache"]["timing"]`; TTFT is the first request's, cold). Cells are grouped by their
+*configured* capacity (`5%`, or `N slots`), so one model's 5% and another's (different
+effective fractions) share a column; the effective fraction is kept in `capacity_frac`.
+Figures fix the dimensions they do not plot to a baseline: the lowest H2D bandwidth present,
+miss `fetch`, routing `standard`, prefetch `none` (Fig. 4, 5) and eviction `least_stale`
+(Fig. 6), each when present, otherwise the most common value.
 """
 
 from __future__ import annotations
@@ -31,20 +36,28 @@ from moejax.analysis.sweep_cells import (
     EVICTION_ORDER,
     PREFETCH_ORDER,
     SCALARS,
+    TIMING,
+    DropInPair,
     Sweep,
     capacities,
+    dropin_pairs,
     gbps_label,
+    hit_parts,
     lowest_bandwidth,
     mean,
     order_names,
     scan,
+    ttft_change_pct,
     varying,
 )
 
+# Written for every sweep (a figure without data says so).
 FIGURES = ("fig4_misses_by_eviction.png", "fig5_collisions_per_layer.png",
            "fig6_prefetch_precision_recall.png", "fig_ttft_decode.png")
-CSV_COLUMNS = ("name", "trace", "capacity", "capacity_frac", "slots", "h2d_gbps", "eviction",
-               "prefetch", "miss", "routing", *SCALARS, "ttft_s", "decode_tok_per_s")
+# Written only when the sweep holds drop-in pairs.
+DROPIN_FIGURE = "fig_dropin_least_stale.png"
+CSV_COLUMNS = ("name", "trace", "capacity", "capacity_frac", "slots", "h2d_gbps", "preset",
+               "eviction", "prefetch", "miss", "routing", *SCALARS, *TIMING)
 
 
 # -- report.md -------------------------------------------------------------------------------
@@ -57,6 +70,29 @@ def _ms(x) -> str:
         return "–"
     ms = 1e3 * x
     return f"{ms:.0f} ms" if ms >= 100 else f"{ms:.1f} ms" if ms >= 10 else f"{ms:.2f} ms"
+
+
+def _hits(ready, late, total=None, sep: str = " + ") -> str:
+    """A hit rate as ready + late; the total alone only with "split ?" beside it."""
+    if ready is not None and late is not None:
+        return f"{_pct(ready)}{sep}{_pct(late)}"
+    return "–" if total is None else f"{_pct(total)} (split ?)"
+
+
+def _row_hits(row: dict, sep: str = " + ") -> str:
+    return _hits(*hit_parts(row), row.get("hit_rate"), sep=sep)
+
+
+def _group_hits(group: list[dict], sep: str = "+") -> str:
+    """Mean ready + mean late over cells (each cell's split known), else the mean total."""
+    parts = [hit_parts(r) for r in group]
+    if all(p[0] is not None for p in parts):
+        return _hits(mean(p[0] for p in parts), mean(p[1] for p in parts), sep=sep)
+    return _hits(None, None, mean(r["hit_rate"] for r in group), sep=sep)
+
+
+def _signed_pct(x) -> str:
+    return "–" if x is None else f"{x:+.1f}%"
 
 
 def _config_label(row: dict, keys: list[str]) -> str:
@@ -110,8 +146,8 @@ def _markdown(sweep_dir: str, sweep: Sweep) -> str:
     at_bw = [r for r in rows if r["h2d_gbps"] == bw]
     row_keys = ["eviction"] + varying(at_bw, ("miss", "routing"))
     lines += ["", f"## By trace, at H2D {gbps_label(bw)} GB/s (the lowest present)", "",
-              "Each entry: hit rate / collision-miss rate (both of requests) / TTFT "
-              "(cache clock); `*` = mean of several cells."]
+              "Each entry: hit rate as ready+late / collision-miss rate (all of requests) / "
+              "TTFT (cache clock); `*` = mean of several cells."]
     for trace in sorted({r["trace"] for r in at_bw}):
         lines += ["", f"### {trace}"]
         for cap in capacities([r for r in at_bw if r["trace"] == trace]):
@@ -129,7 +165,7 @@ def _markdown(sweep_dir: str, sweep: Sweep) -> str:
                         continue
                     star = "*" if len(group) > 1 else ""
                     cells.append(" / ".join((
-                        _pct(mean(r["hit_rate"] for r in group)),
+                        _group_hits(group),
                         _pct(mean(r["collision_miss_rate"] for r in group)),
                         _ms(mean(r["ttft_s"] for r in group)))) + star)
                 body.append([label] + cells)
@@ -150,21 +186,100 @@ def _markdown(sweep_dir: str, sweep: Sweep) -> str:
         h = max(rated, key=lambda r: r["hit_rate"]) if rated else None
         body.append([trace, cap, gbps_label(group[0]["h2d_gbps"]),
                      _config_label(t, config_keys) if t else "–", _ms(t and t["ttft_s"]),
-                     _config_label(h, config_keys) if h else "–", _pct(h and h["hit_rate"])])
+                     _config_label(h, config_keys) if h else "–",
+                     _row_hits(h) if h else "–"])
     lines += ["", "## Best configuration per trace and capacity", ""]
     lines += _table(["trace", "capacity", "H2D GB/s", f"best by TTFT ({' · '.join(config_keys)})",
-                     "TTFT", f"best by hit rate ({' · '.join(config_keys)})", "hit rate"],
+                     "TTFT", f"best by hit rate ({' · '.join(config_keys)})",
+                     "hit rate (ready + late)"],
                     body, numeric=(2, 4, 6))
     lines += ["", "## Figures", "",
               "- `fig4_misses_by_eviction.png`: total (grey) and collision (red) misses per "
               "eviction policy (SpecMD Fig. 4)",
               "- `fig5_collisions_per_layer.png`: per-layer collision-miss rate per eviction "
               "policy (SpecMD Fig. 5)",
-              "- `fig6_prefetch_precision_recall.png`: prefetch precision vs recall; hit rate vs "
-              "stall (SpecMD Fig. 6)",
-              "- `fig_ttft_decode.png`: TTFT and decode tok/s per configuration",
-              "- `cells.csv`: every finished cell's row"]
+              "- `fig6_prefetch_precision_recall.png`: prefetch precision vs recall; ready and "
+              "late hit rate vs stall (SpecMD Fig. 6)",
+              "- `fig_ttft_decode.png`: TTFT and decode tok/s per configuration"]
+    pairs = dropin_pairs(rows)
+    if pairs:
+        lines.append(f"- `{DROPIN_FIGURE}`: SpecMD's drop-in: each preset with its own eviction "
+                     "vs with Least-Stale")
+    lines.append("- `cells.csv`: every finished cell's row")
+    if pairs:
+        lines += ["", "## SpecMD drop-in: each preset with Least-Stale eviction", ""]
+        lines += dropin_markdown(pairs)
     return "\n".join(lines) + "\n"
+
+
+# -- the drop-in tables ----------------------------------------------------------------------
+def _arrow(a: str, b: str) -> str:
+    return f"{a} → {b}"
+
+
+def dropin_summary(pairs: list[DropInPair]) -> list[str]:
+    """One row per preset, drop-in spec and other varying setup: means over its pairs."""
+    groups = collections.defaultdict(list)
+    for p in pairs:
+        groups[(p.preset, p.other, p.label)].append(p)
+    other_keys = [k for k, _ in pairs[0].other]
+    body = []
+    for (preset, other, label), ps in groups.items():
+        bases = [p.base for p in ps]
+        drops = [p.dropin for p in ps]
+        body.append([preset, *(v for _, v in other),
+                     ", ".join(sorted({p.base["eviction"] for p in ps})), label, str(len(ps)),
+                     _arrow(_ms(mean(r["ttft_s"] for r in bases)),
+                            _ms(mean(r["ttft_s"] for r in drops))),
+                     _signed_pct(mean(ttft_change_pct(p.base["ttft_s"], p.dropin["ttft_s"])
+                                      for p in ps)),
+                     _arrow(_group_hits(bases, " + "), _group_hits(drops, " + ")),
+                     _arrow(_pct(mean(r["collision_miss_rate"] for r in bases)),
+                            _pct(mean(r["collision_miss_rate"] for r in drops)))])
+    head = ["preset", *other_keys, "baseline eviction", "drop-in", "pairs",
+            "TTFT baseline → drop-in", "ΔTTFT", "hit rate ready + late, baseline → drop-in",
+            "collision misses, baseline → drop-in"]
+    n = 1 + len(other_keys)
+    return _table(head, body, numeric=range(n + 2, len(head)))
+
+
+def dropin_table(pairs: list[DropInPair]) -> list[str]:
+    """One row per pair."""
+    other_keys = [k for k, _ in pairs[0].other]
+    warm = any(r["warm_ttft_s"] is not None for p in pairs for r in (p.base, p.dropin))
+    body = []
+    for p in pairs:
+        b, d = p.base, p.dropin
+        row = [b["trace"], b["capacity"], gbps_label(b["h2d_gbps"]), p.preset,
+               *(v for _, v in p.other), b["eviction"], p.label,
+               _arrow(_ms(b["ttft_s"]), _ms(d["ttft_s"])),
+               _signed_pct(ttft_change_pct(b["ttft_s"], d["ttft_s"]))]
+        if warm:
+            row += [_arrow(_ms(b["warm_ttft_s"]), _ms(d["warm_ttft_s"])),
+                    _signed_pct(ttft_change_pct(b["warm_ttft_s"], d["warm_ttft_s"]))]
+        row += [_arrow(_row_hits(b), _row_hits(d)),
+                _arrow(_pct(b["collision_miss_rate"]), _pct(d["collision_miss_rate"]))]
+        body.append(row)
+    head = ["trace", "capacity", "H2D GB/s", "preset", *other_keys, "baseline eviction",
+            "drop-in", "TTFT baseline → drop-in", "ΔTTFT"]
+    if warm:
+        head += ["warm TTFT baseline → drop-in", "Δwarm TTFT"]
+    head += ["hit rate ready + late, baseline → drop-in", "collision misses, baseline → drop-in"]
+    n = 4 + len(other_keys)
+    return _table(head, body, numeric=[1, 2, *range(n + 2, len(head))])
+
+
+def dropin_markdown(pairs: list[DropInPair]) -> list[str]:
+    """The drop-in section's text: what was paired, the summary and the per-pair table."""
+    return [
+        "Each preset (`policies.preset`) run twice, everything else equal: with its own "
+        "eviction (baseline) and with only the eviction replaced by Least-Stale "
+        "(`policies.eviction=least_stale…`; SpecMD's drop-in). TTFT: the cache clock's first "
+        "request (cold); ΔTTFT = (drop-in − baseline) / baseline. Hit rate: ready + late, of "
+        "requests; collision misses: of requests.", "",
+        f"**Per preset** (means over {len(pairs)} pair{'s' if len(pairs) != 1 else ''}; "
+        "ΔTTFT is the mean of the pairs' changes)", "",
+        *dropin_summary(pairs), "", "**Per pair**", "", *dropin_table(pairs)]
 
 
 # -- figures ---------------------------------------------------------------------------------
@@ -186,6 +301,12 @@ def write_report(sweep_dir: str) -> str:
     rows = sweep.rows
     for draw, name in zip((figs.fig4, figs.fig5, figs.fig6, figs.fig_ttft_decode), FIGURES):
         draw(rows, os.path.join(sweep_dir, name))
+    pairs = dropin_pairs(rows)
+    dropin_path = os.path.join(sweep_dir, DROPIN_FIGURE)
+    if pairs:
+        figs.fig_dropin(pairs, dropin_path)
+    elif os.path.exists(dropin_path):  # an earlier report's, of cells no longer there
+        os.unlink(dropin_path)
     _write_csv(os.path.join(sweep_dir, "cells.csv"), rows)
     path = os.path.join(sweep_dir, "report.md")
     tmp = path + ".tmp"

@@ -1,6 +1,8 @@
 """The figures of a sweep report (SpecMD-style): misses by eviction policy (Fig. 4),
-per-layer collision misses (Fig. 5), prefetch precision/recall and hit rate vs stall (Fig. 6),
-TTFT and decode speed per configuration. Called by `moejax.analysis.report.write_report`."""
+per-layer collision misses (Fig. 5), prefetch precision/recall and ready / late hit rate vs
+stall (Fig. 6), TTFT and decode speed per configuration, and SpecMD's drop-in (each preset
+with its own eviction vs with Least-Stale). Hit rates are drawn as ready and late apart.
+Called by `moejax.analysis.report.write_report`."""
 
 from __future__ import annotations
 
@@ -11,12 +13,15 @@ import numpy as np
 from moejax.analysis.sweep_cells import (
     EVICTION_ORDER,
     PREFETCH_ORDER,
+    DropInPair,
     baseline,
     capacities,
     gbps_label,
+    hit_parts,
     mean,
     nan_if_none,
     order_names,
+    ttft_change_pct,
 )
 
 DPI = 120
@@ -165,9 +170,18 @@ def fig6(rows: list[dict], path: str) -> None:
         if r["prefetch_precision"] is not None and r["prefetch_recall"] is not None:
             left.scatter(100 * r["prefetch_recall"], 100 * r["prefetch_precision"], color=c,
                          marker=m, s=36, alpha=0.85)
-        if r["hit_rate"] is not None and r["stall_s"] is not None:
-            right.scatter(1e3 * r["stall_s"], 100 * r["hit_rate"], color=c, marker=m, s=36,
-                          alpha=0.85)
+        if r["stall_s"] is None:
+            continue
+        ready, late = hit_parts(r)
+        x = 1e3 * r["stall_s"]
+        if ready is not None:  # filled: ready hits; hollow above it: ready + late hits
+            right.plot([x, x], [100 * ready, 100 * (ready + late)], color=c, lw=0.8,
+                       alpha=0.6)
+            right.scatter(x, 100 * ready, color=c, marker=m, s=36, alpha=0.85)
+            right.scatter(x, 100 * (ready + late), facecolors="none", edgecolors=c, marker=m,
+                          s=36, alpha=0.85)
+        elif r["hit_rate"] is not None:  # the split unknown: a cross-hatched total
+            right.scatter(x, 100 * r["hit_rate"], color=c, marker="x", s=36, alpha=0.85)
     if not left.collections:
         left.text(0.5, 0.5, "no prefetch predictions in these cells", ha="center",
                   va="center", transform=left.transAxes)
@@ -176,7 +190,7 @@ def fig6(rows: list[dict], path: str) -> None:
     left.set_title("Precision vs recall per prefetch policy", fontsize=10)
     right.set_xlabel("stall (synchronous overhead), ms")
     right.set_ylabel("hit rate, % of requests")
-    right.set_title("Hit rate vs stall per prefetch policy", fontsize=10)
+    right.set_title("Ready (filled) and ready + late (hollow) hit rate vs stall", fontsize=10)
     left.set_xlim(0, 102)
     left.set_ylim(0, 102)
     right.set_xlim(left=0)
@@ -185,6 +199,9 @@ def fig6(rows: list[dict], path: str) -> None:
     handles = [Line2D([], [], color=colors[p], marker="o", ls="", label=p) for p in prefetches]
     handles += [Line2D([], [], color="0.3", marker=markers[c], ls="", label=f"capacity {c}")
                 for c in caps]
+    handles += [Line2D([], [], color="0.3", marker="o", ls="", label="ready hits"),
+                Line2D([], [], color="0.3", marker="o", ls="", markerfacecolor="none",
+                       label="ready + late hits")]
     right.legend(handles=handles, fontsize=7, loc="best")
     n_traces = len({r["trace"] for r in base})
     _title(fig, "Prefetch strategies", f"{_fixed_note(fixed)}; one point per cell, "
@@ -221,6 +238,125 @@ def fig_ttft_decode(rows: list[dict], path: str) -> None:
     fig.legend(*axes[0, 0].get_legend_handles_labels(), loc="outside lower center",
                ncols=min(4, len(prefetches)), title="prefetch policy", fontsize=8)
     _title(fig, "TTFT and decode throughput per configuration", _fixed_note(fixed))
+    fig.savefig(path, dpi=DPI)
+
+
+# -- SpecMD's drop-in ------------------------------------------------------------------------
+_DROPIN_COLORS = ("tab:red", "tab:orange", "tab:purple", "tab:brown", "tab:pink")
+_BASE_COLOR = "0.55"
+
+
+def _dropin_groups(pairs: list[DropInPair]) -> tuple[list[tuple], list[str]]:
+    """The x groups (preset and other varying setup) and the drop-in labels, in order."""
+    groups = sorted({(p.preset, p.other) for p in pairs})
+    labels = sorted({p.label for p in pairs}, key=lambda s: (s != "+Least-Stale", s))
+    return groups, labels
+
+
+def _group_name(group: tuple) -> str:
+    preset, other = group  # the other keys are named in the title
+    return "\n".join([preset, *(v for _, v in other)])
+
+
+def _points(ax, xc: float, values: list, color: str = "black") -> None:
+    """The per-trace values behind a bar, spread a little so equal ones stay visible."""
+    vals = [v for v in values if v is not None and not math.isnan(v)]
+    if len(vals) < 2:
+        return
+    off = np.linspace(-0.07, 0.07, len(vals))
+    ax.scatter(xc + off, vals, s=9, color=color, zorder=3, alpha=0.8, linewidths=0)
+
+
+def fig_dropin(pairs: list[DropInPair], path: str) -> None:
+    """Per preset: baseline vs +Least-Stale. Rows: TTFT change, ready / late (hatched) hit
+    rate, collision-miss rate; one column per capacity, at the lowest bandwidth of the pairs.
+    Bars are means over traces; dots the traces' own values."""
+    from matplotlib.patches import Patch
+
+    bws = [p.base["h2d_gbps"] for p in pairs if p.base["h2d_gbps"] is not None]
+    bw = min(bws) if bws else None
+    pairs = [p for p in pairs if p.base["h2d_gbps"] == bw]
+    groups, labels = _dropin_groups(pairs)
+    caps = capacities([p.base for p in pairs])
+    colors = dict(zip(labels, _DROPIN_COLORS * 4))
+    series = [("baseline", _BASE_COLOR)] + [(lab, colors[lab]) for lab in labels]
+    width = 0.8 / len(series)
+    fig, axes = _figure(3, len(caps), w=max(4.4, 0.4 * len(groups) * len(series) + 1.6),
+                        h=3.2)
+    x = np.arange(len(groups))
+    for i, cap in enumerate(caps):
+        at_cap = [p for p in pairs if p.base["capacity"] == cap]
+        ax_t, ax_h, ax_c = axes[:, i]
+        for k, (lab, color) in enumerate(series):
+            xs = x - 0.4 + (k + 0.5) * width
+            for j, g in enumerate(groups):
+                sel = [p for p in at_cap if (p.preset, p.other) == g
+                       and (lab == "baseline" or p.label == lab)]
+                if lab == "baseline":  # one baseline per trace, whatever the drop-in
+                    rows = list({p.base["name"]: p.base for p in sel}.values())
+                else:
+                    rows = [p.dropin for p in sel]
+                if not rows:
+                    continue
+                traces = sorted({r["trace"] for r in rows})
+                by_trace = {t: [r for r in rows if r["trace"] == t] for t in traces}
+                # Hit rate: ready solid, late hatched on top.
+                parts = [hit_parts(r) for r in rows]
+                if all(p[0] is not None for p in parts):
+                    ready = [mean(hit_parts(r)[0] for r in by_trace[t]) for t in traces]
+                    late = [mean(hit_parts(r)[1] for r in by_trace[t]) for t in traces]
+                    rm, lm = 100 * nan_if_none(mean(ready)), 100 * nan_if_none(mean(late))
+                    ax_h.bar(xs[j], rm, width, color=color, edgecolor="black", lw=0.4)
+                    ax_h.bar(xs[j], lm, width, bottom=rm, color=color, alpha=0.45,
+                             hatch="///", edgecolor="black", lw=0.4)
+                    _points(ax_h, xs[j], [100 * (a + b) for a, b in zip(ready, late)])
+                else:  # split unknown: the total, cross-hatched
+                    tot = [mean(r["hit_rate"] for r in by_trace[t]) for t in traces]
+                    ax_h.bar(xs[j], 100 * nan_if_none(mean(tot)), width, color="white",
+                             hatch="xx", edgecolor=color, lw=0.8)
+                coll = [mean(r["collision_miss_rate"] for r in by_trace[t]) for t in traces]
+                ax_c.bar(xs[j], 100 * nan_if_none(mean(coll)), width, color=color,
+                         edgecolor="black", lw=0.4)
+                _points(ax_c, xs[j], [None if v is None else 100 * v for v in coll])
+        # TTFT change: one bar per drop-in spec, the mean over traces of each pair's change.
+        tw = 0.8 / len(labels)
+        for k, lab in enumerate(labels):
+            xs = x - 0.4 + (k + 0.5) * tw
+            for j, g in enumerate(groups):
+                sel = [p for p in at_cap if (p.preset, p.other) == g and p.label == lab]
+                if not sel:
+                    continue
+                traces = sorted({p.base["trace"] for p in sel})
+                ch = [mean(ttft_change_pct(p.base["ttft_s"], p.dropin["ttft_s"])
+                           for p in sel if p.base["trace"] == t) for t in traces]
+                m = nan_if_none(mean(ch))
+                ax_t.bar(xs[j], m, tw, color=colors[lab], edgecolor="black", lw=0.4)
+                if math.isnan(m):
+                    ax_t.text(xs[j], 0, "n/a", ha="center", va="bottom", fontsize=7)
+                _points(ax_t, xs[j], ch)
+        ax_t.axhline(0, color="black", lw=0.8)
+        names = [_group_name(g) for g in groups]
+        for ax, ylabel, title in (
+                (ax_t, "TTFT change vs baseline, %", "TTFT change (drop-in vs baseline)"),
+                (ax_h, "hit rate, % of requests", "Hit rate: ready (solid) + late (hatched)"),
+                (ax_c, "collision misses, % of requests", "Collision-miss rate")):
+            ax.set_xticks(x, names, fontsize=8)
+            ax.set_ylabel(ylabel)
+            ax.set_title(f"{title} — capacity {cap}", fontsize=10)
+            ax.grid(axis="y", alpha=0.3)
+        ax_h.set_ylim(bottom=0)
+        ax_c.set_ylim(bottom=0)
+    handles = [Patch(facecolor=c, edgecolor="black", lw=0.4, label=lab) for lab, c in series]
+    handles.append(Patch(facecolor="white", hatch="///", edgecolor="black", lw=0.4,
+                         label="late hits"))
+    fig.legend(handles=handles, loc="outside lower center", ncols=min(5, len(handles)),
+               fontsize=8)
+    n_traces = len({p.base["trace"] for p in pairs})
+    other = [k for k, _ in pairs[0].other]
+    _title(fig, "SpecMD drop-in: each preset with its own eviction vs Least-Stale",
+           (f"x: preset / {' / '.join(other)}; " if other else "")
+           + f"H2D {gbps_label(bw)} GB/s; bars: mean over {n_traces} trace"
+           f"{'s' if n_traces != 1 else ''}, dots: each trace")
     fig.savefig(path, dpi=DPI)
 
 

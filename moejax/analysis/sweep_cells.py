@@ -1,6 +1,11 @@
-"""The cells of a sweep as flat rows: loading each `cells/<cell>/results.json`, and the
-grouping and baseline helpers the report's tables (`report.py`) and figures
-(`report_figures.py`) share."""
+"""The cells of a sweep as flat rows: loading each `cells/<cell>/results.json`, the grouping and
+baseline helpers the report's tables (`report.py`) and figures (`report_figures.py`) share, and
+the pairing of SpecMD's drop-in experiment (`dropin_pairs`).
+
+Hits are always carried apart: `ready_hit_rate` (resident and ready) and `late_hit_rate` (in
+flight when needed); `hit_rate` is their sum (DESIGN.md). Fields a cell's results.json does
+not have (older sweeps) are None, except `ready_hit_rate`, which an older cell's counters
+give (`hits / requests`, its definition)."""
 
 from __future__ import annotations
 
@@ -16,9 +21,17 @@ from typing import Any, Iterable
 EVICTION_ORDER = ("fld", "score", "lru", "lru_per_layer", "lfu", "lhu", "least_stale", "belady")
 PREFETCH_ORDER = ("none", "topk", "score_percentile", "oracle")
 SCALARS = ("requests", "hits", "late_hits", "misses", "collision_misses", "hit_rate",
-           "late_hit_rate", "miss_rate", "collision_miss_rate", "prefetch_precision",
-           "prefetch_recall", "stall_s", "h2d_bytes", "demand_bytes", "prefetch_bytes",
-           "wasted_prefetch_bytes")
+           "ready_hit_rate", "late_hit_rate", "miss_rate", "collision_miss_rate",
+           "collision_share_of_misses", "prefetch_precision", "prefetch_recall",
+           "prediction_precision", "prediction_recall", "evicted_before_use", "prefetch_dropped",
+           "stall_s", "h2d_bytes", "demand_bytes", "prefetch_bytes", "wasted_prefetch_bytes")
+TIMING = ("ttft_s", "cold_ttft_s", "warm_ttft_s", "decode_tok_per_s")
+# The eviction SpecMD's drop-in experiment puts into each preset.
+DROPIN_EVICTION = "least_stale"
+# Config fields the drop-in pairing ignores: the eviction itself (what the pair differs in)
+# and the policy fields, which enter resolved (`eviction`, `prefetch`, ... of the row).
+# The bandwidth enters as the effective one (the hardware preset's when not given).
+_PAIR_IGNORED_PREFIXES = ("policies.", "hardware.h2d_gbps")
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +73,24 @@ def capacity_label(cache_cfg: dict, effective: float | None) -> tuple[str, tuple
     return f"{100 * float(frac):.3g}%{of}", (0, float(frac))
 
 
+def flatten(config: Any, prefix: str = "") -> dict[str, str]:
+    """A nested config as `{"cache.slots": "8", ...}`, each value as canonical JSON."""
+    if not isinstance(config, dict):
+        return {prefix.rstrip("."): json.dumps(config, sort_keys=True, default=str)}
+    out = {}
+    for k, v in config.items():
+        out.update(flatten(v, f"{prefix}{k}.") if isinstance(v, dict)
+                   else {f"{prefix}{k}": json.dumps(v, sort_keys=True, default=str)})
+    return out
+
+
+def _ready_hit_rate(total: dict):
+    if "ready_hit_rate" in total:  # None when the cache could not tell (sizes unknown)
+        return total["ready_hit_rate"]
+    hits, requests = total.get("hits"), total.get("requests")  # an older results.json
+    return hits / requests if hits is not None and requests else None
+
+
 def cell_row(name: str, results: Any) -> dict:
     if not isinstance(results, dict):
         raise TypeError("results.json does not hold an object")
@@ -82,8 +113,17 @@ def cell_row(name: str, results: Any) -> dict:
         "h2d_gbps": hw.get("h2d_gbps") or None,
         **{k: str(policies.get(k, "?")) for k in ("eviction", "prefetch", "miss", "routing")},
         **{k: total.get(k) for k in SCALARS},
-        "ttft_s": timing.get("ttft_s", timings.get("ttft_s")),
-        "decode_tok_per_s": timing.get("decode_tok_per_s", timings.get("decode_tok_per_s")),
+        "ready_hit_rate": _ready_hit_rate(total),
+        **{k: timing.get(k, timings.get(k)) for k in TIMING},
+        "ttft_per_request_s": timing.get("ttft_per_request_s"),
+        # The preset the cell named ("" if none) and where its eviction came from ("preset":
+        # the preset's own, "explicit": policies.eviction given; None in older results).
+        "preset": str(policies.get("preset") or ""),
+        "eviction_source": (policies.get("source") or {}).get("eviction"),
+        "eviction_given": str((config.get("policies") or {}).get("eviction") or ""),
+        # Every config field but the policies (resolved above): what a drop-in pair shares.
+        "setup": {k: v for k, v in flatten(config).items()
+                  if not k.startswith(_PAIR_IGNORED_PREFIXES)},
         "layers": [p.get("layer", i) for i, p in enumerate(per_layer)],
         "layer_collision_miss_rate": [p.get("collision_miss_rate") for p in per_layer],
         "layer_miss_rate": [p.get("miss_rate") for p in per_layer],
@@ -185,3 +225,149 @@ def varying(rows: list[dict], keys: Iterable[str]) -> list[str]:
 
 def gbps_label(x) -> str:
     return "?" if x is None else f"{x:g}"
+
+
+def hit_parts(row: dict) -> tuple[float | None, float | None]:
+    """(ready, late) hit rate of a row; both None when the split is not known."""
+    ready, late = row.get("ready_hit_rate"), row.get("late_hit_rate")
+    if ready is None or late is None:
+        return None, None
+    return ready, late
+
+
+# -- SpecMD's drop-in experiment ---------------------------------------------------------------
+def spec_base(spec: str) -> str:
+    return spec.split("(")[0].strip()
+
+
+def _norm_spec(spec: str) -> str:
+    s = spec.replace(" ", "").replace('"', "").replace("'", "")
+    return s[:-2] if s.endswith("()") else s
+
+
+def dropin_label(eviction: str) -> str:
+    """`least_stale` -> `+Least-Stale`; `least_stale(order="left_first")` ->
+    `+Least-Stale (order=left_first)`."""
+    args = _norm_spec(eviction)[len(spec_base(eviction)):].strip("()").replace(",", ", ")
+    return "+Least-Stale" + (f" ({args})" if args else "")
+
+
+def _preset_eviction(preset: str) -> str | None:
+    try:  # moejax.policies imports JAX: only for cells that name their eviction and a preset
+        from moejax.policies.presets import PRESETS
+    except ImportError:  # pragma: no cover
+        return None
+    return (PRESETS.get(preset) or {}).get("eviction")
+
+
+def is_preset_baseline(row: dict) -> bool:
+    """A preset cell running the preset's own eviction: left to the preset, or given equal
+    to it (`preset=specmd_1 eviction=lru`)."""
+    if not row["preset"]:
+        return False
+    if row["eviction_source"] == "preset" or (row["eviction_source"] is None
+                                              and not row["eviction_given"]):
+        return True
+    own = _preset_eviction(row["preset"])
+    return own is not None and _norm_spec(own) == _norm_spec(row["eviction"])
+
+
+def is_dropin(row: dict) -> bool:
+    """A preset cell whose eviction was replaced by Least-Stale (any arguments)."""
+    return (bool(row["preset"]) and spec_base(row["eviction"]) == DROPIN_EVICTION
+            and not is_preset_baseline(row))
+
+
+@dataclasses.dataclass
+class DropInPair:
+    """One preset run twice, with its own eviction (`base`) and with Least-Stale (`dropin`),
+    everything else equal."""
+
+    base: dict
+    dropin: dict
+    other: tuple[tuple[str, str], ...] = ()  # varying setup beyond trace, capacity, bandwidth
+
+    @property
+    def preset(self) -> str:
+        return self.base["preset"]
+
+    @property
+    def label(self) -> str:
+        return dropin_label(self.dropin["eviction"])
+
+    @property
+    def other_label(self) -> str:
+        return ", ".join(f"{k}={v}" for k, v in self.other)
+
+
+def ttft_change_pct(base, dropin) -> float | None:
+    """100 * (drop-in - baseline) / baseline; None when either is unknown or baseline is 0."""
+    if base is None or dropin is None or not base:
+        return None
+    return 100.0 * (float(dropin) - float(base)) / float(base)
+
+
+def _pair_key(row: dict) -> tuple:
+    bw = -1.0 if row["h2d_gbps"] is None else float(row["h2d_gbps"])
+    return (row["trace"], row["capacity_key"], bw, row["preset"], row["prefetch"], row["miss"],
+            row["routing"], tuple(sorted(row["setup"].items())))
+
+
+def _shown(value: str) -> str:
+    try:
+        v = json.loads(value)
+    except ValueError:
+        return value
+    return v if isinstance(v, str) else value
+
+
+def dropin_pairs(rows: list[dict]) -> list[DropInPair]:
+    """SpecMD's drop-in pairs of a sweep: per preset cell running its own eviction (the
+    baseline), every cell of the same preset with `policies.eviction=least_stale[(...)]` and
+    all else equal — trace, capacity, effective bandwidth, resolved prefetch / miss / routing
+    and every other config field (`row["setup"]`). A group with several baselines (the
+    preset's eviction left out and given) pairs with the first by cell name; one drop-in cell
+    per distinct Least-Stale spec. Sorted by preset, trace, capacity, bandwidth."""
+    groups: dict[tuple, dict[str, list[dict]]] = collections.defaultdict(
+        lambda: {"base": [], "dropin": []})
+    for r in rows:
+        if not r.get("preset"):
+            continue
+        if is_preset_baseline(r):
+            groups[_pair_key(r)]["base"].append(r)
+        elif is_dropin(r):
+            groups[_pair_key(r)]["dropin"].append(r)
+    found = []
+    for key, g in groups.items():
+        if not g["base"] or not g["dropin"]:
+            continue
+        base = min(g["base"], key=lambda r: r["name"])
+        seen = set()
+        for d in sorted(g["dropin"], key=lambda r: r["name"]):
+            if _norm_spec(d["eviction"]) not in seen:
+                seen.add(_norm_spec(d["eviction"]))
+                found.append(DropInPair(base, d))
+    if not found:
+        return []
+    # What else varies between pairs, beyond what trace, capacity, bandwidth and preset decide
+    # (a model preset follows its trace, the prefetcher its preset): shown in the label.
+    fields = {k for p in found for k in p.base["setup"]} | {"prefetch", "miss", "routing"}
+
+    def value(p, k):
+        return p.base[k] if k in ("prefetch", "miss", "routing") else p.base["setup"].get(k)
+
+    other = []
+    for k in sorted(fields):
+        if len({value(p, k) for p in found}) < 2:
+            continue
+        by_place = collections.defaultdict(set)
+        for p in found:
+            by_place[_pair_key(p.base)[:4]].add(value(p, k))
+        if any(len(v) > 1 for v in by_place.values()):
+            other.append(k)
+    for p in found:
+        p.other = tuple((k, str(_shown(value(p, k)) if k in p.base["setup"] else value(p, k)))
+                        for k in other)
+    return sorted(found, key=lambda p: (p.preset, p.other, p.base["trace"],
+                                        p.base["capacity_key"],
+                                        _pair_key(p.base)[2], p.label))

@@ -92,7 +92,8 @@ def build_cache(config: ml_collections.ConfigDict, shape: CacheShape,
     cost = CostModel(model_cfg, hw) if (model_cfg is not None and kind == "virtual") else None
     return ExpertCache(shape, eviction, prefetch, miss, routing, clock, cost,
                        lookahead_scores=max(1, prefetch.lookahead) if model_cfg else 0,
-                       pin_scope=config.cache.pin_scope)
+                       pin_scope=config.cache.pin_scope,
+                       prefetch_queue=config.cache.get("prefetch_queue", "immediate"))
 
 
 def given_precision(config: ml_collections.ConfigDict) -> str:

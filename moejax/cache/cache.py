@@ -130,6 +130,13 @@ def slots_for(shape_experts: int, top_k: int, expert_bytes: int, capacity_frac: 
 # one of the same layer may go once used (SpecMD's per-expert execution; replay only).
 PIN_SCOPES = ("layer", "request")
 
+# How predictions become transfers. "immediate": each prediction takes a slot and books its
+# transfer when it is made (one call's predictions protect each other, so a prefetched expert
+# is never evicted before its use, and bandwidth changes timings only). "watchdog" (SpecMD §4:
+# "a watchdog thread monitors this queue and GPU capacity, issuing non-blocking CUDA transfers
+# when space allows"): predictions wait in a FIFO queue; see `ExpertCache._watchdog`.
+PREFETCH_QUEUES = ("immediate", "watchdog")
+
 
 class SlotSink(Protocol):
     def load(self, key: Key, slot: int, prefetch: bool) -> None:
@@ -160,10 +167,14 @@ class ExpertCache:
     def __init__(self, shape: CacheShape, eviction: EvictionPolicy, prefetch: PrefetchPolicy,
                  miss: MissPolicy, routing: RoutingPolicy, clock, cost: CostModel | None = None,
                  sink: SlotSink | None = None, lookahead_scores: int = 0,
-                 pin_scope: str = "layer"):
+                 pin_scope: str = "layer", prefetch_queue: str = "immediate"):
         if pin_scope not in PIN_SCOPES:
             raise ConfigError(f"cache.pin_scope={pin_scope!r} is not one of {PIN_SCOPES}")
+        if prefetch_queue not in PREFETCH_QUEUES:
+            raise ConfigError(f"cache.prefetch_queue={prefetch_queue!r} is not one of "
+                              f"{PREFETCH_QUEUES}")
         self.shape, self.pin_scope = shape, pin_scope
+        self.watchdog = prefetch_queue == "watchdog"
         self.eviction, self.prefetch, self.miss, self.routing = eviction, prefetch, miss, routing
         self.clock, self.cost, self.sink = clock, cost, sink
         self.lookahead_scores = lookahead_scores
@@ -198,6 +209,9 @@ class ExpertCache:
         # admitted or not), compared with the layer's routing when it runs.
         self.predicted: dict[tuple[int, int], set[int]] = {}
         self.running_pos = -1  # position of the layer being served
+        # The watchdog's queue (insertion-ordered): key -> (target layer, time it was queued).
+        self.queue: dict[Key, tuple[int, float]] = {}
+        self.running_pins: set[Key] = set()  # the running wave's experts (watchdog protection)
         self.seen_this_pass: set[Key] = set()  # resident at the pass start or admitted since
         self.pass_id = -1
         self._pass: PassState | None = None
@@ -227,6 +241,8 @@ class ExpertCache:
 
     def end_pass(self) -> PassTiming:
         p = self._pass
+        if self.queue:  # every target of this pass has started: what is left is dropped
+            self._drop_queued(len(self.shape.layers))
         self._charge_dense_layers(self.shape.num_layers)
         if self.cost is not None:
             self.clock.compute(self.cost.embed_and_logits(p.tokens) / 2)
@@ -356,7 +372,11 @@ class ExpertCache:
         if decision.dropped or decision.substituted:
             self.metrics.count_decision(pos, decision.dropped, decision.substituted)
         here = (self.pass_id, layer)
+        if self.queue:  # transfers the watchdog could issue while the previous layer ran
+            self._watchdog(self.clock.now(), strict=True)
         self.running_pos = pos
+        if self.queue:
+            self._drop_queued(pos)
         prediction = self.predicted.pop(here, None)
         had_prediction = prediction is not None
         if had_prediction:  # the predicted set against the router's own selection
@@ -373,7 +393,7 @@ class ExpertCache:
         waves = [requests[i:i + s] for i in range(0, len(requests), s)] or [[]]
         for w, chunk in enumerate(waves):
             now = self.clock.now()
-            pinned = {(layer, e) for e in chunk}
+            pinned = self.running_pins = {(layer, e) for e in chunk}
             outcome = self._serve(layer, pos, chunk, pinned, now, here)
             if w == 0:
                 self._prefetch(gate, pos, pinned, now)
@@ -409,7 +429,7 @@ class ExpertCache:
         while True:
             chunk = [e for e, _, _ in wave]
             now = self.clock.now()
-            pinned = {(layer, e) for e in chunk}
+            pinned = self.running_pins = {(layer, e) for e in chunk}
             outcome, served, demand = self._serve_pools(layer, pos, wave, pinned, now, here)
             if w == 0:
                 self._prefetch(gate, pos, pinned, now)
@@ -588,7 +608,11 @@ class ExpertCache:
     def _prefetch(self, gate: LayerGate, pos: int, pinned: set[Key], issue_at: float) -> None:
         """Admits the prefetch policy's predictions while a slot is free or evictable. What
         this call selected — admitted, or found already resident — is never a victim of the
-        same call: a later (lower-priority) prediction must not push out an earlier one."""
+        same call: a later (lower-priority) prediction must not push out an earlier one.
+        With the watchdog queue the predictions are queued instead (`_enqueue`)."""
+        if self.watchdog:
+            self._enqueue(gate, pos, issue_at)
+            return
         protected = set(pinned)
         for target, experts in self.prefetch.predict(gate):
             if target not in self.pos_of:
@@ -609,6 +633,67 @@ class ExpertCache:
                 self._admit(key, slot, issue_at, True, pos)
                 self.prefetch_origin[key] = (self.pass_id, target)
                 self.metrics.count_prefetch(tpos, self.shape.expert_bytes)
+
+    # -- the watchdog prefetch queue -----------------------------------------------------------
+    def _enqueue(self, gate: LayerGate, pos: int, now: float) -> None:
+        """Queues this layer's predictions (best first, nearest target first, as the prefetch
+        policy lists them), then lets the watchdog issue what it can now — after this layer's
+        demand fetches, which were booked first."""
+        queue, residency = self.queue, self.residency
+        for target, experts in self.prefetch.predict(gate):
+            if target not in self.pos_of:
+                continue
+            predicted = self.predicted.setdefault((self.pass_id, target), set())
+            predicted.update(int(e) for e in experts)
+            for e in experts:
+                key = (target, int(e))
+                if key in residency:
+                    self.eviction.on_touch(key, pos)
+                elif key not in queue:
+                    queue[key] = (target, now)
+        self._watchdog(now, strict=False)
+
+    def _watchdog(self, now: float, strict: bool) -> None:
+        """Issues queued prefetches, head first, while one can go: a copy engine is free (the
+        transfer would start at once, at `max(queued, engine free)`, no later than `now` —
+        before `now` when `strict`, because a demand fetch booked at `now` goes first) and a
+        slot can be had under the eviction policy, sparing the running wave and the prefetched
+        experts whose target layer has not run. Nothing happens to the cache between two calls
+        (the compute stream only runs), so issuing at an engine's free time in the past is what
+        a watchdog polling continuously would have done. The head blocks the queue (FIFO)."""
+        queue, engine_free = self.queue, self.clock.engine_free
+        protected = None
+        while queue:
+            key = next(iter(queue))
+            target, queued_at = queue[key]
+            if key in self.residency:
+                del queue[key]
+                continue
+            engine_at = min(engine_free)
+            issue = queued_at if queued_at > engine_at else engine_at
+            if issue > now or (strict and issue == now):
+                return
+            if protected is None:
+                protected = set(self.running_pins)
+                protected.update(k for k, (p, t) in self.prefetch_origin.items()
+                                 if p == self.pass_id and self.pos_of[t] > self.running_pos)
+            slot = self._allocate(self.running_pos, protected, key)
+            if slot is None:
+                return  # no room until the running layer or a prefetch target is done
+            del queue[key]
+            protected.add(key)
+            self._admit(key, slot, issue, True, self.running_pos)
+            self.prefetch_origin[key] = (self.pass_id, target)
+            self.metrics.count_prefetch(self.pos_of[target], self.shape.expert_bytes)
+
+    def _drop_queued(self, upto: int) -> None:
+        """Drops the queued predictions whose target layer (position <= `upto`) has started."""
+        pos_of, queue = self.pos_of, self.queue
+        for key, (target, _) in list(queue.items()):
+            tpos = pos_of[target]
+            if tpos <= upto:
+                del queue[key]
+                self.metrics.count_prefetch_dropped(tpos)
 
     # -- checks --------------------------------------------------------------------------------
     def check_invariants(self) -> None:

@@ -14,10 +14,15 @@
   layer when it runs — |predicted ∩ routed| / |predicted| and / |routed|, whatever is resident;
 * evicted before use: a prefetched expert evicted before the layer of this pass it was fetched
   for ran;
+* prefetch dropped: a prediction the watchdog queue (`cache.prefetch_queue=watchdog`) never
+  issued, because its target layer started first (no free copy engine or slot until then);
 * collision share of misses = collision misses / misses;
 * stall: time compute waits on transfers; bytes host->device split demand / prefetch, and
   wasted prefetch bytes (prefetched, evicted or left at the end without ever being used);
-* products: active token-expert contributions computed (after the miss policy).
+* products: active token-expert contributions computed (after the miss policy);
+* TTFT per request: the clock time of each prefill pass (a request starts with one); the
+  first is cold (`cold_ttft_s`, also `ttft_s`), `warm_ttft_s` the mean of the later ones,
+  whose cache holds what earlier requests left.
 
 Precisions (one slot pool per precision, `moejax/cache/capacity.py`). Bytes are counted at the
 precision that moved (the pool's expert bytes), wasted prefetch bytes too. Per precision, per
@@ -40,7 +45,8 @@ import numpy as np
 COUNTERS = ("requests", "hits", "late_hits", "misses", "collision_misses", "dropped",
             "substituted", "prefetch_issued", "prefetch_used", "recall_served",
             "recall_requests", "evictions", "waves", "upgrades", "served_below_wanted",
-            "products", "evicted_before_use", "predicted", "predicted_routed", "routed")
+            "products", "evicted_before_use", "prefetch_dropped", "predicted",
+            "predicted_routed", "routed")
 SECONDS = ("stall_s",)
 BYTES = ("demand_bytes", "prefetch_bytes", "wasted_prefetch_bytes")
 # Kept per precision when the cache has several pools (else they are the totals above).
@@ -146,6 +152,10 @@ class CacheMetrics:
         if before_use:
             self.c["evicted_before_use"][pos] += 1
 
+    def count_prefetch_dropped(self, target_pos: int) -> None:
+        """A queued prediction the watchdog never issued: its target layer started first."""
+        self.c["prefetch_dropped"][target_pos] += 1
+
     def count_prediction(self, pos: int, predicted: int, correct: int, routed: int) -> None:
         """A pass-layer that had a prediction: sizes of the predicted set, of its intersection
         with the router's selection, and of that selection."""
@@ -221,8 +231,14 @@ class CacheMetrics:
         prefill = [p for p in self.passes if p.kind == "prefill"]
         decode = [p for p in self.passes if p.kind == "decode"]
         decode_s = sum(p.end_s - p.start_s for p in decode)
+        # A request starts with a prefill pass: its TTFT is that pass's clock time. The first
+        # request's cache is cold; a later one finds what earlier requests left (warm).
+        ttfts = [p.end_s - p.start_s for p in prefill]
         return {
-            "ttft_s": (prefill[0].end_s - prefill[0].start_s) if prefill else None,
+            "ttft_s": ttfts[0] if ttfts else None,
+            "ttft_per_request_s": ttfts,
+            "cold_ttft_s": ttfts[0] if ttfts else None,
+            "warm_ttft_s": sum(ttfts[1:]) / (len(ttfts) - 1) if len(ttfts) > 1 else None,
             "decode_s": decode_s,
             "decode_tokens": sum(p.tokens for p in decode),
             "decode_tok_per_s": (sum(p.tokens for p in decode) / decode_s) if decode_s else None,

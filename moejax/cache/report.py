@@ -57,7 +57,9 @@ def table(metrics: CacheMetrics, header: str, bytes_known: bool = True) -> str:
         lines.append(
             f"prediction precision {_pct(t['prediction_precision']).strip()} recall "
             f"{_pct(t['prediction_recall']).strip()} (predicted sets against the routing), "
-            f"prefetches evicted before use {t['evicted_before_use']}")
+            f"prefetches evicted before use {t['evicted_before_use']}"
+            + (f", dropped from the queue {t['prefetch_dropped']}" if t["prefetch_dropped"]
+               else ""))
     if len(metrics.precisions) > 1:
         lines.extend(_precision_lines(t, bytes_known))
     if not bytes_known:
@@ -66,6 +68,9 @@ def table(metrics: CacheMetrics, header: str, bytes_known: bool = True) -> str:
                      "counts above are exact)")
         return "\n".join(lines)
     ttft = _ms(tm["ttft_s"])
+    if tm["warm_ttft_s"] is not None:
+        later = len(tm["ttft_per_request_s"]) - 1
+        ttft = f"{ttft} cold, {_ms(tm['warm_ttft_s'])} warm (mean of {later})"
     decode = f"{tm['decode_tok_per_s']:.1f} tok/s" if tm["decode_tok_per_s"] else "-"
     lines.append(
         f"TTFT {ttft}{' ms' if tm['ttft_s'] is not None else ''}, decode {decode}, stall "
@@ -117,6 +122,8 @@ def write_tensorboard(writer: MetricsWriter, metrics: CacheMetrics,
             "cache/prefetch_precision": snap["prefetch_precision"],
             "cache/prefetch_recall": snap["prefetch_recall"],
             "cache/requests": snap["requests"],
+            "cache/evicted_before_use": snap["evicted_before_use"],
+            "cache/prefetch_dropped": snap["prefetch_dropped"],
             "transfer/h2d_bytes": snap["h2d_bytes"],
             "transfer/demand_bytes": snap["demand_bytes"],
             "transfer/prefetch_bytes": snap["prefetch_bytes"],
@@ -126,6 +133,8 @@ def write_tensorboard(writer: MetricsWriter, metrics: CacheMetrics,
         })
     tm = metrics.timing()
     last = max(0, len(metrics.snapshots) - 1)
+    for i, ttft in enumerate(tm["ttft_per_request_s"] or ()):
+        scalars(i, {"perf/ttft_per_request_s": ttft})
     scalars(last, {"perf/ttft_s": tm["ttft_s"], "perf/decode_tok_per_s":
                    tm["decode_tok_per_s"], "perf/decode_s": tm["decode_s"]})
 

@@ -1,8 +1,15 @@
-"""The generate job: text in, greedy text out, `WORKDIR/results.json` with ids and timings."""
+"""The generate job: text in, greedy text out, `WORKDIR/results.json` with ids and timings.
+
+One prompt (`run.prompt` or `run.prompt_ids`) is one request; `run.prompts` is several, run one
+after another through the same expert cache and the same compiled steps, each a fresh sequence
+(the decoder's KV caches reset). The first request meets a cold cache, the later ones what the
+earlier ones left: results.json reports TTFT per request, cold and warm, on the host wall clock
+(`timings`) and on the cache's clock (`timings.cache_clock`)."""
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import time
 
@@ -19,10 +26,17 @@ from moejax.jobs.common import (
     experts_precision,
     report_cache,
 )
-from moejax.model_source import load_model
+from moejax.model_source import LoadedModel, load_model
 from moejax.results import write_json_atomic
 from moejax.tokenizer import parse_ids
 from moejax.traces.recorder import TraceRecorder
+
+
+@dataclasses.dataclass
+class Request:
+    field: str  # the config field it came from, for errors: "run.prompt", "run.prompts[1]"
+    text: str
+    ids: list[int]
 
 
 def validate(config: ml_collections.ConfigDict) -> None:
@@ -31,8 +45,66 @@ def validate(config: ml_collections.ConfigDict) -> None:
         raise ConfigError(f"run.max_new_tokens={r.max_new_tokens} must be >= 1")
     if r.batch_size < 1:
         raise ConfigError(f"run.batch_size={r.batch_size} must be >= 1")
-    if not r.prompt and not r.prompt_ids:
+    prompts = tuple(r.prompts or ())
+    if prompts and r.prompt_ids:
+        raise ConfigError(f"run.prompts={list(prompts)!r} and run.prompt_ids="
+                          f"{r.prompt_ids!r} are both given: use one")
+    for i, p in enumerate(prompts):
+        if not isinstance(p, str):
+            raise ConfigError(f"run.prompts[{i}]={p!r} is not a string (pass the list as "
+                              f"--config.run.prompts='[\"first prompt\", \"second\"]')")
+        if not p:
+            raise ConfigError(f"run.prompts[{i}] is empty")
+    if len(prompts) > 1 and config.tracing.record:
+        raise ConfigError(f"tracing.record writes one sequence's trace, and run.prompts has "
+                          f"{len(prompts)} prompts: record one prompt (or use the "
+                          f"record_traces job)")
+    if not prompts and not r.prompt and not r.prompt_ids:
         raise ConfigError("run.prompt and run.prompt_ids are both empty")
+
+
+def requests_of(config: ml_collections.ConfigDict, loaded: LoadedModel) -> list[Request]:
+    """The run's requests, tokenized and checked against the model's context length."""
+    r, cfg = config.run, loaded.cfg
+    if r.prompts:
+        reqs = [Request(f"run.prompts[{i}]", p, loaded.tokenizer.encode(p))
+                for i, p in enumerate(r.prompts)]
+    elif r.prompt_ids:
+        ids = parse_ids(r.prompt_ids, cfg.vocab_size)
+        reqs = [Request("run.prompt_ids", loaded.tokenizer.decode(ids), ids)]
+    else:
+        reqs = [Request("run.prompt", r.prompt, loaded.tokenizer.encode(r.prompt))]
+    for q in reqs:
+        if not q.ids:
+            raise ConfigError(f"{q.field}={q.text!r} encodes to no tokens")
+        total = len(q.ids) + r.max_new_tokens
+        if total > cfg.max_position_embeddings:
+            raise ConfigError(
+                f"{q.field}: prompt ({len(q.ids)} tokens) + run.max_new_tokens "
+                f"({r.max_new_tokens}) = {total} exceeds the model's max_position_embeddings "
+                f"({cfg.max_position_embeddings})")
+    return reqs
+
+
+def _batch(ids: list[int], batch: int) -> np.ndarray:
+    return np.tile(np.asarray(ids, np.int32)[None], (batch, 1))
+
+
+def _warm_up(config: ml_collections.ConfigDict, loaded: LoadedModel, reqs: list[Request], *,
+             max_len: int, batch: int) -> None:
+    """Compiles every step shape the timed requests use on a throwaway cache and decoder (same
+    `max_len`, so the same KV cache shapes): the prefill of each distinct prompt length, and
+    one decode step. Wall TTFT of every request is then free of compile time."""
+    _, warmup = configured_decoder(config, loaded, max_len=max_len, batch=batch)
+    seen: set[int] = set()
+    for q in reqs:
+        if len(q.ids) in seen:
+            continue
+        # The first length also runs a decode step (decode shapes do not depend on the prompt).
+        warmup.generate(_batch(q.ids, batch), min(2, config.run.max_new_tokens) if not seen
+                        else 1)
+        seen.add(len(q.ids))
+    del warmup  # nothing keeps it (or its KV caches) alive after this
 
 
 def _progress(enabled: bool, total: int):
@@ -43,6 +115,10 @@ def _progress(enabled: bool, total: int):
     return tqdm(total=total, desc="decode", unit="tok", leave=False)
 
 
+def _mean(xs: list[float]) -> float | None:
+    return sum(xs) / len(xs) if xs else None
+
+
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     validate(config)
     os.makedirs(workdir, exist_ok=True)
@@ -51,33 +127,20 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     cfg = loaded.cfg
     load_s = time.perf_counter() - t0
 
-    if config.run.prompt_ids:
-        prompt_ids = parse_ids(config.run.prompt_ids, cfg.vocab_size)
-        prompt_text = loaded.tokenizer.decode(prompt_ids)
-    else:
-        prompt_ids = loaded.tokenizer.encode(config.run.prompt)
-        prompt_text = config.run.prompt
-    if not prompt_ids:
-        raise ConfigError(f"run.prompt={config.run.prompt!r} encodes to no tokens")
-    max_len = len(prompt_ids) + config.run.max_new_tokens
-    if max_len > cfg.max_position_embeddings:
-        raise ConfigError(
-            f"prompt ({len(prompt_ids)} tokens) + run.max_new_tokens ({config.run.max_new_tokens})"
-            f" = {max_len} exceeds the model's max_position_embeddings ({cfg.max_position_embeddings})")
+    reqs = requests_of(config, loaded)
+    # One decoder (KV caches of the longest request) serves every request.
+    max_len = max(len(q.ids) for q in reqs) + config.run.max_new_tokens
     batch = config.run.batch_size
     experts, decoder = configured_decoder(config, loaded, max_len=max_len, batch=batch)
     recorder = None
-    prompt = np.tile(np.asarray(prompt_ids, np.int32)[None], (batch, 1))
     eos = cfg.eos_token_id if config.run.stop_at_eos else None
 
     if config.run.warmup:  # compile every step shape on a throwaway cache
-        _, warmup = configured_decoder(config, loaded, max_len=max_len, batch=batch)
-        warmup.generate(prompt, min(2, config.run.max_new_tokens))
-        del warmup  # nothing keeps it (or its KV caches) alive after this
+        _warm_up(config, loaded, reqs, max_len=max_len, batch=batch)
 
     if config.tracing.record:  # attached after warm-up, so the trace holds the timed run only
         recorder = TraceRecorder(cfg, config.model.lookahead, loaded.source,
-                                 {"prompt": prompt_text})
+                                 {"prompt": reqs[0].text})
         decoder.gate_observers.append(recorder.on_gate)
         decoder.pass_observers.append(recorder.end_pass)
 
@@ -89,26 +152,48 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
         decoder.annotate = jax.profiler.TraceAnnotation
         if cache is not None:
             cache.annotate = jax.profiler.TraceAnnotation
-    with tracing, _progress(config.log.progress, config.run.max_new_tokens) as bar:
-        gen = decoder.generate(prompt, config.run.max_new_tokens, eos_id=eos,
-                               on_token=(lambda _: bar.update(1)) if bar is not None else None)
-    generated = gen.generated_ids[0]
-    text = loaded.tokenizer.decode(generated)
-    n_decode = max(0, len(generated) - 1)  # the first token comes from prefill
+    gens = []
+    with tracing, _progress(config.log.progress,
+                            config.run.max_new_tokens * len(reqs)) as bar:
+        for q in reqs:  # `generate` starts each request with a fresh sequence (KV caches reset)
+            gens.append(decoder.generate(
+                _batch(q.ids, batch), config.run.max_new_tokens, eos_id=eos,
+                on_token=(lambda _: bar.update(1)) if bar is not None else None))
+
+    requests = []
+    for q, gen in zip(reqs, gens):
+        generated = gen.generated_ids[0]
+        n_decode = max(0, len(generated) - 1)  # the first token comes from prefill
+        requests.append({
+            "prompt": q.text,
+            "prompt_ids": q.ids,
+            "generated_token_ids": generated,
+            "generated_text": loaded.tokenizer.decode(generated),
+            "ttft_s": gen.prefill_s,
+            "decode_s": gen.decode_s,
+            "decode_tok_per_s": (n_decode / gen.decode_s) if gen.decode_s > 0 else None,
+        })
+    first, ttfts = requests[0], [g.prefill_s for g in gens]
     results = {
         "job": "generate",
         "model": {"source": loaded.source, "family": cfg.family, "config": cfg.to_dict(),
                   "precision": experts_precision(config, experts)},
         "tokenizer": loaded.tokenizer.name,
-        "prompt": prompt_text,
-        "prompt_ids": prompt_ids,
-        "generated_token_ids": generated,
-        "generated_text": text,
+        # The first request, as a single-prompt run reports it; `requests` has them all.
+        "prompt": first["prompt"],
+        "prompt_ids": first["prompt_ids"],
+        "generated_token_ids": first["generated_token_ids"],
+        "generated_text": first["generated_text"],
+        "requests": requests,
         "timings": {
             "load_s": load_s,
-            "ttft_s": gen.prefill_s,
-            "decode_s": gen.decode_s,
-            "decode_tok_per_s": (n_decode / gen.decode_s) if gen.decode_s > 0 else None,
+            "ttft_s": first["ttft_s"],
+            "decode_s": first["decode_s"],
+            "decode_tok_per_s": first["decode_tok_per_s"],
+            # Host wall clock per request; warm: the mean of the requests after the first.
+            "ttft_per_request_s": ttfts,
+            "cold_ttft_s": ttfts[0],
+            "warm_ttft_s": _mean(ttfts[1:]),
         },
         "config": config.to_dict(),
     }
@@ -121,11 +206,30 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
         results["trace"] = os.path.join(workdir, "trace.npz")
         recorder.trace().save(results["trace"])
     write_json_atomic(os.path.join(workdir, "results.json"), results)
-    print(f"{prompt_text}{text}")
+    for r in requests:
+        print(f"{r['prompt']}{r['generated_text']}")
     if cache is not None:
         print(report.table(cache.metrics, cache_header(config, cache)))
-    print(f"[{cfg.family} from {loaded.source}] {len(generated)} tokens, "
-          f"TTFT {gen.prefill_s * 1e3:.1f} ms, "
-          f"decode {results['timings']['decode_tok_per_s'] or 0:.1f} tok/s -> "
-          f"{os.path.join(workdir, 'results.json')}")
+    print(_summary(cfg.family, loaded.source, results, cache is not None,
+                   os.path.join(workdir, "results.json")))
     return results
+
+
+def _summary(family: str, source: str, results: dict, cached: bool, path: str) -> str:
+    """The final line: tokens, TTFT (cold and warm with several requests), decode tok/s."""
+    t, requests = results["timings"], results["requests"]
+    head = f"[{family} from {source}]"
+    if len(requests) == 1:
+        return (f"{head} {len(requests[0]['generated_token_ids'])} tokens, "
+                f"TTFT {t['ttft_s'] * 1e3:.1f} ms, "
+                f"decode {t['decode_tok_per_s'] or 0:.1f} tok/s -> {path}")
+    tokens = sum(len(r["generated_token_ids"]) for r in requests)
+    decode_s = sum(r["decode_s"] for r in requests)
+    decode_tokens = sum(max(0, len(r["generated_token_ids"]) - 1) for r in requests)
+    ttft = f"TTFT cold {t['cold_ttft_s'] * 1e3:.1f} ms, warm {t['warm_ttft_s'] * 1e3:.1f} ms wall"
+    if cached:
+        cc = t["cache_clock"]
+        ttft += (f" (cache clock cold {cc['cold_ttft_s'] * 1e3:.3f} ms, "
+                 f"warm {cc['warm_ttft_s'] * 1e3:.3f} ms)")
+    return (f"{head} {len(requests)} requests, {tokens} tokens, {ttft}, "
+            f"decode {decode_tokens / decode_s if decode_s > 0 else 0:.1f} tok/s -> {path}")

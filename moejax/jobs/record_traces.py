@@ -1,10 +1,19 @@
 """Records scored routing traces of a model on held-out prompts of each corpus domain.
 
-For every domain (prose, code, math) and prompt: prefill `trace.prompt_tokens` bytes of held-out
-text, then `run.max_new_tokens` decode steps, recording every MoE layer's ids, weights, router
-probabilities and speculative next-layer scores (`moejax/traces/format.py`). With
-`trace.teacher_forced` (default) each decode step consumes the next held-out byte rather than
+For every domain (prose, code, math) and prompt: prefill `trace.prompt_tokens` tokens of
+held-out text, then `run.max_new_tokens` decode steps, recording every MoE layer's ids, weights,
+router probabilities and speculative next-layer scores (`moejax/traces/format.py`). With
+`trace.teacher_forced` (default) each decode step consumes the next held-out token rather than
 the model's argmax: real text, so greedy loops of a small model do not inflate locality.
+
+The held-out text becomes token ids through the model's tokenizer: the bytes themselves for a
+byte-level model (the embedded model, and every family's `tiny` preset, whose vocabulary is 256
+ids), the checkpoint's own `tokenizer.json` otherwise. A model with neither (a vocabulary under
+256 ids and no tokenizer) is a `ConfigError`.
+
+Each trace is written to `WORKDIR/{domain}_{i}.npz`, or `WORKDIR/{domain}.npz` when
+`tracing.prompts_per_domain` is 1; `WORKDIR/results.json` lists them with each one's
+`bits_per_token` (and `bits_per_byte` for a byte-level model).
 """
 
 from __future__ import annotations
@@ -22,9 +31,13 @@ from moejax.jobs.common import make_decoder
 from moejax.model_source import load_model
 from moejax.models.stepped import ResidentExperts
 from moejax.results import write_json_atomic
-from moejax.tokenizer import ByteTokenizer
+from moejax.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer
 from moejax.traces.recorder import TraceRecorder
 from moejax.train import corpus
+
+# Bytes of held-out text read per token wanted, for a subword tokenizer (a token of English
+# prose or Python source is 3-5 bytes; too little text is an error naming the shortfall).
+_BYTES_PER_TOKEN = 8
 
 
 def _prompt_starts(data: np.ndarray, count: int, length: int, seed: int) -> list[int]:
@@ -39,6 +52,43 @@ def _prompt_starts(data: np.ndarray, count: int, length: int, seed: int) -> list
     return starts
 
 
+def text_window_bytes(tokenizer: Tokenizer, tokens: int) -> int:
+    """Bytes of held-out text to read for `tokens` token ids."""
+    return tokens if isinstance(tokenizer, ByteTokenizer) else _BYTES_PER_TOKEN * tokens
+
+
+def check_tokenizer(tokenizer: Tokenizer, vocab_size: int) -> None:
+    """`ConfigError` unless the model can read text: byte-level with >= 256 ids, or a
+    `tokenizer.json`."""
+    if isinstance(tokenizer, ByteTokenizer) and vocab_size >= 256:
+        return
+    if isinstance(tokenizer, HFTokenizer):
+        return
+    raise ConfigError(
+        f"record_traces feeds held-out text, but the model's tokenizer is {tokenizer.name!r} "
+        f"and its vocabulary ({vocab_size} ids) is too small for bytes: convert the checkpoint "
+        "with its tokenizer.json, or use a model whose vocabulary has >= 256 ids")
+
+
+def token_ids(tokenizer: Tokenizer, window: np.ndarray, tokens: int, vocab_size: int,
+              where: str = "held-out text") -> np.ndarray:
+    """The first `tokens` token ids of the byte `window` (`[tokens]` int32): the bytes
+    themselves for a byte-level model, else the window decoded as UTF-8 and encoded by the
+    model's `tokenizer.json`."""
+    check_tokenizer(tokenizer, vocab_size)
+    if isinstance(tokenizer, ByteTokenizer):
+        ids = np.asarray(window[:tokens], np.int32)
+    else:
+        text = bytes(np.asarray(window, np.uint8).tolist()).decode("utf-8", "replace")
+        ids = np.asarray(tokenizer.encode(text), np.int32)[:tokens]
+    if len(ids) < tokens:
+        raise ConfigError(f"{where}: {len(window)} bytes give {len(ids)} tokens, "
+                          f"{tokens} are needed")
+    if len(ids) and (ids.min() < 0 or ids.max() >= vocab_size):
+        raise ConfigError(f"{where}: token ids outside the vocabulary 0..{vocab_size - 1}")
+    return ids
+
+
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     t = config.tracing
     steps = config.run.max_new_tokens
@@ -46,23 +96,31 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
         raise ConfigError("tracing.prompts_per_domain, tracing.prompt_tokens and "
                           "run.max_new_tokens must be >= 1")
     loaded = load_model(config.model, config.seed)
-    if not isinstance(loaded.tokenizer, ByteTokenizer):
-        raise ConfigError("record_traces feeds held-out bytes: it needs a byte-level model")
+    cfg, tok = loaded.cfg, loaded.tokenizer
+    byte_level = isinstance(tok, ByteTokenizer)
     total = t.prompt_tokens + steps
-    if total > loaded.cfg.max_position_embeddings:
+    if total > cfg.max_position_embeddings:
         raise ConfigError(f"tracing.prompt_tokens + run.max_new_tokens = {total} exceeds "
-                          f"max_position_embeddings={loaded.cfg.max_position_embeddings}")
+                          f"max_position_embeddings={cfg.max_position_embeddings}")
+    check_tokenizer(tok, cfg.vocab_size)
     os.makedirs(workdir, exist_ok=True)
     heldout = corpus.load_splits(True)
     experts = ResidentExperts.from_host(loaded.host_gate_up, loaded.host_down)
+    window = text_window_bytes(tok, total)
     written = []
     for domain in corpus.DOMAINS:
         data = heldout[domain].data
-        for i, start in enumerate(_prompt_starts(data, t.prompts_per_domain, total, config.seed)):
-            text = data[start:start + total + 1].astype(np.int32)
+        if len(data) < window + 2:
+            raise ConfigError(f"held-out {domain} has {len(data)} bytes, {window + 2} needed")
+        for i, start in enumerate(_prompt_starts(data, t.prompts_per_domain, window,
+                                                 config.seed)):
+            # `total` ids: the prompt, then the target of each decode step.
+            text = token_ids(tok, data[start:start + window + 1], total, cfg.vocab_size,
+                             f"held-out {domain} at byte {start}")
             info = {"domain": domain, "heldout_offset": start, "teacher_forced": t.teacher_forced,
-                    "prompt": bytes(text[:t.prompt_tokens].tolist()).decode("utf-8", "replace")}
-            rec = TraceRecorder(loaded.cfg, config.model.lookahead, loaded.source, info,
+                    "prompt_tokens": t.prompt_tokens, "tokenizer": tok.name,
+                    "prompt": tok.decode(text[:t.prompt_tokens].tolist())}
+            rec = TraceRecorder(cfg, config.model.lookahead, loaded.source, info,
                                 score_dtype=np.float16)  # committed test data: keep it small
             dec = make_decoder(config, loaded, experts, max_len=total,
                                gate_observers=(rec.on_gate,), pass_observers=(rec.end_pass,))
@@ -76,13 +134,19 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
                 generated.append(nxt)
                 if step < steps - 1:
                     logits = dec.forward(np.asarray([[nxt]], np.int32))
-            rec.meta["info"]["bits_per_byte"] = float(np.mean(nll) / math.log(2))
-            rec.meta["info"]["continuation"] = bytes(generated).decode("utf-8", "replace")
-            path = os.path.join(workdir, f"{domain}_{i}.npz")
+            bits = float(np.mean(nll) / math.log(2))
+            rec.meta["info"]["bits_per_token"] = bits
+            if byte_level:
+                rec.meta["info"]["bits_per_byte"] = bits
+            rec.meta["info"]["continuation"] = tok.decode(generated)
+            name = domain if t.prompts_per_domain == 1 else f"{domain}_{i}"
+            path = os.path.join(workdir, f"{name}.npz")
             rec.trace().save(path)
             written.append({"path": path, **{k: v for k, v in rec.meta["info"].items()
                                              if k != "continuation"}})
-            print(f"{path}: {domain}, bits/byte {rec.meta['info']['bits_per_byte']:.3f}")
-    results = {"job": "record_traces", "traces": written, "config": config.to_dict()}
+            print(f"{path}: {domain}, {total} tokens, bits/"
+                  f"{'byte' if byte_level else 'token'} {bits:.3f}")
+    results = {"job": "record_traces", "model": loaded.source, "traces": written,
+               "config": config.to_dict()}
     write_json_atomic(os.path.join(workdir, "results.json"), results)
     return results

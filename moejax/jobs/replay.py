@@ -37,6 +37,7 @@ from moejax.quant import formats
 from moejax.results import write_json_atomic
 from moejax.traces.format import Trace, TraceError
 from moejax.traces.importers import ImportedTraces, import_traces
+from moejax.traces.requests import as_requests
 
 log = logging.getLogger(__name__)
 
@@ -131,7 +132,9 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     if clock_kind(config) != "virtual":
         raise ConfigError("replay runs on the virtual clock: set clock.kind=virtual (or auto)")
     imported = _import(config)
-    traces = imported.traces
+    traces = [r for t in imported.traces
+              for r in as_requests(t, config.trace_request_tokens, config.trace_prefill_tokens,
+                                   config.trace)]
     first = traces[0]
     for t in traces[1:]:
         if (t.layers, t.num_experts, t.top_k) != (first.layers, first.num_experts, first.top_k):
@@ -170,7 +173,9 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
         "job": "replay",
         "trace": {"path": os.path.abspath(config.trace),
                   "name": os.path.splitext(os.path.basename(config.trace))[0],
-                  "sequences": len(traces), "passes": passes, "has_scores": first.has_scores,
+                  "sequences": len(imported.traces), "requests": len(traces),
+                  "request_tokens": config.trace_request_tokens,
+                  "prefill_tokens": config.trace_prefill_tokens, "passes": passes, "has_scores": first.has_scores,
                   "layers": layers, "num_experts": first.num_experts, "top_k": first.top_k,
                   **imported.notes.to_dict()},
         # Per-pass timings: in TensorBoard, not in every cell file.

@@ -254,7 +254,17 @@ class LeastStale(_Base):
     *Left* means layer position <= p: the running layer's own keys count as left, since every
     key it still needs is pinned by its wave, so an unpinned one is done until the next pass.
 
-    * `order="two_queue"` (default) — the paper's text literally: "The cache is partitioned
+    * `order="left_first"` (default) — the mechanism the paper gives for its result: "Least-
+      Stale maintains near-zero collisions across all layers by only evicting stale left-layer
+      experts" (§5), "prioritizes removing experts from already-processed layers while
+      protecting experts needed for upcoming layers" (appendix). Walk: stale-left,
+      current-left, stale-right, current-right, each by ascending position (0..p, then
+      p+1..L-1). It keeps §4's two rules wherever they do not contradict those sentences:
+      stale before current on each side, FIFO by layer position within each queue. The one
+      place the readings differ is a stale-right against a current-left expert; only the
+      former can be requested again in this pass (a collision miss), so it is protected.
+      docs/DESIGN.md ("Least-Stale: which reading is the default") gives the argument.
+    * `order="two_queue"` — §4's two queues taken literally: "The cache is partitioned
       into a stale queue containing experts from previous forward passes and a current queue
       containing experts from the ongoing pass. Eviction prioritizes stale experts [...].
       Experts in the current queue are evicted only to prevent out-of-memory errors. Within
@@ -263,11 +273,8 @@ class LeastStale(_Base):
       0, 1, ..., L-1, then current positions 0, 1, ..., L-1. The order is static (it does not
       depend on `p`), as the paper's "priority heaps [...] O(log N) insertion, and O(1)
       eviction" need; while layer p runs, stale positions < p are the "stale left-layer
-      experts" that go first.
-    * `order="left_first"` — "prioritizes removing experts from already-processed layers while
-      protecting experts needed for upcoming layers" (appendix) read as position first:
-      stale-left, current-left, stale-right, current-right, each by ascending position
-      (0..p, then p+1..L-1). A current-left expert goes before a stale-right one.
+      experts" that go first, but once they are gone a stale expert of an upcoming layer goes
+      before any current one.
     * `order="cyclic"` — Belady's intuition over the pass cycle: after layer p, layer q's
       experts are next needed at distance (q - p) mod L, with q = p farthest (L: the next
       pass), so the layer that comes round last goes first: positions p, p-1, ..., 0 (left,
@@ -295,7 +302,7 @@ class LeastStale(_Base):
     ORDERS = ("two_queue", "left_first", "cyclic")
     PREFETCH_CURRENT = ("pass", "until_target")
 
-    def __init__(self, num_layers: int, num_experts: int, order: str = "two_queue",
+    def __init__(self, num_layers: int, num_experts: int, order: str = "left_first",
                  prefetch_current: str = "pass"):
         super().__init__(num_layers, num_experts)
         if order not in self.ORDERS:

@@ -65,8 +65,21 @@ def policy_class(kind: str, spec: str) -> type[Policy]:
     return registry[name]
 
 
+class _BareNamesAsStrings(ast.NodeTransformer):
+    def visit_Name(self, node: ast.Name) -> ast.Constant:
+        return ast.copy_location(ast.Constant(node.id), node)
+
+
+def _literal(node: ast.AST) -> Any:
+    """A Python literal, where a bare name is its string: the shell strips the quotes of
+    `--config.policies.eviction=least_stale(order="left_first")`, so `order=left_first` must
+    mean the same."""
+    return ast.literal_eval(_BareNamesAsStrings().visit(node))
+
+
 def parse(spec: str) -> tuple[str, list[Any], dict[str, Any]]:
-    """`"name(1, a=2.5)"` -> `("name", [1], {"a": 2.5})`; arguments are Python literals."""
+    """`"name(1, a=2.5, b=x)"` -> `("name", [1], {"a": 2.5, "b": "x"})`; arguments are
+    Python literals or bare names (strings)."""
     try:
         node = ast.parse(spec.strip(), mode="eval").body
     except SyntaxError as e:
@@ -78,8 +91,8 @@ def parse(spec: str) -> tuple[str, list[Any], dict[str, Any]]:
         if None in keys or len(set(keys)) != len(keys):
             raise ConfigError(f"policy spec {spec!r}: an argument is given twice (or **)")
         try:
-            args = [ast.literal_eval(a) for a in node.args]
-            kwargs = {k.arg: ast.literal_eval(k.value) for k in node.keywords}
+            args = [_literal(a) for a in node.args]
+            kwargs = {k.arg: _literal(k.value) for k in node.keywords}
         except ValueError as e:
             raise ConfigError(f"policy spec {spec!r}: arguments must be literals") from e
         return node.func.id, args, kwargs

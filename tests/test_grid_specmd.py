@@ -1,0 +1,63 @@
+"""configs/grid_specmd.py, SpecMD's grid at the paper's settings: every cell is a valid config,
+the parts make the cells the report pairs, and cells of each kind run."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from launch import cells as cells_lib
+from moejax import jobs
+from moejax.analysis import sweep_cells
+
+GRID = os.path.join(os.path.dirname(os.path.dirname(__file__)), "configs", "grid_specmd.py")
+
+
+def _cells(arg: str) -> list[dict]:
+    return cells_lib.collect(cells_lib.load_config_module(GRID).sweep, arg)
+
+
+def _config(overrides: dict):
+    c = cells_lib.call_get_config(cells_lib.load_config_module(GRID), None)
+    for key, value in overrides.items():
+        section, _, field = key.rpartition(".")
+        node = c.get(section) if section else c
+        assert field in node, key  # a typo in the grid would fail every cell
+        setattr(node, field, value)
+    return c
+
+
+def test_the_paper_settings_and_the_parts():
+    c = _config({})
+    assert (c.cache.capacity_of, c.cache.precision, c.hardware.h2d_gbps) == ("model", "int4", 5.0)
+    scored = _cells("traces=scored")
+    traces = {o["trace"] for o in scored}
+    assert len(traces) == 6
+    for o in scored:
+        _config(o)
+    per_trace = len(scored) // 6
+    # 3 capacities x 2 queues x (9 evictions x 5 prefetches + 4 presets x 2 + 5 misses).
+    assert per_trace == 3 * 2 * (9 * 5 + 4 * 2 + 5)
+    captures = _cells("traces=captures,parts=policies")
+    assert len(captures) == 4 * 3 * 2 * 8 * 3  # no score eviction, score-free prefetchers
+    assert all(o["trace_request_tokens"] == 128 for o in captures)
+    with pytest.raises(cells_lib.SweepError, match="no cells"):  # presets need gate scores
+        _cells("traces=captures,parts=dropin")
+    with pytest.raises(ValueError, match="parts="):
+        _cells("parts=nothing")
+
+
+def test_dropin_cells_pair_in_the_report(tmp_path):
+    """One capacity of the drop-in part on one trace: each preset's baseline and +Least-Stale
+    cells run and the report pairs all four."""
+    cells = [o for o in _cells("traces=scored,parts=dropin")
+             if o["trace"].endswith("code_0.npz") and o["cache.capacity_frac"] == 0.25
+             and o["cache.prefetch_queue"] == "watchdog"]
+    assert len(cells) == 8
+    rows = []
+    for i, o in enumerate(cells):
+        workdir = str(tmp_path / f"c{i}")
+        rows.append(sweep_cells.cell_row(f"c{i}", jobs.run(_config(o), workdir)))
+    pairs = sweep_cells.dropin_pairs(rows)
+    assert sorted(p.preset for p in pairs) == ["specmd_1", "specmd_2", "specmd_3", "specmd_4"]
