@@ -17,7 +17,8 @@ SpecMD's A100 profile; both prefetch queues (`immediate`, and SpecMD's `watchdog
 
 Traces (`traces=` all (default), captures, scored, long, families):
 * `captures`: the four real captures (OLMoE-1B-7B, Qwen1.5-MoE-A2.7B; ids only: no score
-  eviction or score-based prefetch, `temporal` and `oracle` instead), each replayed as four
+  eviction or score-based prefetch; `temporal`, `noisy_oracle(precision=0.6)` and `oracle`
+  instead), each replayed as four
   requests of 128 tokens with a 32-token prefill (`trace_request_tokens`), so that cold and
   warm TTFT exist;
 * `scored`: the embedded model's six short scored traces (a 64-token prefill, 191 decodes);
@@ -38,7 +39,10 @@ EVICTIONS = ("lru", "lru_per_layer", "lfu", "fld", "score", "least_stale",
              "least_stale(order=two_queue)", "least_stale(order=cyclic)", "belady")
 PREFETCHES = ("none", "topk(overfetch=1.0)", "topk(overfetch=1.5)", "score_percentile(p=80)",
               "oracle")
-SCORE_FREE_PREFETCH = ("none", "temporal", "oracle")
+# Id-only traces: the score-free predictor, a predictor of SpecMD-like precision (the oracle
+# with each true expert swapped for a wrong one with probability 0.4: top-k's prediction
+# precision on the scored traces is about 0.65), and the ceiling.
+SCORE_FREE_PREFETCH = ("none", "temporal", "noisy_oracle(precision=0.6)", "oracle")
 DROPIN_PRESETS = ("specmd_1", "specmd_2", "specmd_3", "specmd_4")
 FAMILY_EVICTIONS = ("lru", "fld", "score", "least_stale", "least_stale(order=two_queue)")
 FAMILY_PREFETCHES = ("none", "topk(overfetch=1.0)", "score_percentile(p=80)", "oracle")

@@ -109,6 +109,21 @@ def test_decode_is_bit_exact_without_waves(tiny):
         np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.parametrize("eviction, slots", [("fifo", 64), ("lru", 7)])
+def test_watchdog_prefetches_for_the_running_layer_land_before_its_step(tiny, eviction, slots):
+    """The watchdog sends, at a layer's start, transfers it could have sent while the previous
+    layer ran — for this layer too. The runtime queues prefetch loads until a step is
+    dispatched; one this step reads must go first (found by the property test above: with
+    every expert fitting, the decode read slots whose prefetch had not been loaded yet)."""
+    prompt, ref = _resident(tiny, 5, 0)
+    out, cache, _ = _cached_run(tiny, prompt, eviction, "score_percentile(p=80)", slots,
+                                queue="watchdog")
+    assert cache.metrics.totals()["prefetch_issued"] > 0
+    assert out.generated_ids == ref.generated_ids
+    for a, b in zip(out.step_logits, ref.step_logits):
+        np.testing.assert_allclose(a, b, rtol=0, atol=2e-5)
+
+
 def test_waves_reuse_slots_without_use_after_evict(tiny):
     """S = top-k and a long prompt: every prefill layer runs in many waves through the same
     four slots, each wave's loads overwriting slots the previous wave's step reads."""

@@ -40,7 +40,7 @@ def test_the_paper_settings_and_the_parts():
     # 3 capacities x 2 queues x (9 evictions x 5 prefetches + 4 presets x 2 + 5 misses).
     assert per_trace == 3 * 2 * (9 * 5 + 4 * 2 + 5)
     captures = _cells("traces=captures,parts=policies")
-    assert len(captures) == 4 * 3 * 2 * 8 * 3  # no score eviction, score-free prefetchers
+    assert len(captures) == 4 * 3 * 2 * 8 * 4  # no score eviction, score-free prefetchers
     assert all(o["trace_request_tokens"] == 128 for o in captures)
     with pytest.raises(cells_lib.SweepError, match="no cells"):  # presets need gate scores
         _cells("traces=captures,parts=dropin")

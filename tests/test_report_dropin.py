@@ -15,11 +15,10 @@ import matplotlib.image
 import pytest
 
 from launch.cells import readable_name
-from launch.worker import apply_overrides
-from moejax import bundled, jobs
+from moejax import bundled
 from moejax.analysis import compare, report, sweep_cells
-from moejax.job_config import base_config
 from moejax.results import write_json_atomic
+from tests.replay_cells import run_replay_cell
 
 TRACES = ("code_0", "prose_0")
 SLOTS = 8
@@ -67,12 +66,8 @@ PIN = {readable_name(o): o for o in (
 
 
 def _run(workdir: str, overrides: dict) -> dict:
-    c = base_config()
-    c.job, c.model.preset, c.clock.kind = "replay", "", "virtual"
-    c.log.progress = c.log.tensorboard = False
-    apply_overrides(c, overrides)
-    jobs.run(c, workdir)
-    with open(os.path.join(workdir, "results.json")) as f:
+    run_replay_cell(workdir, overrides)
+    with open(os.path.join(workdir, "results.json")) as f:  # as the report reads it
         return json.load(f)
 
 

@@ -169,6 +169,11 @@ class CachedExperts:
             ids = gate.ids if unchanged else jnp.asarray(wave.ids, jnp.int32)
             weights = gate.weights if unchanged and wave.weights is host.weights else \
                 jnp.asarray(np.where(wave.active, wave.weights, 0.0), jnp.float32)
+            if self._queued and not {s for _, s in self._queued}.isdisjoint(
+                    wave.slot_of.values()):
+                # A prefetch this wave uses (the watchdog sends transfers for the running layer
+                # at its start): it must land before the step reads the slot.
+                self._flush()
             gate_up, down = self.pool.arrays()
             yield ExpertWave(gate_up, down, self._slot_map(wave), ids, weights)
             self._flush()  # prefetches go after this wave's experts step was dispatched

@@ -1,0 +1,227 @@
+"""SpecMD's claims table (moejax/analysis/claims.py) on a tiny real sweep: each number equals
+the mean computed by hand from the cells' results.json files, and a claim whose cells are
+missing says "not in this sweep" instead of failing.
+
+The cells are real: the replay job run on two bundled scored traces, each writing its
+results.json into `cells/<name>/` as launch.sweep lays a sweep out."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import os
+
+import pytest
+
+from launch.cells import readable_name
+from moejax import bundled
+from moejax.analysis import claims
+from moejax.analysis.sweep_cells import ttft_change_pct
+from tests.replay_cells import run_replay_cell
+
+TRACES = tuple(bundled.scored_trace_files()[:2])
+SLOTS = 8
+CAP = f"{SLOTS} slots"
+SP80 = "score_percentile(p=80)"
+
+
+def _cell(trace, eviction="", prefetch="", **more) -> dict:
+    o = {"trace": trace, "cache.slots": SLOTS}
+    if eviction:
+        o["policies.eviction"] = eviction
+    if prefetch:
+        o["policies.prefetch"] = prefetch
+    return {**o, **more}
+
+
+CELLS = {}
+for _t in TRACES:
+    for _o in (
+        *(_cell(_t, e, p) for e in ("lru", "least_stale", "score") for p in ("none", SP80)),
+        _cell(_t, "least_stale", "topk(overfetch=1.0)"),
+        _cell(_t, "least_stale", SP80, **{"policies.miss": "drop(keep=2)"}),
+        _cell(_t, **{"policies.preset": "specmd_1"}),
+        _cell(_t, "least_stale", **{"policies.preset": "specmd_1"}),
+    ):
+        CELLS[readable_name(_o)] = _o
+# The watchdog queue on one trace only: its means are that trace's numbers.
+for _e in ("lru", "least_stale"):
+    _o = _cell(TRACES[0], _e, SP80, **{"cache.prefetch_queue": "watchdog"})
+    CELLS[readable_name(_o)] = _o
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory) -> str:
+    root = str(tmp_path_factory.mktemp("sweep"))
+    for name, o in CELLS.items():
+        run_replay_cell(os.path.join(root, "cells", name), o)
+    os.makedirs(os.path.join(root, "cells", "unfinished_cell"))  # no results.json yet
+    return root
+
+
+_UNSET = {"cache.prefetch_queue": "immediate", "policies.eviction": "", "policies.prefetch": "",
+          "policies.miss": "", "policies.preset": ""}
+
+
+def _results(sweep, **want) -> list[dict]:
+    """results.json of the cells with exactly these policies and queue (not given: unset,
+    queue immediate), of any trace unless `trace` is given, read directly."""
+    want = {**_UNSET, **want}
+    out = []
+    for name, o in CELLS.items():
+        o = {**_UNSET, **o}
+        if all(o.get(k, "") == v for k, v in want.items()):
+            with open(os.path.join(sweep, "cells", name, "results.json")) as f:
+                out.append(json.load(f))
+    return out
+
+
+def _mean(results, key) -> float:
+    vals = [r["cache"]["total"][key] for r in results]
+    return sum(vals) / len(vals)
+
+
+def _find(found, claim, measure_part, queue="immediate", capacity=CAP) -> claims.Finding:
+    (f,) = [f for f in found if f.claim == claim and measure_part in f.measure
+            and f.queue == queue and f.capacity == capacity]
+    return f
+
+
+@pytest.fixture(scope="module")
+def found(sweep):
+    loaded = claims.load([sweep])
+    assert len(loaded.rows) == len(CELLS)
+    assert "1 unfinished" in loaded.summary[0]
+    assert {r["group"] for r in loaded.rows} == {"scored · embedded"}
+    return claims.findings(loaded.rows, capacity=CAP)
+
+
+def _ev(e, p=SP80, **more):
+    return {"policies.eviction": e, "policies.prefetch": p, **more}
+
+
+def test_claim1_collision_rates_are_the_means_over_traces(sweep, found):
+    f = _find(found, 1, "collision-miss rate")
+    assert "score_percentile(p=80)" in f.measure  # the scored group's prefetch
+    assert f.traces == len(TRACES)
+    for e in ("least_stale", "lru", "score"):
+        rs = _results(sweep, **_ev(e))
+        assert len(rs) == len(TRACES)
+        assert f.values[e] == pytest.approx(_mean(rs, "collision_miss_rate"))
+    # The watchdog queue apart: one trace, one cell each.
+    w = _find(found, 1, "collision-miss rate", queue="watchdog")
+    assert w.traces == 1
+    (ls,) = _results(sweep, **_ev("least_stale", **{"cache.prefetch_queue": "watchdog"}))
+    assert w.values["least_stale"] == pytest.approx(ls["cache"]["total"]["collision_miss_rate"])
+    assert w.values["score"] is None and "SB" not in w.shown
+
+
+def test_claim2_ratio_and_missing_one_percent(sweep, found):
+    f = _find(found, 2, "LRU ÷ LS")
+    lru = _mean(_results(sweep, **_ev("lru")), "collision_miss_rate")
+    ls = _mean(_results(sweep, **_ev("least_stale")), "collision_miss_rate")
+    assert f.values["ratio"] == pytest.approx(claims.ratio(lru, ls))
+    one = _find(found, 2, "at 1%", capacity="1%")
+    assert one.shown.startswith("not in this sweep") and one.suggestion == "not in this sweep"
+    assert claims.ratio_text(claims.ratio(0.1, 0.0), 0.1, 0.0) == "∞ (LS has 0)"
+    assert claims.verdict("2", {"ratio": math.inf, "least_stale": 0.0}) == "reproduced"
+
+
+def test_claim3_best_prefetch_and_missing_oracle(sweep, found):
+    f = _find(found, 3, "best prefetch")
+    per = {p: _results(sweep, **_ev("least_stale", p)) for p in ("none", SP80,
+                                                                 "topk(overfetch=1.0)")}
+    best = max(per, key=lambda p: _mean(per[p], "hit_rate"))
+    assert f.values["prefetch"] == best
+    for k in ("hit_rate", "ready_hit_rate", "late_hit_rate"):
+        assert f.values[k] == pytest.approx(_mean(per[best], k))
+    assert "not testable here" in f.suggestion  # not an OLMoE trace
+    assert _find(found, 3, "oracle prefetch").shown.startswith("not in this sweep")
+
+
+def test_claim4_dropin_is_the_mean_of_the_pairs_changes(sweep, found):
+    (f,) = [f for f in found if f.claim == 4 and f.queue == "immediate"]
+    assert "specmd_1" in f.measure and f.values["pairs"] == len(TRACES)
+    changes = []
+    for t in TRACES:
+        (b,) = _results(sweep, trace=t, **{"policies.preset": "specmd_1",
+                                           "policies.eviction": ""})
+        (d,) = _results(sweep, trace=t, **{"policies.preset": "specmd_1",
+                                           "policies.eviction": "least_stale"})
+        changes.append(ttft_change_pct(b["cache"]["timing"]["cold_ttft_s"],
+                                       d["cache"]["timing"]["cold_ttft_s"]))
+    assert f.values["cold_pct"] == pytest.approx(sum(changes) / len(changes))
+    assert f.values["paper_pct"] == -10.7
+    # One request per trace: no warm TTFT, and a cold prefill does not see the eviction.
+    assert f.values["warm_pct"] is None and f.suggestion.startswith("not testable here")
+    assert claims.verdict("4", {"warm_pct": -20.0, "paper_pct": -10.7}) == "reproduced"
+    assert claims.verdict("4", {"warm_pct": -3.0, "paper_pct": -10.7}) == "partly"
+    assert claims.verdict("4", {"warm_pct": 4.0, "paper_pct": -10.7}) == "refuted"
+    # No drop-in pairs in the watchdog queue: said, not failed.
+    (w,) = [f for f in found if f.claim == 4 and f.queue == "watchdog"]
+    assert w.suggestion == "not in this sweep"
+
+
+def test_claim5_score_percentile_vs_topk(sweep, found):
+    sp = _find(found, 5, SP80)
+    tk = _find(found, 5, "topk(overfetch=1.0)")
+    for f, p in ((sp, SP80), (tk, "topk(overfetch=1.0)")):
+        rs = _results(sweep, **_ev("least_stale", p))
+        for k in ("hit_rate", "stall_s", "prediction_precision"):
+            assert f.values[k] == pytest.approx(_mean(rs, k))
+    assert sp.values["topk1.0_hit"] == pytest.approx(tk.values["hit_rate"])
+    assert _find(found, 5, "topk(overfetch=1.5)").shown.startswith("not in this sweep")
+    assert sp.suggestion in ("reproduced", "reproduced (precision not lower)", "partly",
+                             "refuted")
+
+
+def test_claims_6_7_missing_cells_and_claim8_miss_shares(sweep, found):
+    for f in (f for f in found if f.claim == 6):
+        assert f.shown.startswith("not in this sweep") and "fld" in f.shown
+    left = _find(found, 7, "order=left_first")
+    assert left.values["collision_miss_rate"] == pytest.approx(
+        _mean(_results(sweep, **_ev("least_stale")), "collision_miss_rate"))
+    assert _find(found, 7, "order=cyclic").shown.startswith("not in this sweep")
+    drop = _find(found, 8, "miss drop(keep=2)")
+    rs = _results(sweep, **_ev("least_stale", **{"policies.miss": "drop(keep=2)"}))
+    share = sum(r["cache"]["total"]["dropped"] / r["cache"]["total"]["requests"]
+                for r in rs) / len(rs)
+    assert drop.values["dropped_share"] == pytest.approx(share)
+    assert drop.values["stall_s"] == pytest.approx(_mean(rs, "stall_s"))
+    assert drop.values["h2d_bytes"] == pytest.approx(_mean(rs, "h2d_bytes"))
+    fetch = _find(found, 8, "miss fetch (")
+    assert fetch.values["stall_s"] == pytest.approx(
+        _mean(_results(sweep, **_ev("least_stale")), "stall_s"))
+    assert _find(found, 8, "fetch_priority").shown.startswith("not in this sweep")
+
+
+def test_main_prints_the_table_and_csv(sweep, capsys):
+    claims.main([f"--sweep_dir={sweep}", f"--capacity={SLOTS}slots"])
+    out = capsys.readouterr().out
+    assert "## scored · embedded" in out and "not a verdict" in out
+    assert "| moejax · immediate queue | moejax · watchdog queue |" in out
+    assert "quality" in out and "not in this sweep" in out
+    # The default capacity (5%) is not in this sweep: every claim says so, nothing fails.
+    claims.main([f"--sweep_dir={sweep}", "--queue=immediate", "--format=csv"])
+    rows = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
+    assert rows and {r["queue"] for r in rows} == {"immediate"}
+    assert all(r["suggestion"].startswith(("not in this sweep", "")) for r in rows)
+    assert all("not in this sweep" in r["moejax"] for r in rows if r["claim"] in "1256")
+
+
+def test_empty_sweep_and_trace_groups(tmp_path):
+    loaded = claims.load([str(tmp_path)])
+    assert loaded.rows == [] and claims.findings(loaded.rows) == []
+    assert "No finished cells" in claims.markdown([], loaded.summary, [])
+    caps = os.path.join(bundled.ASSETS, "captures")
+    assert claims.trace_group(os.path.join(caps, "olmoe_code.jsonl"), "olmoe-1b-7b") == (
+        "captures · OLMoE-1B-7B", "OLMoE")
+    assert claims.trace_group(os.path.join(caps, "qwen_prose.jsonl"))[0] == (
+        "captures · Qwen1.5-MoE-A2.7B")
+    assert claims.trace_group(TRACES[0]) == ("scored · embedded", None)
+    assert claims.trace_group(bundled.long_trace_files()[0])[0] == "long · embedded"
+    assert claims.trace_group(bundled.family_trace_path("mixtral"))[0] == "families · mixtral"
+    assert claims.parse_capacity("0.05") == (0, 0.05)
+    assert claims.parse_capacity("8 slots") == claims.parse_capacity("slots=8") == (1, 8)
