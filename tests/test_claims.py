@@ -17,7 +17,7 @@ import pytest
 
 from launch.cells import readable_name
 from moejax import bundled
-from moejax.analysis import claims
+from moejax.analysis import claims, compare, sweep_cells
 from moejax.analysis.sweep_cells import ttft_change_pct
 from tests.replay_cells import run_replay_cell
 
@@ -225,3 +225,18 @@ def test_empty_sweep_and_trace_groups(tmp_path):
     assert claims.trace_group(bundled.family_trace_path("mixtral"))[0] == "families · mixtral"
     assert claims.parse_capacity("0.05") == (0, 0.05)
     assert claims.parse_capacity("8 slots") == claims.parse_capacity("slots=8") == (1, 8)
+
+
+def test_compare_keeps_the_prefetch_queues_apart(sweep):
+    """The sweep holds lru · score_percentile cells in both queues on the first trace:
+    compare's table shows the asked queue's numbers, never the other's."""
+    trace = os.path.splitext(os.path.basename(TRACES[0]))[0]
+    for queue in ("immediate", "watchdog"):
+        (r,) = _results(sweep, trace=TRACES[0],
+                        **_ev("lru", **{"cache.prefetch_queue": queue}))
+        out = compare.table(sweep, SP80, 5.0, ["lru"], queue=queue)
+        (line,) = [x for x in out.splitlines() if x.startswith(f"| {trace} |")]
+        assert compare.cell(sweep_cells.cell_row("x", r)) in line
+    imm, wd = (compare.table(sweep, SP80, 5.0, ["lru"], queue=q) for q in ("immediate",
+                                                                         "watchdog"))
+    assert imm.splitlines()[4:] != wd.splitlines()[4:]

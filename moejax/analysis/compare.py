@@ -38,8 +38,13 @@ def cell(r: dict | None) -> str:
     return f"{hits} / {_pct(r['collision_miss_rate'], 2)}"
 
 
-def table(sweep_dir: str, prefetch: str, h2d_gbps: float, evictions: list[str]) -> str:
-    rows = [r for r in _at(load_cells(sweep_dir), h2d_gbps) if r["prefetch"] == prefetch]
+def table(sweep_dir: str, prefetch: str, h2d_gbps: float, evictions: list[str],
+          queue: str = "immediate", miss: str = "fetch", routing: str = "standard") -> str:
+    """One row per trace and capacity, one column per eviction, at one prefetch, bandwidth,
+    prefetch queue, miss and routing policy (a cell of any other setup is not shown)."""
+    rows = [r for r in _at(load_cells(sweep_dir), h2d_gbps)
+            if (r["prefetch"], r["queue"], r["miss"], r["routing"]) == (prefetch, queue, miss,
+                                                                        routing)]
     by = defaultdict(dict)
     label = {}
     for r in rows:
@@ -47,7 +52,8 @@ def table(sweep_dir: str, prefetch: str, h2d_gbps: float, evictions: list[str]) 
         by[key][r["eviction"]] = r
         label[key] = f"{r['capacity']} ({r['slots']} slots)"
     head = " | ".join(f"{e} hit ready + late / coll" for e in evictions)
-    lines = [f"prefetch `{prefetch}`, {h2d_gbps:g} GB/s", "",
+    lines = [f"prefetch `{prefetch}` ({queue} queue), miss `{miss}`, routing `{routing}`, "
+             f"{h2d_gbps:g} GB/s", "",
              f"| trace | capacity | {head} |", "| --- | ---: |" + " ---: |" * len(evictions)]
     for key in sorted(by):
         cells = " | ".join(cell(by[key].get(e)) for e in evictions)
@@ -76,6 +82,9 @@ def main(argv: list[str] | None = None) -> None:
                     help="bandwidth of the cells shown (default: 5 for the eviction table, "
                          "every bandwidth for --dropin)")
     ap.add_argument("--evictions", default="lru,lru_per_layer,least_stale,belady")
+    ap.add_argument("--queue", default="immediate", help="cache.prefetch_queue of the cells")
+    ap.add_argument("--miss", default="fetch")
+    ap.add_argument("--routing", default="standard")
     ap.add_argument("--dropin", action="store_true",
                     help="print SpecMD's drop-in tables (preset vs preset + Least-Stale)")
     a = ap.parse_args(argv)
@@ -83,7 +92,7 @@ def main(argv: list[str] | None = None) -> None:
         print(dropin(a.sweep_dir, a.h2d_gbps))
     else:
         print(table(a.sweep_dir, a.prefetch, 5.0 if a.h2d_gbps is None else a.h2d_gbps,
-                    a.evictions.split(",")))
+                    a.evictions.split(","), a.queue, a.miss, a.routing))
 
 
 if __name__ == "__main__":

@@ -140,11 +140,12 @@ def _markdown(sweep_dir: str, sweep: Sweep) -> str:
               f"{', '.join(gbps_label(b) for b in sorted({r['h2d_gbps'] for r in rows if r['h2d_gbps']}))}",
               f"- eviction: {', '.join(evictions)}", f"- prefetch: {', '.join(prefetches)}",
               f"- miss: {', '.join(sorted({r['miss'] for r in rows}))}; "
-              f"routing: {', '.join(sorted({r['routing'] for r in rows}))}"]
+              f"routing: {', '.join(sorted({r['routing'] for r in rows}))}; "
+              f"prefetch queue: {', '.join(sorted({r['queue'] for r in rows}))}"]
 
     bw = lowest_bandwidth(rows)
     at_bw = [r for r in rows if r["h2d_gbps"] == bw]
-    row_keys = ["eviction"] + varying(at_bw, ("miss", "routing"))
+    row_keys = ["eviction"] + varying(at_bw, ("miss", "routing", "queue"))
     lines += ["", f"## By trace, at H2D {gbps_label(bw)} GB/s (the lowest present)", "",
               "Each entry: hit rate as ready+late / collision-miss rate (all of requests) / "
               "TTFT (cache clock); `*` = mean of several cells."]
@@ -173,7 +174,7 @@ def _markdown(sweep_dir: str, sweep: Sweep) -> str:
             lines += ["", f"**capacity {cap}**{_slots_note(sel)}", ""]
             lines += _table([head] + pfs, body)
 
-    config_keys = ["eviction", "prefetch"] + varying(rows, ("miss", "routing"))
+    config_keys = ["eviction", "prefetch"] + varying(rows, ("miss", "routing", "queue"))
     body = []
     groups = collections.defaultdict(list)
     for r in rows:

@@ -112,6 +112,8 @@ def cell_row(name: str, results: Any) -> dict:
         "capacity_frac": cache.get("capacity_frac"), "slots": cache.get("slots"),
         "h2d_gbps": hw.get("h2d_gbps") or None,
         **{k: str(policies.get(k, "?")) for k in ("eviction", "prefetch", "miss", "routing")},
+        # How predictions became transfers (results before the watchdog: immediate).
+        "queue": str((config.get("cache") or {}).get("prefetch_queue") or "immediate"),
         **{k: total.get(k) for k in SCALARS},
         "ready_hit_rate": _ready_hit_rate(total),
         **{k: timing.get(k, timings.get(k)) for k in TIMING},
