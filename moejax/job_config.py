@@ -7,7 +7,7 @@ from __future__ import annotations
 import ml_collections
 
 # `train` has its own config shape (configs/train_small.py), not this one.
-JOBS = ("generate", "perplexity", "record_traces", "replay", "train")
+JOBS = ("generate", "perplexity", "quality", "eval", "record_traces", "replay", "train")
 
 
 def base_config() -> ml_collections.ConfigDict:
@@ -121,6 +121,41 @@ def base_config() -> ml_collections.ConfigDict:
     c.eval.window = 256
     c.eval.stride = 128
     c.eval.max_tokens = 0  # score at most this many tokens of the file (0: all)
+    # The eval job (configs/eval.py; seqio tasks in moejax/eval/, the `eval` extra): a task
+    # generated (or scored) through the configured cache. Tasks: gsm8k (the split moejax
+    # ships), heldout (bits per byte of the held-out texts), jsonl, truthfulqa_mc, nq_open
+    # (the last three read `eval.data_file`, a local JSONL; gsm8k reads one of its own format
+    # instead of the shipped split when given). heldout also takes window, stride, max_tokens.
+    c.eval.task = ""
+    c.eval.data_file = ""
+    c.eval.max_examples = 0  # the first N examples (0: all)
+    # Few-shot exemplars before each prompt (generation tasks: gsm8k, jsonl, nq_open): the
+    # first `shots` examples, taken out of the evaluated ones.
+    c.eval.shots = 0
+    c.eval.max_new_tokens = 256  # greedy tokens per generated answer
+    # The fields of an eval.task=jsonl file's objects holding the prompt and the reference.
+    c.eval.input_field = "input"
+    c.eval.target_field = "target"
+    # Generation stops at the first of these strings (the answer is cut there), replacing the
+    # task's own (gsm8k: "\n\n" and "Question:"; nq_open, jsonl: "\n"); () keeps the task's.
+    # From the shell a Python list literal: --config.eval.stop='["\n\n", "###"]'.
+    c.eval.stop = ()
+
+    # The quality job (configs/quality.py): the configured cache against the reference (the
+    # same model, every expert resident at native precision), teacher-forced on the same
+    # tokens of `text_file` (or of `eval.task`'s examples), then greedy drift.
+    c.quality = ml_collections.ConfigDict()
+    # "decode": one token per forward, as a served model consumes generated tokens (the cache
+    # sees decode traffic); "prefill": each segment in one forward (faster; prefill traffic).
+    c.quality.teacher_forcing = "decode"
+    c.quality.segment_tokens = 256  # each segment a fresh sequence; its first token unscored
+    c.quality.max_tokens = 512  # tokens of the text taken (0: all)
+    # Greedy drift: `drift_prompts` prompts of `drift_prompt_tokens` tokens, spread over the
+    # text, each continued `drift_new_tokens` tokens by both models (prefill + decode, served
+    # as the generate job serves them: the speed of the cell comes from these requests).
+    c.quality.drift_prompts = 4
+    c.quality.drift_prompt_tokens = 32
+    c.quality.drift_new_tokens = 32
 
     # Routing traces (moejax/traces/format.py). `tracing.record` makes the generate job write
     # WORKDIR/trace.npz; the record_traces job writes one trace per held-out prompt and domain.

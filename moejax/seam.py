@@ -87,6 +87,7 @@ class Wave:
     weights: np.ndarray  # [N, K]
     active: np.ndarray  # [N, K] bool: contributions computed in this wave
     first: bool  # the first wave of its layer (adds the shared expert)
+    last: bool = True  # the last wave of its layer (the layer's output is complete after it)
 
 
 class ExpertWave(NamedTuple):
@@ -102,6 +103,10 @@ class ExpertWave(NamedTuple):
     slot_of: jax.Array  # [E] int32 (only experts with a nonzero weight are read)
     ids: jax.Array  # [N, K]
     weights: jax.Array  # [N, K]
+    # The layer's last wave. A layer served in several waves carries its per-contribution
+    # outputs from wave to wave in float32 and sums them once, after the last, exactly as one
+    # wave does (so waves do not round a sum the resident model does not round).
+    last: bool = True
 
 
 class ExpertSource(Protocol):

@@ -23,6 +23,32 @@ computation, the compile options and the JAX/XLA version.
 
 from __future__ import annotations
 
+import sys
+import types
+
+import pytest
+
+# TensorBoard's event reader (EventAccumulator, used to read back the events the jobs write)
+# imports TensorFlow when it is installed — and the `eval` extra installs it. TensorFlow must not
+# share a process with JAX's compilations (it segfaulted the suite inside the persistent
+# compilation cache; WORKSPACE.md, issue 11), so the reader gets TensorBoard's own stub: an
+# importable `tensorboard.compat.notf` is TensorBoard's documented switch for that.
+sys.modules.setdefault("tensorboard.compat.notf", types.ModuleType("tensorboard.compat.notf"))
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _free_compiled_steps():
+    """Drops every compiled executable after each test module. An XLA CPU executable holds
+    memory mappings of its code until it is freed, and the suite compiles thousands (every
+    tiny model, shape and policy path): kept for the whole run they passed Linux's
+    `vm.max_map_count` (65530) and an mmap failure surfaced as a segfault inside XLA
+    (WORKSPACE.md, issue 11). A later module that needs a step again reads it back from the
+    persistent cache below."""
+    yield
+    import jax
+
+    jax.clear_caches()
+
 
 def pytest_configure(config):
     if config.pluginmanager.hasplugin("cacheprovider"):

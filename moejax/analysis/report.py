@@ -11,7 +11,9 @@ skipped and counted) and writes into DIR: `report.md`, `cells.csv` and
 stall per prefetch policy) and `fig_ttft_decode.png` (TTFT and decode tok/s per
 configuration); when the sweep holds SpecMD drop-in pairs (a `policies.preset` run with its own
 eviction and with `policies.eviction=least_stale`, all else equal: `sweep_cells.dropin_pairs`),
-also `fig_dropin_least_stale.png` and the drop-in tables.
+also `fig_dropin_least_stale.png` and the drop-in tables; when it holds quality cells (the
+`quality` job: configs/grid_quality.py), also `fig_quality_frontier.png` and a "Quality–speed
+frontier" section (`moejax/analysis/frontier.py`), and their columns in cells.csv.
 
 Hit rates are always shown as ready + late (`ready_hit_rate`: resident and ready;
 `late_hit_rate`: in flight when needed; their sum is `hit_rate`). Rates are DESIGN.md's
@@ -32,9 +34,11 @@ import csv
 import os
 from typing import Iterable
 
+from moejax.analysis import frontier as frontier_lib
 from moejax.analysis.sweep_cells import (
     EVICTION_ORDER,
     PREFETCH_ORDER,
+    QUALITY,
     SCALARS,
     TIMING,
     DropInPair,
@@ -58,6 +62,9 @@ FIGURES = ("fig4_misses_by_eviction.png", "fig5_collisions_per_layer.png",
 DROPIN_FIGURE = "fig_dropin_least_stale.png"
 CSV_COLUMNS = ("name", "trace", "capacity", "capacity_frac", "slots", "h2d_gbps", "preset",
                "eviction", "prefetch", "miss", "routing", *SCALARS, *TIMING)
+# Written only when the sweep holds quality cells (a replay sweep's files stay as they were).
+QUALITY_FIGURE = "fig_quality_frontier.png"
+QUALITY_CSV_COLUMNS = ("model", "precision", "pools", *QUALITY)
 
 
 # -- report.md -------------------------------------------------------------------------------
@@ -206,10 +213,17 @@ def _markdown(sweep_dir: str, sweep: Sweep) -> str:
     if pairs:
         lines.append(f"- `{DROPIN_FIGURE}`: SpecMD's drop-in: each preset with its own eviction "
                      "vs with Least-Stale")
+    groups = frontier_lib.frontier_rows(rows)
+    if groups:
+        lines.append(f"- `{QUALITY_FIGURE}`: the quality–speed frontier per model and "
+                     "capacity (decode tok/s vs KL mean; SpecMD Fig. 5/7)")
     lines.append("- `cells.csv`: every finished cell's row")
     if pairs:
         lines += ["", "## SpecMD drop-in: each preset with Least-Stale eviction", ""]
         lines += dropin_markdown(pairs)
+    if groups:
+        lines += ["", "## Quality–speed frontier", ""]
+        lines += frontier_markdown(groups)
     return "\n".join(lines) + "\n"
 
 
@@ -283,13 +297,90 @@ def dropin_markdown(pairs: list[DropInPair]) -> list[str]:
         *dropin_summary(pairs), "", "**Per pair**", "", *dropin_table(pairs)]
 
 
+# -- the quality–speed frontier --------------------------------------------------------------
+FRONT_MARK = "★"
+
+
+def _kl(x) -> str:
+    if x is None:
+        return "–"
+    x = float(x)
+    if x <= 0:
+        return "0 (exact)"
+    return f"{x:.2e}" if x < 1e-3 else f"{x:.4f}"
+
+
+def _signed_num(x, fmt: str = "+.4f") -> str:
+    return "–" if x is None else format(float(x), fmt)
+
+
+def _kl_delta(x) -> str:
+    if x is None:
+        return "–"
+    return "0" if x == 0 else (f"{x:+.2e}" if abs(x) < 1e-3 else f"{x:+.4f}")
+
+
+def _speed(x) -> str:
+    return "–" if x is None else f"{float(x):.4g}"
+
+
+def frontier_table(group: frontier_lib.FrontierGroup) -> list[str]:
+    """One row per configuration of the group, fastest first; ★ on the frontier."""
+    body = []
+    for i, r in enumerate(group.rows):
+        base = group.baselines[i]
+        d_kl, ratio = frontier_lib.relative(r, base, group.speed, group.loss)
+        if base is r:
+            vs = "baseline"
+        elif base is None:
+            vs = "–"
+        else:
+            vs = f"{_kl_delta(d_kl)} / {'–' if ratio is None else f'{ratio:.2f}×'}"
+        body.append([group.label(i), _kl(r["kl_mean"]), _pct(r["top1_agreement"]),
+                     _signed_num(r["bits_per_byte_delta"]), _pct(r["drift_identical_share"]),
+                     _speed(r["decode_tok_per_s"]), _ms(r["ttft_s"]), vs,
+                     FRONT_MARK if group.on_front[i] else ""])
+    head = ["configuration", "KL mean", "top-1 agreement", "bpb Δ", "drift identical",
+            "decode tok/s", "TTFT", "vs baseline: ΔKL / speed", "frontier"]
+    return _table(head, body)
+
+
+def frontier_markdown(groups: list[frontier_lib.FrontierGroup]) -> list[str]:
+    """The frontier section's text: what was measured, then per model and capacity its table
+    and frontier."""
+    several_bw = len({g.h2d_gbps for g in groups}) > 1
+    lines = [
+        "Each quality cell runs the model through the configured cache and, side by side, the "
+        "reference (the same model, every expert resident at native precision) on the same "
+        "tokens. KL mean: KL(reference ‖ cached) in nats per scored token (teacher forcing); "
+        "top-1 agreement: share of tokens whose argmax agrees; bpb Δ: bits per byte of the "
+        "cached model minus the reference's; drift identical: share of the greedy drift "
+        "requests whose continuation equals the reference's. Decode tok/s and TTFT: the drift "
+        "requests (prefill + greedy decode) on the cache clock. Baseline: plain fetch with "
+        "standard routing at native precision (for a policy at a lower precision, plain fetch "
+        "at that precision when the sweep has it: fetch_priority's first pool, int8); ΔKL = "
+        "KL − the baseline's, speed = decode tok/s ÷ the baseline's. "
+        f"{FRONT_MARK}: on the Pareto frontier (no other configuration of the table is as fast "
+        "with less KL, or faster with as little).", ""]
+    for g in groups:
+        where = f"capacity {g.capacity}"
+        if several_bw:
+            where += f", H2D {gbps_label(g.h2d_gbps)} GB/s"
+        lines += [f"### {g.model} — {where}", ""]
+        lines += frontier_table(g)
+        lines += [""] + [f"- {s}" for s in frontier_lib.summary(g, per_config=False)] + [""]
+    return lines[:-1]
+
+
 # -- figures ---------------------------------------------------------------------------------
 def _write_csv(path: str, rows: list[dict]) -> None:
+    quality = any(r.get("kl_mean") is not None for r in rows)
+    columns = CSV_COLUMNS + (QUALITY_CSV_COLUMNS if quality else ())
     with open(path, "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(CSV_COLUMNS + ("layer_collision_miss_rate",))
+        w.writerow(columns + ("layer_collision_miss_rate",))
         for r in rows:
-            w.writerow([("" if r[k] is None else r[k]) for k in CSV_COLUMNS]
+            w.writerow([("" if r.get(k) is None else r[k]) for k in columns]
                        + [" ".join("" if v is None else f"{v:.6g}"
                                    for v in r["layer_collision_miss_rate"])])
 
@@ -308,6 +399,12 @@ def write_report(sweep_dir: str) -> str:
         figs.fig_dropin(pairs, dropin_path)
     elif os.path.exists(dropin_path):  # an earlier report's, of cells no longer there
         os.unlink(dropin_path)
+    groups = frontier_lib.frontier_rows(rows)
+    quality_path = os.path.join(sweep_dir, QUALITY_FIGURE)
+    if groups:
+        figs.fig_quality_frontier(groups, quality_path)
+    elif os.path.exists(quality_path):
+        os.unlink(quality_path)
     _write_csv(os.path.join(sweep_dir, "cells.csv"), rows)
     path = os.path.join(sweep_dir, "report.md")
     tmp = path + ".tmp"

@@ -1,7 +1,8 @@
 """The figures of a sweep report (SpecMD-style): misses by eviction policy (Fig. 4),
 per-layer collision misses (Fig. 5), prefetch precision/recall and ready / late hit rate vs
-stall (Fig. 6), TTFT and decode speed per configuration, and SpecMD's drop-in (each preset
-with its own eviction vs with Least-Stale). Hit rates are drawn as ready and late apart.
+stall (Fig. 6), TTFT and decode speed per configuration, SpecMD's drop-in (each preset
+with its own eviction vs with Least-Stale) and the quality–speed frontier of quality cells
+(Fig. 5 / 7). Hit rates are drawn as ready and late apart.
 Called by `moejax.analysis.report.write_report`."""
 
 from __future__ import annotations
@@ -357,6 +358,108 @@ def fig_dropin(pairs: list[DropInPair], path: str) -> None:
            (f"x: preset / {' / '.join(other)}; " if other else "")
            + f"H2D {gbps_label(bw)} GB/s; bars: mean over {n_traces} trace"
            f"{'s' if n_traces != 1 else ''}, dots: each trace")
+    fig.savefig(path, dpi=DPI)
+
+
+# -- the quality–speed frontier --------------------------------------------------------------
+_ROUTING_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "<", ">")
+_POLICY_COLORS = {"fetch": "black", "fetch_priority": "tab:green", "fetch_lowest_bit": "tab:olive",
+                  "substitute": "tab:purple", "drop": "tab:red"}
+
+
+def _policy_colors(families: list[str]) -> dict[str, str]:
+    """Plain fetch black; its quantized variants blue shades; the miss policies their own
+    colours (drop variants red / orange); the rest in turn."""
+    out, others = {}, iter(("tab:brown", "tab:pink", "tab:cyan", "tab:gray") * 8)
+    blues = iter(("tab:blue", "royalblue", "navy", "deepskyblue") * 4)
+    drops = iter(("tab:red", "tab:orange", "darkred", "salmon") * 4)
+    for f in families:
+        base = f.split("(")[0].split(" ")[0]
+        if f.startswith("fetch @"):
+            out[f] = next(blues)
+        elif base == "drop":
+            out[f] = next(drops)
+        elif f in _POLICY_COLORS:
+            out[f] = _POLICY_COLORS[f]
+        elif base in _POLICY_COLORS and base not in ("fetch", "drop"):
+            out[f] = _POLICY_COLORS[base]
+        else:
+            out[f] = next(others)
+    return out
+
+
+def _family_order(f: str) -> tuple:
+    known = ("fetch", "fetch @int8", "fetch @int4", "fetch @int2", "fetch_priority",
+             "fetch_lowest_bit")
+    return (known.index(f) if f in known else len(known), f)
+
+
+def fig_quality_frontier(groups, path: str) -> None:
+    """SpecMD-style quality–speed frontier: one panel per model (rows) and capacity (columns);
+    x decode tok/s (cache clock), y KL mean (log; KL 0 drawn on an "exact" floor line); colour:
+    miss policy (plain fetch by precision), marker: routing; the Pareto frontier as a step
+    line, its points ringed. `groups`: `moejax.analysis.frontier.frontier_rows` output."""
+    from matplotlib.lines import Line2D
+
+    from moejax.analysis import frontier as fr
+
+    models = sorted({g.model for g in groups}, key=fr.model_order)
+    columns = sorted({(g.capacity_key, g.capacity, -1.0 if g.h2d_gbps is None else g.h2d_gbps)
+                      for g in groups})
+    several_bw = len({c[2] for c in columns}) > 1
+    rows = [r for g in groups for r in g.rows]
+    families = sorted({fr.policy_family(r) for r in rows}, key=_family_order)
+    colors = _policy_colors(families)
+    routings = order_names({str(r["routing"]) for r in rows}, ("standard", "cache_aware"))
+    markers = dict(zip(routings, _ROUTING_MARKERS * 4))
+    speed, loss = groups[0].speed, groups[0].loss
+    positive = [float(r[loss]) for r in rows if r.get(loss) is not None and r[loss] > 0]
+    floor = 10 ** math.floor(math.log10(min(positive))) / 10 if positive else 1e-6
+    top = max(positive) * 3 if positive else floor * 100
+    fig, axes = _figure(len(models), len(columns), w=5.0, h=3.6)
+    for i, model in enumerate(models):
+        for j, (cap_key, cap, bw) in enumerate(columns):
+            ax = axes[i, j]
+            sel = [g for g in groups if g.model == model and g.capacity_key == cap_key
+                   and (-1.0 if g.h2d_gbps is None else g.h2d_gbps) == bw]
+            title = f"{model} — capacity {cap}" + (f", H2D {gbps_label(bw)} GB/s"
+                                                   if several_bw else "")
+            ax.set_title(title, fontsize=10)
+            if not sel:
+                ax.text(0.5, 0.5, "no cells", ha="center", va="center", transform=ax.transAxes)
+                ax.set_axis_off()
+                continue
+            g = sel[0]
+            for r in g.rows:
+                if r.get(speed) is None or r.get(loss) is None:
+                    continue
+                y = max(float(r[loss]), floor)
+                ax.scatter(float(r[speed]), y, color=colors[fr.policy_family(r)],
+                           marker=markers[str(r["routing"])], s=34, alpha=0.85, zorder=3,
+                           linewidths=0)
+            front = g.front_rows
+            if front:
+                xs = [float(r[speed]) for r in front]
+                ys = [max(float(r[loss]), floor) for r in front]
+                ax.step(xs, ys, where="pre", color="0.25", lw=1.2, zorder=2)
+                ax.scatter(xs, ys, facecolors="none", edgecolors="black", s=110, lw=0.9,
+                           zorder=4)
+            ax.set_yscale("log")
+            ax.set_ylim(floor / 3, top)
+            ax.axhline(floor, color="0.5", ls="--", lw=0.8, zorder=1)
+            ax.text(0.99, floor, "exact (KL = 0)", transform=ax.get_yaxis_transform(),
+                    ha="right", va="bottom", fontsize=7, color="0.35")
+            ax.set_xlabel("decode tok/s (cache clock)")
+            ax.set_ylabel("KL(reference ‖ cached), nats/token")
+            ax.grid(alpha=0.3, which="major")
+    handles = [Line2D([], [], color=colors[f], marker="o", ls="", label=f) for f in families]
+    handles += [Line2D([], [], color="0.3", marker=markers[r], ls="", label=r) for r in routings]
+    handles.append(Line2D([], [], color="0.25", marker="o", markerfacecolor="none",
+                          markeredgecolor="black", markersize=9, label="Pareto frontier"))
+    fig.legend(handles=handles, loc="outside lower center", ncols=min(5, len(handles)),
+               fontsize=8)
+    _title(fig, "Quality–speed frontier", "colour: miss policy (plain fetch by precision); "
+           "marker: routing; lower right is better")
     fig.savefig(path, dpi=DPI)
 
 

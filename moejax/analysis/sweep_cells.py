@@ -26,6 +26,12 @@ SCALARS = ("requests", "hits", "late_hits", "misses", "collision_misses", "hit_r
            "prediction_precision", "prediction_recall", "evicted_before_use", "prefetch_dropped",
            "stall_s", "h2d_bytes", "demand_bytes", "prefetch_bytes", "wasted_prefetch_bytes")
 TIMING = ("ttft_s", "cold_ttft_s", "warm_ttft_s", "decode_tok_per_s")
+# A quality job's (moejax/jobs/quality.py) comparison with its reference: None in rows of
+# other jobs. `drift_*` come from its `quality.drift` section.
+QUALITY = ("kl_mean", "kl_p99", "top1_agreement", "bits_per_byte", "reference_bits_per_byte",
+           "bits_per_byte_delta", "drift_identical_share", "drift_mean_tokens_to_divergence")
+# The label `model_label` gives the model moejax ships.
+EMBEDDED_MODEL = "embedded"
 # The eviction SpecMD's drop-in experiment puts into each preset.
 DROPIN_EVICTION = "least_stale"
 # Config fields the drop-in pairing ignores: the eviction itself (what the pair differs in)
@@ -91,6 +97,34 @@ def _ready_hit_rate(total: dict):
     return hits / requests if hits is not None and requests else None
 
 
+def model_label(results: dict, config: dict) -> str | None:
+    """A short name of the model a cell ran: "embedded" (the model moejax ships),
+    "family/preset" of a random-weight preset (source "preset:mixtral/tiny"), else the
+    checkpoint directory's name; None when results.json names no model (replay)."""
+    model = results.get("model")
+    if not isinstance(model, dict):
+        return None
+    source = str(model.get("source") or "")
+    cfg = config.get("model") or {}
+    if source.startswith("preset:"):
+        return source[len("preset:"):]
+    if (not cfg.get("checkpoint") and cfg.get("preset") == "embedded") or \
+            source.replace("\\", "/").rstrip("/").endswith("assets/small_moe"):
+        return EMBEDDED_MODEL
+    return os.path.basename(source.rstrip("/")) or None
+
+
+def _quality_columns(results: dict) -> dict:
+    q = results.get("quality")
+    if not isinstance(q, dict):
+        return dict.fromkeys(QUALITY)
+    drift = q.get("drift") or {}
+    out = {k: q.get(k) for k in QUALITY if not k.startswith("drift_")}
+    out["drift_identical_share"] = drift.get("identical_share")
+    out["drift_mean_tokens_to_divergence"] = drift.get("mean_tokens_to_divergence")
+    return out
+
+
 def cell_row(name: str, results: Any) -> dict:
     if not isinstance(results, dict):
         raise TypeError("results.json does not hold an object")
@@ -132,6 +166,24 @@ def cell_row(name: str, results: Any) -> dict:
     }
     if row["hit_rate"] is None and row["requests"] is None:
         raise KeyError("cache.total has no requests or hit_rate")
+    model = results.get("model") if isinstance(results.get("model"), dict) else {}
+    row["model"] = model_label(results, config)
+    row["precision"] = model.get("precision") or cache.get("precision")
+    # The precision pools the cache ran ("int8:int4:int2" for the cascade; None in older
+    # results).
+    pools = cache.get("pools")
+    row["pools"] = ":".join(pools) if isinstance(pools, dict) and pools else None
+    row.update(_quality_columns(results))
+    if isinstance(results.get("quality"), dict):
+        # A quality job's speed is its served (drift) requests' (`speed`), not the cache's
+        # whole run, which includes the teacher-forced scoring; the workload is the model.
+        speed = results.get("speed") or {}
+        row.update({k: speed.get(k) for k in (*TIMING, "stall_s")})
+        row["ttft_per_request_s"] = speed.get("ttft_per_request_s")
+        text = results.get("text_file") or config.get("text_file")
+        task = results.get("task")
+        workload = _stem(str(text)) if text else (str(task) if task else "")
+        row["trace"] = f"{row['model']} · {workload}" if workload else str(row["model"])
     return row
 
 

@@ -406,7 +406,7 @@ class ExpertCache:
             residency = self.residency
             # (With pin_scope="request" an expert of the wave may already be gone again.)
             yield Wave(layer, {e: residency[(layer, e)] for e in chunk if (layer, e) in residency},
-                       ids, weights, wave_active, first=(w == 0))
+                       ids, weights, wave_active, first=(w == 0), last=(w == len(waves) - 1))
             if self.cost is not None:
                 self.clock.compute(self.cost.experts(pairs, len(chunk), tokens, shared=(w == 0)))
 
@@ -449,7 +449,7 @@ class ExpertCache:
             self.metrics.count_pools(pos, requests_by, products_by, demand)
             residency = self.residency
             yield Wave(layer, {e: residency[(layer, e)] for e in chunk if (layer, e) in residency},
-                       ids, weights, wave_active, first=(w == 0))
+                       ids, weights, wave_active, first=(w == 0), last=not rest)
             if self.cost is not None:
                 self.clock.compute(self.cost.experts(pairs, len(chunk), tokens, shared=(w == 0)))
             if not rest:

@@ -175,7 +175,7 @@ class CachedExperts:
                 # at its start): it must land before the step reads the slot.
                 self._flush()
             gate_up, down = self.pool.arrays()
-            yield ExpertWave(gate_up, down, self._slot_map(wave), ids, weights)
+            yield ExpertWave(gate_up, down, self._slot_map(wave), ids, weights, wave.last)
             self._flush()  # prefetches go after this wave's experts step was dispatched
 
     def _slot_map(self, wave: Wave) -> jax.Array:

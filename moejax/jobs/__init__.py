@@ -19,6 +19,14 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
         from moejax.jobs import perplexity
 
         return perplexity.run(config, workdir)
+    if config.job == "quality":
+        from moejax.jobs import quality
+
+        return quality.run(config, workdir)
+    if config.job == "eval":
+        from moejax.jobs import evaluate  # imports seqio (the `eval` extra) only here
+
+        return evaluate.run(config, workdir)
     if config.job == "record_traces":
         from moejax.jobs import record_traces
 

@@ -124,6 +124,22 @@ def moe_ffn(x: jax.Array, ids: jax.Array, weights: jax.Array, gate_up: ExpertPoo
     per-precision pools, S slots in all).
     slot_of: `[E]` the slot holding each expert (only chosen experts are read).
     """
+    return combine(expert_outputs(x, ids, weights, gate_up, down, slot_of, act, impl), x.dtype)
+
+
+def combine(outputs: jax.Array, dtype) -> jax.Array:
+    """The routed experts' output `[N, H]`: the weighted contributions `[N, K, H]` (float32)
+    summed over k, in the model's dtype. A layer served in several waves sums once, here, after
+    its last wave, so its rounding is the resident model's."""
+    return jnp.sum(outputs, axis=1).astype(dtype)
+
+
+def expert_outputs(x: jax.Array, ids: jax.Array, weights: jax.Array, gate_up: ExpertPools,
+                   down: ExpertPools, slot_of: jax.Array, act: str = "silu",
+                   impl: str = "tiled") -> jax.Array:
+    """The weighted contribution of each chosen expert, `[N, K, H]` float32, and exactly 0.0
+    where the weight is 0 (not computed here: a dropped expert, or one of another wave), so
+    that the waves of a layer add up without rounding (v + 0.0 == v)."""
     n, k = ids.shape
     slots = slot_of[ids].reshape(-1)
     order = jnp.argsort(slots, stable=True)
@@ -137,5 +153,4 @@ def moe_ffn(x: jax.Array, ids: jax.Array, weights: jax.Array, gate_up: ExpertPoo
     out = out.reshape(n, k, -1).astype(jnp.float32) * weights[..., None].astype(jnp.float32)
     # A zero weight means "not computed here" (a dropped expert, or one of another wave): its
     # slot may hold anything, so mask rather than trust 0 * garbage.
-    out = jnp.where(weights[..., None] != 0, out, 0.0)
-    return jnp.sum(out, axis=1).astype(x.dtype)
+    return jnp.where(weights[..., None] != 0, out, 0.0)

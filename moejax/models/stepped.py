@@ -31,7 +31,7 @@ from jax.experimental import io_callback
 
 from moejax.models.attention import KVCache
 from moejax.models.decoder import MoEDecoder
-from moejax.models.experts import ExpertPool, moe_ffn, pool_slots
+from moejax.models.experts import ExpertPool, combine, expert_outputs, moe_ffn, pool_slots
 from moejax.models.layers import norm
 from moejax.models.routing import route
 from moejax.quant.formats import QuantizedWeights
@@ -175,6 +175,36 @@ def experts_step(graphdef: Static, state, residual, h_norm, ids, weights, gate_u
     return residual + y.reshape(residual.shape)
 
 
+@functools.partial(jax.jit, static_argnames=("cfg", "impl"), donate_argnames=("partial",))
+def experts_wave_step(h_norm, ids, weights, gate_up, down, slot_of, partial, *, cfg: Static,
+                      impl: str):
+    """A wave before its layer's last: the per-contribution outputs `[N, K, H]` (float32) of
+    its experts, added to those of the layer's earlier waves (`partial`, None for the first).
+    Each contribution is computed in exactly one wave and is 0.0 in the others, so the adds
+    are exact."""
+    cfg = cfg.value
+    with jax.named_scope("moe/experts"):
+        flat = h_norm.reshape(-1, cfg.hidden_size)
+        out = expert_outputs(flat, ids, weights, gate_up, down, slot_of, cfg.hidden_act, impl)
+    return out if partial is None else partial + out
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "cfg", "impl"))
+def experts_last_wave_step(graphdef: Static, state, residual, h_norm, ids, weights, gate_up,
+                           down, slot_of, partial, *, cfg: Static, impl: str):
+    """The last wave of a layer served in several: its contributions join the earlier waves'
+    (`partial`), summed over k once and added to the residual with the shared expert — the
+    operations `experts_step` does for a layer in one wave, on the same values."""
+    cfg = cfg.value
+    layer = nnx.merge(graphdef.value, state)
+    with jax.named_scope("moe/experts"):
+        flat = h_norm.reshape(-1, cfg.hidden_size)
+        out = partial + expert_outputs(flat, ids, weights, gate_up, down, slot_of,
+                                       cfg.hidden_act, impl)
+        y = combine(out, flat.dtype) + layer.shared_expert(flat)
+    return residual + y.reshape(residual.shape)
+
+
 @functools.partial(jax.jit, static_argnames=("graphdef",), donate_argnames=("cache",))
 def dense_layer_step(graphdef: Static, state, x, cache: KVCache, pos):
     layer = nnx.merge(graphdef.value, state)
@@ -311,12 +341,19 @@ class SteppedDecoder:
                     gate = GateOutputs(l, ids, w, probs, sp, spec_layers)
             for observe in self.gate_observers:
                 observe(gate)
-            x = h
-            for i, wave in enumerate(self.experts.experts_for(gate)):
+            x, partial = h, None
+            for wave in self.experts.experts_for(gate):
+                args = (h_norm, wave.ids, wave.weights, wave.gate_up, wave.down, wave.slot_of)
                 with self.annotate("moe/experts"):
-                    x = experts_step(g, s, x, h_norm, wave.ids, wave.weights, wave.gate_up,
-                                     wave.down, wave.slot_of, cfg=self.static_cfg,
-                                     impl=self.gmm_impl, shared=(i == 0))
+                    if wave.last and partial is None:  # the layer in one wave
+                        x = experts_step(g, s, x, *args, cfg=self.static_cfg,
+                                         impl=self.gmm_impl)
+                    elif wave.last:
+                        x = experts_last_wave_step(g, s, x, *args, partial,
+                                                   cfg=self.static_cfg, impl=self.gmm_impl)
+                    else:  # dispatched now: the source may reload these slots for the next
+                        partial = experts_wave_step(*args, partial, cfg=self.static_cfg,
+                                                    impl=self.gmm_impl)
         self.pos += t
         logits = logits_step(self.head_graph, self.head_state, x)
         self.experts.end_pass()
@@ -328,8 +365,11 @@ class SteppedDecoder:
 
     def generate(self, prompt: np.ndarray, max_new_tokens: int, *, eos_id: int | None = None,
                  keep_logits: bool = False,
-                 on_token: Callable[[int], None] | None = None) -> Generation:
-        """Greedy decoding of `prompt` `[B, T]`; stops early only when every row hit `eos_id`."""
+                 on_token: Callable[[int], None] | None = None,
+                 stop: Callable[[list[int]], bool] | None = None) -> Generation:
+        """Greedy decoding of `prompt` `[B, T]`. A row is done when it generates `eos_id` or
+        when `stop` (called with the row's generated ids after each new token) returns True;
+        decoding stops early only when every row is done."""
         prompt = np.asarray(prompt, np.int32)
         self.reset()
         start = time.perf_counter()
@@ -346,6 +386,10 @@ class SteppedDecoder:
                     out.generated_ids[row].append(int(tok))
             if eos_id is not None:
                 done |= nxt == eos_id
+            if stop is not None:
+                for row in range(self.batch):
+                    if not done[row] and stop(out.generated_ids[row]):
+                        done[row] = True
             if on_token is not None:
                 on_token(step)
             if done.all() or step == max_new_tokens - 1:
