@@ -163,8 +163,9 @@ def attention_router_step_hooked(graphdef: Static, state, spec, x, cache: KVCach
 @functools.partial(jax.jit, static_argnames=("graphdef", "cfg", "impl", "shared"))
 def experts_step(graphdef: Static, state, residual, h_norm, ids, weights, gate_up, down,
                  slot_of, *, cfg: Static, impl: str, shared: bool = True):
-    """`residual` plus the routed experts' contributions (plus the shared expert when
-    `shared`: the first wave of a layer)."""
+    """`residual` plus the routed experts' contributions and the shared expert (`shared`), for
+    a layer served in one wave; several waves go through `experts_wave_step` and
+    `experts_last_wave_step`, which end in the same operations."""
     cfg = cfg.value
     layer = nnx.merge(graphdef.value, state)
     with jax.named_scope("moe/experts"):
