@@ -8,7 +8,10 @@ table are the same everywhere: generate, perplexity and replay).
 
 from __future__ import annotations
 
+import contextlib
+
 import ml_collections
+import numpy as np
 
 from moejax.cache import report
 from moejax.cache.build import expert_source, resident_precision
@@ -19,6 +22,24 @@ from moejax.model_source import LoadedModel
 from moejax.models.stepped import SteppedDecoder
 from moejax.policies import presets
 from moejax.seam import ExpertSource
+from moejax.tokenizer import ByteTokenizer, Tokenizer
+
+
+def progress(enabled: bool, total: int, desc: str, unit: str = "tok"):
+    """A tqdm bar the job updates (None, in a null context, when `log.progress` is off)."""
+    if not enabled:
+        return contextlib.nullcontext(None)
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, unit=unit, leave=False)
+
+
+def scored_bytes(tokenizer: Tokenizer, ids: np.ndarray) -> int:
+    """UTF-8 bytes of `ids[1:]`, the tokens a sequence scores (its first is context only):
+    the denominator of bits per byte."""
+    if isinstance(tokenizer, ByteTokenizer):
+        return len(ids) - 1
+    return len(tokenizer.decode(np.asarray(ids[1:]).tolist()).encode("utf-8"))
 
 
 def make_decoder(config: ml_collections.ConfigDict, loaded: LoadedModel, experts: ExpertSource,

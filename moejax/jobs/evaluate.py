@@ -26,7 +26,6 @@ python -m moejax.main --config=configs/eval.py --config.eval.task=gsm8k \
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 import time
@@ -43,12 +42,13 @@ from moejax.jobs.common import (
     cache_of,
     configured_decoder,
     experts_precision,
+    progress,
     report_cache,
+    scored_bytes,
 )
 from moejax.jobs.perplexity import score
 from moejax.model_source import LoadedModel, load_model
 from moejax.results import write_json_atomic
-from moejax.tokenizer import ByteTokenizer
 
 # A record keeps a prompt up to this many characters; a longer one (few-shot prompts) keeps
 # its length and its last INPUTS_TAIL characters (the evaluated question).
@@ -161,14 +161,6 @@ def _data_file(task: str, data_file: str) -> str:
     return bundled.GSM8K if task == "gsm8k" else bundled.HELDOUT_DIR
 
 
-def _progress(enabled: bool, total: int, desc: str):
-    if not enabled:
-        return contextlib.nullcontext(None)
-    from tqdm import tqdm
-
-    return tqdm(total=total, desc=desc, unit="example", leave=False)
-
-
 def _encode(loaded: LoadedModel, text: str, what: str, ex: data.Example) -> list[int]:
     ids = loaded.tokenizer.encode(text)
     if not ids:
@@ -215,7 +207,7 @@ def _generate(config: ml_collections.ConfigDict, loaded: LoadedModel,
     experts, decoder = configured_decoder(config, loaded, max_len=max_len)
     eos = cfg.eos_token_id
     records, outputs = [], []
-    with _progress(config.log.progress, len(examples), e.task) as bar:
+    with progress(config.log.progress, len(examples), e.task, "example") as bar:
         for ex, (ids, truncated) in zip(examples, prompts):
             gen = decoder.generate(np.asarray(ids, np.int32)[None], e.max_new_tokens,
                                    eos_id=eos, stop=stop if stops else None)
@@ -258,7 +250,7 @@ def _choices(config: ml_collections.ConfigDict, loaded: LoadedModel,
     max_len = max(len(ids) for _, fits in plans for ids, _, _ in fits.values())
     experts, decoder = configured_decoder(config, loaded, max_len=max_len)
     records, outputs = [], []
-    with _progress(config.log.progress, len(examples), config.eval.task) as bar:
+    with progress(config.log.progress, len(examples), config.eval.task, "example") as bar:
         for ex, (ctx, fits) in zip(examples, plans):
             ll = {}
             for choice, (ids, n_cont, _) in fits.items():
@@ -294,12 +286,11 @@ def _bits(config: ml_collections.ConfigDict, loaded: LoadedModel, examples: list
         texts.append((ids, window, min(e.stride, window - 1)))
     experts, decoder = configured_decoder(config, loaded, max_len=max(w for _, w, _ in texts))
     records, outputs = [], []
-    with _progress(config.log.progress, len(examples), e.task) as bar:
+    with progress(config.log.progress, len(examples), e.task, "example") as bar:
         for ex, (ids, window, stride) in zip(examples, texts):
             nll = score(decoder, ids, window, stride)
             bits = float(nll.sum() / math.log(2))
-            n_bytes = (len(ids) - 1 if isinstance(tok, ByteTokenizer)
-                       else len(tok.decode(ids[1:].tolist()).encode("utf-8")))
+            n_bytes = scored_bytes(tok, ids)
             outputs.append({"bits": bits, "bytes": n_bytes})
             records.append({**_where(ex), "tokens_scored": len(nll), "bytes_scored": n_bytes,
                             "bits_per_byte": bits / n_bytes, "bits_per_token": bits / len(nll),

@@ -24,6 +24,7 @@ from moejax.jobs.common import (
     cache_of,
     configured_decoder,
     experts_precision,
+    progress,
     report_cache,
 )
 from moejax.model_source import LoadedModel, load_model
@@ -107,14 +108,6 @@ def _warm_up(config: ml_collections.ConfigDict, loaded: LoadedModel, reqs: list[
     del warmup  # nothing keeps it (or its KV caches) alive after this
 
 
-def _progress(enabled: bool, total: int):
-    if not enabled:
-        return contextlib.nullcontext(None)
-    from tqdm import tqdm
-
-    return tqdm(total=total, desc="decode", unit="tok", leave=False)
-
-
 def _mean(xs: list[float]) -> float | None:
     return sum(xs) / len(xs) if xs else None
 
@@ -153,8 +146,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
         if cache is not None:
             cache.annotate = jax.profiler.TraceAnnotation
     gens = []
-    with tracing, _progress(config.log.progress,
-                            config.run.max_new_tokens * len(reqs)) as bar:
+    with tracing, progress(config.log.progress, config.run.max_new_tokens * len(reqs),
+                           "decode") as bar:
         for q in reqs:  # `generate` starts each request with a fresh sequence (KV caches reset)
             gens.append(decoder.generate(
                 _batch(q.ids, batch), config.run.max_new_tokens, eos_id=eos,

@@ -16,11 +16,16 @@ import ml_collections
 import numpy as np
 
 from moejax.config import ConfigError
-from moejax.jobs.common import cache_of, configured_decoder, experts_precision, report_cache
+from moejax.jobs.common import (
+    cache_of,
+    configured_decoder,
+    experts_precision,
+    report_cache,
+    scored_bytes,
+)
 from moejax.model_source import load_model
 from moejax.models.stepped import SteppedDecoder
 from moejax.results import write_json_atomic
-from moejax.tokenizer import ByteTokenizer
 
 
 def validate(config: ml_collections.ConfigDict) -> None:
@@ -84,8 +89,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     elapsed = time.perf_counter() - t0
     bits = float(nll.sum() / math.log(2))
     # Bytes of the scored tokens: everything after the first token.
-    scored_bytes = len(loaded.tokenizer.decode(ids[1:].tolist()).encode("utf-8")) \
-        if not isinstance(loaded.tokenizer, ByteTokenizer) else len(ids) - 1
+    n_bytes = scored_bytes(loaded.tokenizer, ids)
     results = {
         "job": "perplexity",
         "model": {"source": loaded.source, "family": loaded.cfg.family,
@@ -93,8 +97,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
         "tokenizer": loaded.tokenizer.name,
         "text_file": os.path.abspath(config.text_file),
         "tokens_scored": int(len(nll)),
-        "bytes_scored": int(scored_bytes),
-        "bits_per_byte": bits / scored_bytes,
+        "bytes_scored": int(n_bytes),
+        "bits_per_byte": bits / n_bytes,
         "bits_per_token": bits / len(nll),
         "window": window, "stride": stride,
         "eval_s": elapsed,

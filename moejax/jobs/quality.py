@@ -25,7 +25,6 @@ results.json: `quality` (summary and `drift`), `speed` (cache clock on the drift
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 import time
@@ -42,7 +41,9 @@ from moejax.jobs.common import (
     configured_decoder,
     experts_precision,
     make_decoder,
+    progress,
     report_cache,
+    scored_bytes,
 )
 from moejax.metrics_writer import MetricsWriter
 from moejax.model_source import LoadedModel, load_model
@@ -50,7 +51,6 @@ from moejax.models.stepped import ResidentExperts, SteppedDecoder
 from moejax.quality import drift as drift_lib
 from moejax.quality import metrics
 from moejax.results import write_json_atomic
-from moejax.tokenizer import ByteTokenizer
 
 TEACHER_FORCING = ("decode", "prefill")
 
@@ -129,12 +129,6 @@ def _segments(sequences: list[np.ndarray], length: int) -> list[np.ndarray]:
     return out
 
 
-def _scored_bytes(tokenizer, segments: list[np.ndarray]) -> int:
-    if isinstance(tokenizer, ByteTokenizer):
-        return sum(len(s) - 1 for s in segments)
-    return sum(len(tokenizer.decode(s[1:].tolist()).encode("utf-8")) for s in segments)
-
-
 # -- running both models ---------------------------------------------------------------------
 def _teacher_forced_logits(decoder: SteppedDecoder, segment: np.ndarray, mode: str):
     """Logits `[len-1, V]` predicting tokens 1.. of `segment`, from a fresh sequence."""
@@ -143,14 +137,6 @@ def _teacher_forced_logits(decoder: SteppedDecoder, segment: np.ndarray, mode: s
         return decoder.forward(segment[None, :-1])[0]
     return jnp.concatenate([decoder.forward(segment[None, i:i + 1])[0]
                             for i in range(len(segment) - 1)])
-
-
-def _progress(enabled: bool, total: int, desc: str):
-    if not enabled:
-        return contextlib.nullcontext(None)
-    from tqdm import tqdm
-
-    return tqdm(total=total, desc=desc, unit="tok", leave=False)
 
 
 def greedy_drift(reference: SteppedDecoder, cached: SteppedDecoder, prompts: list[np.ndarray],
@@ -228,12 +214,12 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     drift_s = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    with _progress(config.log.progress, sum(len(s) - 1 for s in segments), "quality") as bar:
+    with progress(config.log.progress, sum(len(s) - 1 for s in segments), "quality") as bar:
         tokens, segment_of = teacher_forced(reference, cached, segments, q.teacher_forcing,
                                             bar.update if bar is not None else None)
     teacher_s = time.perf_counter() - t0
 
-    summary = metrics.summary(tokens, _scored_bytes(loaded.tokenizer, segments))
+    summary = metrics.summary(tokens, sum(scored_bytes(loaded.tokenizer, s) for s in segments))
     quality = {
         **summary,
         "teacher_forcing": q.teacher_forcing,
