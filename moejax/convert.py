@@ -1,8 +1,12 @@
 """Converts a Hugging Face safetensors MoE checkpoint into the moejax layout.
 
-    python -m moejax.convert --hf_dir=DIR --out=OUT [--dtype=bfloat16]
+    python -m moejax.convert --hf_dir=DIR --out=OUT [--dtype=bfloat16] [--layout=zarr|packed]
         [--precisions=int8,int4,int2 [--group_size=64] [--calibration=search|int2=hqq,...]]
     python -m moejax.convert --out=OUT --add_precisions --precisions=int4   # to an existing one
+
+`--layout=packed` stores each layer's experts as one file of page-aligned records per
+precision (`moejax.checkpoint.packed`) instead of zarr3 arrays; `--add_precisions` writes in
+the layout the checkpoint already has.
 
 Families: OLMoE, Mixtral, Qwen1.5/Qwen2-MoE, Phi-3.5-MoE (see `moejax.families`).
 """
@@ -54,11 +58,13 @@ def check_quant_flags(precisions, group_size, calibration) -> tuple[str, ...]:
 
 def convert(hf_dir: str, out: str, dtype: str | None = None,
             compression: str | None = None, precisions=(),
-            group_size: int = DEFAULT_GROUP_SIZE, calibration=None) -> ModelConfig:
+            group_size: int = DEFAULT_GROUP_SIZE, calibration=None,
+            expert_layout: str = "zarr") -> ModelConfig:
     """Converts `hf_dir` into `out`; returns the model config written. `dtype` overrides the
     stored precision (default: the checkpoint's own). `precisions` (e.g. "int8,int4") adds
-    quantized expert copies (`layout.save`)."""
+    quantized expert copies (`layout.save`); `expert_layout` is "zarr" or "packed"."""
     precisions = check_quant_flags(precisions, group_size, calibration)
+    layout.check_expert_layout(expert_layout, compression, "--layout")
     hf = read_hf_config(hf_dir)
     try:
         cfg = config_from_hf(hf)
@@ -93,7 +99,8 @@ def convert(hf_dir: str, out: str, dtype: str | None = None,
             yield layer, gate_up.astype(target), down.astype(target)
 
     layout.save(out, cfg, dense, experts(), tokenizer_dir=hf_dir, compression=compression,
-                precisions=precisions, group_size=group_size, calibration=calibration)
+                precisions=precisions, group_size=group_size, calibration=calibration,
+                expert_layout=expert_layout)
     return cfg
 
 
@@ -121,6 +128,10 @@ flags.DEFINE_integer("group_size", DEFAULT_GROUP_SIZE,
 flags.DEFINE_string("calibration", None,
                     f"Quantization calibration, one of {CALIBRATIONS} for all precisions, or "
                     f"PRECISION=NAME,... (default: {DEFAULT_CALIBRATION}).")
+flags.DEFINE_enum("layout", "zarr", list(layout.LAYOUTS),
+                  "How experts are stored: zarr (zarr3 arrays, one chunk per expert) or packed "
+                  "(one file of page-aligned records per layer and precision, for per-expert "
+                  "reads from disk). --add_precisions keeps the checkpoint's own layout.")
 flags.DEFINE_bool("add_precisions", False,
                   "Add --precisions to the checkpoint already at --out (no --hf_dir).")
 
@@ -142,12 +153,12 @@ def main(argv):
         raise app.UsageError("--hf_dir and --out are required")
     try:
         cfg = convert(FLAGS.hf_dir, FLAGS.out, FLAGS.dtype, FLAGS.compression,
-                      FLAGS.precisions, FLAGS.group_size, FLAGS.calibration)
+                      FLAGS.precisions, FLAGS.group_size, FLAGS.calibration, FLAGS.layout)
     except (CheckpointError, ConfigError) as e:
         raise SystemExit(f"error: {e}")
     print(f"converted {cfg.family}: {cfg.num_layers} layers, {cfg.num_moe_layers} MoE layers x "
-          f"{cfg.num_experts} experts (top-{cfg.top_k}), expert {cfg.expert_bytes} bytes -> "
-          f"{FLAGS.out}")
+          f"{cfg.num_experts} experts (top-{cfg.top_k}), expert {cfg.expert_bytes} bytes, "
+          f"{FLAGS.layout} layout -> {FLAGS.out}")
 
 
 def run():

@@ -61,6 +61,34 @@ def base_config() -> ml_collections.ConfigDict:
     # Replay of traces that do not record expert sizes (capture / vLLM logs): bytes per expert
     # (0: from the trace or model.preset; unknown sizes still give exact counts).
     c.cache.expert_bytes = 0
+    # The disk tier (moejax/cache/host_tier.py, DESIGN.md "The disk tier"): below 1.0 the
+    # experts stay on storage and host memory holds at most this fraction of all routed
+    # experts (at the plain precision), read on demand and ahead of prefetches; 1.0: every
+    # expert is read into host memory at start and storage is never read again.
+    c.cache.host_capacity_frac = 1.0
+    c.cache.host_bytes = 0  # the host tier's size in bytes instead (0: host_capacity_frac)
+    c.cache.host_eviction = "lru"  # the host tier's eviction policy (the same registry)
+    # Seeding before the first token: "" (none) or "hotlist(trace=PATH, top=N)" (ds4): the
+    # hottest experts of a trace (or of a run's work directory with its trace.npz) fill the
+    # device and host tiers, and enter a `priority` eviction policy as priorities 1..32.
+    c.cache.seed = ""
+    # ds4's full-layer placement: every expert of the first N MoE layers resident in slots of
+    # their own for the whole run; the other layers share the rest.
+    c.cache.full_layers = 0
+
+    # The storage the disk tier reads (moejax/sim/storage.py): a preset, each field
+    # overridable (None keeps the preset's).
+    c.storage = ml_collections.ConfigDict()
+    c.storage.preset = "nvme_gen4"  # nvme_gen4, nvme_gen5, sata_ssd, hdd
+    c.storage.read_gbps = ml_collections.config_dict.placeholder(float)
+    c.storage.read_latency_s = ml_collections.config_dict.placeholder(float)
+    c.storage.queue_depth = ml_collections.config_dict.placeholder(int)
+    # How the live runtime reads an expert (moejax/checkpoint/expert_reader.py): `split`
+    # page-aligned range reads of a packed checkpoint's expert record (1..8, Anemll's
+    # --cache-io-split) over `workers` persistent reader threads.
+    c.io = ml_collections.ConfigDict()
+    c.io.split = 1
+    c.io.workers = 8
 
     c.policies = ml_collections.ConfigDict()
     # Policy specs; "" (not given) takes the preset's spec, or with no preset the default

@@ -43,6 +43,8 @@ class LoadedModel:
     quantized: Callable[[str], tuple[dict, dict]] | None = None
     # Quantization group length per weight kind and precision: {"int4": {"gate_up": g, ...}}.
     groups: dict[str, dict[str, int]] = dataclasses.field(default_factory=dict)
+    # The checkpoint directory the experts are read from ("" for weights drawn in memory).
+    path: str = ""
 
     @property
     def precisions(self) -> tuple[str, ...]:
@@ -50,6 +52,8 @@ class LoadedModel:
 
     def experts_at(self, precision: str) -> tuple[dict, dict]:
         if precision == "native":
+            if self.host_gate_up is None:  # loaded without its experts: read them now
+                self.host_gate_up, self.host_down = self.quantized("native")
             return self.host_gate_up, self.host_down
         if precision not in self.groups or self.quantized is None:
             raise ConfigError(f"{self.source} has no {precision} experts (it has "
@@ -98,14 +102,17 @@ def validate_model_config(m: ml_collections.ConfigDict) -> None:
                           f"{sorted(get_family(m.family).presets)} (or {EMBEDDED!r})")
 
 
-def load_model(m: ml_collections.ConfigDict, seed: int = 0) -> LoadedModel:
+def load_model(m: ml_collections.ConfigDict, seed: int = 0,
+               read_experts: bool = True) -> LoadedModel:
+    """`read_experts=False`: a checkpoint's experts stay on storage (the disk tier reads them
+    one by one); `experts_at` still reads a whole precision when a job asks for it."""
     validate_model_config(m)
     if m.checkpoint or m.preset == EMBEDDED:
-        ck = layout.load(m.checkpoint or EMBEDDED_DIR)
+        ck = layout.load(m.checkpoint or EMBEDDED_DIR, read_experts=read_experts)
         tok = load_tokenizer(ck.tokenizer_dir, ck.cfg.vocab_size)
         groups = {p: dict(info["groups"]) for p, info in ck.precisions.items() if p != "native"}
         return LoadedModel(ck.cfg, ck.model, ck.host_gate_up, ck.host_down, tok, ck.path,
-                           ck.experts_at, groups)
+                           ck.experts_at, groups, ck.path)
     cfg = preset(m.family, m.preset)
     if cfg.total_expert_bytes > 2 ** 30:
         raise ConfigError(
@@ -115,6 +122,15 @@ def load_model(m: ml_collections.ConfigDict, seed: int = 0) -> LoadedModel:
     model, gate_up, down = random_model(cfg, seed)
     return in_memory(cfg, model, gate_up, down, load_tokenizer(None, cfg.vocab_size),
                      f"preset:{m.family}/{m.preset}")
+
+
+def load_model_for(config: ml_collections.ConfigDict) -> LoadedModel:
+    """The job's model (`config.model`); with a host tier (`cache.host_capacity_frac` below
+    1, or `cache.host_bytes`) its experts are not read at start."""
+    from moejax.cache.build import host_tier_enabled
+
+    disk_tier = config.cache.enabled and host_tier_enabled(config)
+    return load_model(config.model, config.seed, read_experts=not disk_tier)
 
 
 def in_memory(cfg: ModelConfig, model: MoEDecoder, gate_up: dict, down: dict,

@@ -76,7 +76,7 @@ def _cached_run(tiny, prompt, eviction, prefetch, slots, miss="fetch", routing="
 
 
 @pytest.mark.slow
-@settings(max_examples=14, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(eviction=st.sampled_from(EVICTIONS), prefetch=st.sampled_from(PREFETCHES),
        slots=st.sampled_from(SLOTS), prompt_len=st.sampled_from([5, 23]), seed=st.integers(0, 2),
        queue=st.sampled_from(["immediate", "watchdog"]))

@@ -63,7 +63,7 @@ def _cached(loaded, prompt, precision, slots, eviction, prefetch, miss="fetch"):
 
 
 @pytest.mark.slow
-@settings(max_examples=10, deadline=None,
+@settings(max_examples=6, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(precision=st.sampled_from(["int8", "int4"]), eviction=st.sampled_from(EVICTIONS),
        prefetch=st.sampled_from(PREFETCHES), slots=st.sampled_from([4, 7, 64]),

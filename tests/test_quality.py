@@ -61,7 +61,7 @@ def _tokens(cfg, seed, n):
     return np.random.default_rng(seed).integers(0, cfg.vocab_size, n).astype(np.int32)
 
 
-@settings(max_examples=12, deadline=None,
+@settings(max_examples=6, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(eviction=st.sampled_from(EVICTIONS), prefetch=st.sampled_from(PREFETCHES),
        slots=st.sampled_from([4, 7, 16, 64]), queue=st.sampled_from(["immediate", "watchdog"]),

@@ -30,6 +30,9 @@ TIMING = ("ttft_s", "cold_ttft_s", "warm_ttft_s", "decode_tok_per_s")
 # other jobs. `drift_*` come from its `quality.drift` section.
 QUALITY = ("kl_mean", "kl_p99", "top1_agreement", "bits_per_byte", "reference_bits_per_byte",
            "bits_per_byte_delta", "drift_identical_share", "drift_mean_tokens_to_divergence")
+# The host tier's counters (moejax/cache/host_tier.py), as `host_<name>` columns.
+DISK = ("requests", "hit_rate", "ready_hit_rate", "misses", "demand_misses", "read_ahead",
+        "storage_reads", "storage_bytes", "storage_stall_s")
 # The label `model_label` gives the model moejax ships.
 EMBEDDED_MODEL = "embedded"
 # The eviction SpecMD's drop-in experiment puts into each preset.
@@ -125,6 +128,20 @@ def _quality_columns(results: dict) -> dict:
     return out
 
 
+def _disk_columns(cache: dict, config: dict) -> dict:
+    """The disk tier's columns (None without a host tier): its size and policy, the storage,
+    its counters, and the placement (`cache.seed`, `cache.full_layers`)."""
+    host = cache.get("host") or {}
+    total, storage = host.get("total") or {}, host.get("storage") or {}
+    cfg = config.get("cache") or {}
+    return {"host_capacity_frac": cfg.get("host_capacity_frac") if host else None,
+            "host_experts": host.get("capacity_experts"),
+            "host_eviction": host.get("eviction"),
+            "storage": storage.get("preset"), "storage_read_gbps": storage.get("read_gbps"),
+            **{f"host_{k}": total.get(k) for k in DISK}, "seed": str(cfg.get("seed") or ""),
+            "full_layers": int(cfg.get("full_layers") or 0)}
+
+
 def cell_row(name: str, results: Any) -> dict:
     if not isinstance(results, dict):
         raise TypeError("results.json does not hold an object")
@@ -174,6 +191,7 @@ def cell_row(name: str, results: Any) -> dict:
     pools = cache.get("pools")
     row["pools"] = ":".join(pools) if isinstance(pools, dict) and pools else None
     row.update(_quality_columns(results))
+    row.update(_disk_columns(cache, config))
     if isinstance(results.get("quality"), dict):
         # A quality job's speed is its served (drift) requests' (`speed`), not the cache's
         # whole run, which includes the teacher-forced scoring; the workload is the model.

@@ -12,18 +12,21 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 
 import jax
 import ml_collections
 
 from moejax.cache import capacity as capacity_lib
 from moejax.cache.cache import CacheShape, ExpertCache, slots_for
-from moejax.cache.runtime import CachedExperts, SlotPools
+from moejax.cache.host_tier import HostTier
+from moejax.cache.runtime import CachedExperts, SlotPool, SlotPools
 from moejax.config import ConfigError, ModelConfig
 from moejax.models.stepped import ResidentExperts
 from moejax.policies import build, presets
 from moejax.quant import formats
 from moejax.sim import hardware as hw_lib
+from moejax.sim import storage as storage_lib
 from moejax.sim.clock import VirtualClock, WallClock
 from moejax.sim.cost import CostModel
 
@@ -79,21 +82,111 @@ def build_policies(config: ml_collections.ConfigDict, shape: CacheShape, renorma
             build("miss", p["miss"], **ctx), build("routing", p["routing"], **ctx))
 
 
+def storage_from(config: ml_collections.ConfigDict) -> storage_lib.Storage:
+    """The `storage.preset` profile with the group's overrides (None keeps the preset's)."""
+    s = config.storage
+    return storage_lib.get(s.preset, **{k: s[k] for k in storage_lib.OVERRIDABLE if k in s})
+
+
+def host_tier_enabled(config: ml_collections.ConfigDict) -> bool:
+    """Whether experts stay on storage behind a bounded host tier (`cache.host_bytes`, or
+    `cache.host_capacity_frac` below 1)."""
+    c = config.cache
+    frac, nbytes = c.get("host_capacity_frac", 1.0), c.get("host_bytes", 0)
+    if isinstance(frac, bool) or not isinstance(frac, (int, float)) or not 0 < frac <= 1:
+        raise ConfigError(f"cache.host_capacity_frac={frac!r} must be in (0, 1] (1.0: every "
+                          "expert in host memory, no storage tier)")
+    if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 0:
+        raise ConfigError(f"cache.host_bytes={nbytes!r} must be an integer >= 0 (0: use "
+                          "cache.host_capacity_frac)")
+    return nbytes > 0 or frac < 1
+
+
+def build_host_tier(config: ml_collections.ConfigDict, shape: CacheShape,
+                    read_bytes: int, renormalize: bool) -> HostTier | None:
+    """The host tier of a run whose experts stay on storage (None: every expert in host
+    memory). It holds experts at the cache's one precision, `read_bytes` each."""
+    if not host_tier_enabled(config):
+        return None
+    c = config.cache
+    if len(shape.pools) > 1:
+        raise ConfigError(f"a host tier (cache.host_capacity_frac / cache.host_bytes) needs a "
+                          f"cache of one precision; this one has pools {list(shape.precisions)}")
+    total = shape.total_experts
+    if c.host_bytes:
+        capacity = min(c.host_bytes // read_bytes, total)
+        what = (f"cache.host_bytes={c.host_bytes} holds {capacity} experts of {read_bytes} "
+                f"bytes ({shape.precision})")
+    else:
+        capacity = int(math.floor(c.host_capacity_frac * total + 1e-9))
+        what = (f"cache.host_capacity_frac={c.host_capacity_frac} holds {capacity} of the "
+                f"{total} experts ({capacity * read_bytes} bytes at {shape.precision})")
+    if capacity < shape.num_experts:
+        raise ConfigError(f"{what}: fewer than one layer's {shape.num_experts} experts "
+                          f"({shape.num_experts * read_bytes} bytes); a layer's experts must "
+                          "fit in host memory together")
+    spec = c.host_eviction
+    ctx = {**policy_context(shape, renormalize, config.seed), "num_slots": capacity}
+    policy = build("eviction", spec, **ctx)
+    if policy.needs_future or policy.needs_probs:
+        raise ConfigError(f"cache.host_eviction={spec!r} reads "
+                          f"{'the future routing' if policy.needs_future else 'router scores'}, "
+                          "which the host tier does not see; choose one that does not "
+                          "(lru, lru_per_layer, fifo, lfu, least_stale, priority, ...)")
+    return HostTier(capacity, read_bytes, policy, storage_lib.StorageQueue(storage_from(config)),
+                    list(shape.layers), spec)
+
+
+def seed_cache(config: ml_collections.ConfigDict, cache: ExpertCache) -> dict | None:
+    """Applies `cache.seed` before the first pass: the hotlist's hottest experts fill the
+    device slots and the host tier, and its priorities go to the policies that take them.
+    Returns results.json's `cache.seed` (None without a seed)."""
+    if not config.cache.get("seed", ""):
+        return None
+    from moejax.cache import hotlist as hotlist_lib
+
+    seed = hotlist_lib.parse_seed(config.cache.get("seed", ""))
+    if seed is None:
+        return None
+    hot = hotlist_lib.from_trace(seed["trace"])
+    hot.check_against(list(cache.shape.layers), cache.shape.num_experts)
+    if seed["top"] is not None:
+        hot = hot.top(seed["top"])
+    priorities = hot.priorities()
+    device = cache.seed(list(hot.keys), priorities)
+    host = 0
+    if cache.host is not None:
+        if hasattr(cache.host.policy, "set_priorities"):
+            cache.host.policy.set_priorities(priorities)
+        cache.host.seed(list(hot.keys))
+        host = cache.host.seeded
+    return {"spec": config.cache.seed, "source": hot.source, "experts": len(hot.keys),
+            "device_seeded": device, "host_seeded": host,
+            "priority_policy": hasattr(cache.eviction, "set_priorities")}
+
+
 def build_cache(config: ml_collections.ConfigDict, shape: CacheShape,
                 model_cfg: ModelConfig | None, renormalize: bool,
                 specs: dict[str, str] | None = None, policies=None) -> ExpertCache:
     """The cache of a given `shape` (`policies`: the four already built, else from the
-    config / `specs`)."""
+    config / `specs`), with its host tier, full layers and seed."""
     eviction, prefetch, miss, routing = (policies if policies is not None else
                                          build_policies(config, shape, renormalize, specs))
     hw = hardware_from(config)
     kind = clock_kind(config)
     clock = VirtualClock(hw) if kind == "virtual" else WallClock(hw)
     cost = CostModel(model_cfg, hw) if (model_cfg is not None and kind == "virtual") else None
-    return ExpertCache(shape, eviction, prefetch, miss, routing, clock, cost,
-                       lookahead_scores=max(1, prefetch.lookahead) if model_cfg else 0,
-                       pin_scope=config.cache.pin_scope,
-                       prefetch_queue=config.cache.get("prefetch_queue", "immediate"))
+    host = build_host_tier(config, shape, shape.expert_bytes, renormalize)
+    full_layers = config.cache.get("full_layers", 0)
+    if isinstance(full_layers, bool) or not isinstance(full_layers, int) or full_layers < 0:
+        raise ConfigError(f"cache.full_layers={full_layers!r} must be an integer >= 0")
+    cache = ExpertCache(shape, eviction, prefetch, miss, routing, clock, cost,
+                        lookahead_scores=max(1, prefetch.lookahead) if model_cfg else 0,
+                        pin_scope=config.cache.pin_scope,
+                        prefetch_queue=config.cache.get("prefetch_queue", "immediate"),
+                        host=host, full_layers=full_layers)
+    cache.seeding = seed_cache(config, cache)
+    return cache
 
 
 def given_precision(config: ml_collections.ConfigDict) -> str:
@@ -180,8 +273,33 @@ def build_cached_experts(config: ml_collections.ConfigDict, loaded) -> CachedExp
         if policy.replay_only:
             raise ConfigError(f"{policy.kind} policy {policy.name!r} needs the future routing: "
                               "it runs in trace replay only (configs/replay.py)")
-    return CachedExperts(cache, SlotPools.for_shape(cache.shape, loaded.experts_at),
-                         cfg.num_experts)
+    if cache.host is None:
+        return CachedExperts(cache, SlotPools.for_shape(cache.shape, loaded.experts_at),
+                             cfg.num_experts)
+    return _storage_backed(config, cache, loaded)
+
+
+def _storage_backed(config: ml_collections.ConfigDict, cache: ExpertCache,
+                    loaded) -> CachedExperts:
+    """The live runtime of a cache with a host tier: its device pool is fed from a
+    `HostExperts` store that reads experts from the checkpoint on storage as the host tier
+    says (`io.split` range reads over `io.workers` threads)."""
+    from moejax.cache.host_store import HostExperts, expert_templates
+    from moejax.checkpoint import layout
+    from moejax.checkpoint.expert_reader import ExpertReader
+
+    if not loaded.path:
+        raise ConfigError(f"a host tier reads experts from a checkpoint on storage; "
+                          f"{loaded.source} is not one (convert one with python -m "
+                          "moejax.convert, or use the embedded model)")
+    cfg, precision = loaded.cfg, cache.shape.precision
+    reader = ExpertReader(loaded.path, cfg, layout.read_precisions(loaded.path),
+                          split=config.io.split, workers=config.io.workers)
+    store = HostExperts(reader, precision, layout.to_host)
+    gate_up, down = expert_templates(cfg, precision, loaded.groups.get(precision))
+    first = cfg.moe_layers[0]
+    pool = SlotPool(cache.shape.num_slots, {first: gate_up}, {first: down}, store)
+    return CachedExperts(cache, SlotPools([pool]), cfg.num_experts, store)
 
 
 def resident_precision(config: ml_collections.ConfigDict) -> str:

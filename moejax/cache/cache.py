@@ -24,6 +24,13 @@ A miss is fetched into the wanted precision's pool; prefetches go at `levels[0]`
 layer's waves are cut so that each pool holds its share of the wave; a policy with
 `fallback` fetches at the next lower level with room instead of starting a new wave. With one
 pool (the default) the fast path of a single slot pool runs, unchanged.
+
+The disk tier (`host`, `moejax/cache/host_tier.py`): a transfer is issued when the expert's bytes
+are in host memory, which the host tier decides (a host hit, or a storage read first); a
+prefetch goes only if the host tier can hold its expert, and predictions without a device slot
+(immediate queue) or waiting in the watchdog's queue are read ahead into host memory.
+Placement: `full_layers` reserves slots for whole layers (always hits, never shown to the
+eviction policy), and `seed` fills free slots before the first pass.
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ from typing import Iterator, Protocol
 import numpy as np
 
 from moejax.cache.capacity import PoolSpec
+from moejax.cache.host_tier import HostTier
 from moejax.cache.metrics import CacheMetrics, PassTiming, WaveOutcome
 from moejax.config import ConfigError
 from moejax.policies.base import EvictionPolicy, MissPolicy, PrefetchPolicy, RoutingPolicy
@@ -167,7 +175,8 @@ class ExpertCache:
     def __init__(self, shape: CacheShape, eviction: EvictionPolicy, prefetch: PrefetchPolicy,
                  miss: MissPolicy, routing: RoutingPolicy, clock, cost: CostModel | None = None,
                  sink: SlotSink | None = None, lookahead_scores: int = 0,
-                 pin_scope: str = "layer", prefetch_queue: str = "immediate"):
+                 pin_scope: str = "layer", prefetch_queue: str = "immediate",
+                 host: HostTier | None = None, full_layers: int = 0):
         if pin_scope not in PIN_SCOPES:
             raise ConfigError(f"cache.pin_scope={pin_scope!r} is not one of {PIN_SCOPES}")
         if prefetch_queue not in PREFETCH_QUEUES:
@@ -203,6 +212,15 @@ class ExpertCache:
             self._allocate = self._allocate_in_pool
         self.tell_precision = eviction.needs_precision
         self.in_cache: dict[int, set[int]] = {l: set() for l in shape.layers}
+        # The host tier in front of storage (None: every expert in host memory).
+        self.host = host
+        # Per slot: when the storage read behind its last transfer landed (0: none was
+        # waited for), so a late hit's wait can be traced to storage.
+        self.slot_storage = [0.0] * s
+        self.fixed: frozenset[Key] = frozenset()
+        self.wave_slots = s  # slots a wave of an ordinary layer may use
+        if full_layers:
+            self._reserve_full_layers(full_layers)
         # Prefetched and not yet used: key -> (pass, layer) it was fetched for.
         self.prefetch_origin: dict[Key, tuple[int, int]] = {}
         # (pass, layer) -> the experts predicted for it (every prefetch call's selection,
@@ -215,6 +233,7 @@ class ExpertCache:
         self.seen_this_pass: set[Key] = set()  # resident at the pass start or admitted since
         self.pass_id = -1
         self._pass: PassState | None = None
+        self.seeding: dict | None = None  # what `cache.seed` placed (build.seed_cache)
         # Profiler annotation around host work (`jax.profiler.TraceAnnotation` when tracing).
         self.annotate = lambda name: contextlib.nullcontext()
 
@@ -249,6 +268,9 @@ class ExpertCache:
         timing = PassTiming(p.kind, p.tokens, p.start, self.clock.now(), p.stall)
         self.metrics.passes.append(timing)
         self.metrics.snapshot()
+        if self.host is not None:
+            self.metrics.snapshots[-1].update(
+                {f"host_{k}": v for k, v in self.host.totals().items()})
         self._pass = None
         return timing
 
@@ -335,7 +357,16 @@ class ExpertCache:
                                  "protected, not resident or in another pool")
         return self._evict(victim)
 
-    def _admit(self, key: Key, slot: int, issue_at: float, prefetch: bool, pos: int) -> float:
+    def _admit(self, key: Key, slot: int, issue_at: float, prefetch: bool, pos: int,
+               in_host: float | None = None) -> float:
+        """Books `key`'s transfer into `slot`. With a host tier its bytes must be in host
+        memory first: `in_host` is when they are (a prefetch asked the host tier already,
+        `_prefetch_bytes`), else the host tier is asked now."""
+        if self.host is not None:
+            if in_host is None:
+                in_host = self.host.bytes_ready(key, pos, issue_at, self._host_evictable, False)
+            self.slot_storage[slot] = in_host if in_host > issue_at else 0.0
+            issue_at = in_host
         # A slot still being filled by an earlier transfer is reused only after it lands.
         ready = max(self.clock.transfer(self.slot_bytes[slot], issue_at), self.slot_ready[slot])
         self.residency[key] = slot
@@ -389,7 +420,8 @@ class ExpertCache:
             return
         requests = self._requests(layer, ids, active)
 
-        s = self.shape.num_slots
+        # A reserved full layer is resident whole: one wave.
+        s = self.wave_slots if not self.fixed or (layer, 0) not in self.fixed else len(requests)
         waves = [requests[i:i + s] for i in range(0, len(requests), s)] or [[]]
         for w, chunk in enumerate(waves):
             now = self.clock.now()
@@ -399,6 +431,8 @@ class ExpertCache:
                 self._prefetch(gate, pos, pinned, now)
             outcome.stall = self.clock.wait(outcome.ready)
             p.stall += outcome.stall
+            if outcome.storage_ready > now:
+                self.host.count_stall(pos, min(outcome.stall, outcome.storage_ready - now))
             wave_active = active if len(waves) == 1 else active & np.isin(ids, chunk)
             outcome.products = pairs = int(wave_active.sum())
             self.metrics.count_wave(pos, len(chunk), outcome, had_prediction,
@@ -566,7 +600,7 @@ class ExpertCache:
             requests = [int(e) for e, a in zip(ids[0].tolist(), active[0].tolist()) if a]
         else:
             requests = requests_in_rank_order(ids, active)
-        if reorder and len(requests) > self.shape.num_slots:
+        if reorder and len(requests) > self.wave_slots:
             here = self.in_cache[layer]
             requests = ([e for e in requests if e in here] +
                         [e for e in requests if e not in here])
@@ -580,6 +614,8 @@ class ExpertCache:
         on_access = self.eviction.on_access
         by_layer = self.pin_scope == "layer"
         tell = self.tell_precision
+        fixed = self.fixed
+        slot_storage = self.slot_storage
         for e in chunk:
             key = (layer, e)
             slot = residency.get(key)
@@ -588,8 +624,12 @@ class ExpertCache:
                 if at > now:
                     out.late_hits += 1
                     out.ready = max(out.ready, at)
+                    if slot_storage[slot] > out.storage_ready:
+                        out.storage_ready = slot_storage[slot]
                 else:
                     out.hits += 1
+                if fixed and key in fixed:  # a reserved full layer: the policy never sees it
+                    continue
                 if origins and origins.pop(key, None) == here:
                     out.prefetch_used += 1
             else:
@@ -600,6 +640,8 @@ class ExpertCache:
                                          "fits the cache")
                 out.ready = max(out.ready, self._admit(key, slot, now, False, pos))
                 out.misses += 1
+                if slot_storage[slot] > out.storage_ready:
+                    out.storage_ready = slot_storage[slot]
             on_access(key, pos)
             if tell:  # one pool: every use is at the plain precision
                 self.eviction.on_use_precision(key, self.shape.precision)
@@ -614,6 +656,7 @@ class ExpertCache:
             self._enqueue(gate, pos, issue_at)
             return
         protected = set(pinned)
+        full = False  # no device slot left for this call: its other predictions are read ahead
         for target, experts in self.prefetch.predict(gate):
             if target not in self.pos_of:
                 continue
@@ -623,14 +666,26 @@ class ExpertCache:
             for e in experts:
                 key = (target, int(e))
                 if key in self.residency:
-                    self.eviction.on_touch(key, pos)
+                    if key not in self.fixed:
+                        self.eviction.on_touch(key, pos)
                     protected.add(key)
                     continue
+                if full:
+                    self.host.read_ahead(key, pos, issue_at, self._host_evictable)
+                    continue
+                if self.host is not None and not self.host.can_take(key, pos,
+                                                                    self._host_evictable):
+                    continue  # no host slot for it either: this prediction does not go
                 slot = self._allocate(pos, protected, key)
-                if slot is None:
-                    return  # no room: prefetch never blocks
+                if slot is None:  # no room: prefetch never blocks
+                    if self.host is None:
+                        return
+                    full = True
+                    self.host.read_ahead(key, pos, issue_at, self._host_evictable)
+                    continue
                 protected.add(key)
-                self._admit(key, slot, issue_at, True, pos)
+                self._admit(key, slot, issue_at, True, pos,
+                            self._prefetch_bytes(key, pos, issue_at))
                 self.prefetch_origin[key] = (self.pass_id, target)
                 self.metrics.count_prefetch(tpos, self.shape.expert_bytes)
 
@@ -648,9 +703,12 @@ class ExpertCache:
             for e in experts:
                 key = (target, int(e))
                 if key in residency:
-                    self.eviction.on_touch(key, pos)
+                    if key not in self.fixed:
+                        self.eviction.on_touch(key, pos)
                 elif key not in queue:
                     queue[key] = (target, now)
+                    if self.host is not None:  # its bytes are read ahead while it waits
+                        self.host.read_ahead(key, pos, now, self._host_evictable)
         self._watchdog(now, strict=False)
 
     def _watchdog(self, now: float, strict: bool) -> None:
@@ -677,12 +735,16 @@ class ExpertCache:
                 protected = set(self.running_pins)
                 protected.update(k for k, (p, t) in self.prefetch_origin.items()
                                  if p == self.pass_id and self.pos_of[t] > self.running_pos)
+            if self.host is not None and not self.host.can_take(key, self.running_pos,
+                                                                self._host_evictable):
+                return  # no host slot until the running wave is done
             slot = self._allocate(self.running_pos, protected, key)
             if slot is None:
                 return  # no room until the running layer or a prefetch target is done
             del queue[key]
             protected.add(key)
-            self._admit(key, slot, issue, True, self.running_pos)
+            self._admit(key, slot, issue, True, self.running_pos,
+                        self._prefetch_bytes(key, self.running_pos, issue))
             self.prefetch_origin[key] = (self.pass_id, target)
             self.metrics.count_prefetch(self.pos_of[target], self.shape.expert_bytes)
 
@@ -694,6 +756,68 @@ class ExpertCache:
             if tpos <= upto:
                 del queue[key]
                 self.metrics.count_prefetch_dropped(tpos)
+
+    # -- the host tier, full layers and seeding ----------------------------------------------
+    def _prefetch_bytes(self, key: Key, pos: int, at: float) -> float | None:
+        """When a prefetch's bytes are in host memory (None without a host tier); asked after
+        `HostTier.can_take` said yes and a device slot was taken."""
+        if self.host is None:
+            return None
+        return self.host.bytes_ready(key, pos, at, self._host_evictable, True)
+
+    def _host_evictable(self, key: Key) -> bool:
+        """What the host tier may evict: anything but the running wave's experts."""
+        return key not in self.running_pins
+
+    def _reserve_full_layers(self, n: int) -> None:
+        """ds4's full-layer placement: every expert of the first `n` MoE layers resident for
+        the whole run in slots of their own, never evicted and never shown to the eviction
+        policy; the other layers share the remaining slots."""
+        shape = self.shape
+        if self.multi:
+            raise ConfigError("cache.full_layers needs a single precision pool")
+        if not 0 < n <= len(shape.layers):
+            raise ConfigError(f"cache.full_layers={n} must be in 0..{len(shape.layers)} (the "
+                              "MoE layers)")
+        reserved = n * shape.num_experts
+        left = shape.num_slots - reserved
+        if left < 0 or (n < len(shape.layers) and left < shape.top_k):
+            raise ConfigError(
+                f"cache.full_layers={n} reserves {reserved} of the {shape.num_slots} slots, "
+                f"leaving {shape.num_slots - reserved} for the other layers, fewer than one "
+                f"decode layer needs (top-k = {shape.top_k})")
+        fixed = []
+        for layer in shape.layers[:n]:
+            for e in range(shape.num_experts):
+                slot = self.free.pop()
+                key = (layer, e)
+                self.residency[key] = slot
+                self.slot_key[slot] = key
+                self.in_cache[layer].add(e)
+                fixed.append(key)
+        self.fixed = frozenset(fixed)
+        self.wave_slots = max(shape.num_slots - reserved, 1)
+
+    def seed(self, keys: list[Key], priorities: dict[Key, int] | None = None) -> int:
+        """Seeds the device slots with `keys` (hottest first) before the first pass: resident
+        and ready from the start (loaded before the first token, not counted as fetches), up
+        to the free slots. `priorities` go to an eviction policy that takes them (`priority`):
+        ds4's hotlist entries are priorities, not pins. Returns how many were placed."""
+        if self.pass_id >= 0:
+            raise AssertionError("seed the cache before its first pass")
+        if priorities is not None and hasattr(self.eviction, "set_priorities"):
+            self.eviction.set_priorities(priorities)
+        chosen = [k for k in dict.fromkeys(keys)
+                  if k not in self.residency and k[0] in self.pos_of][:len(self.free)]
+        # Coldest first: within one priority (and for a recency policy) the hottest is the
+        # most recently admitted, so it goes last.
+        for key in reversed(chosen):
+            slot = self.free.pop()
+            self.residency[key] = slot
+            self.slot_key[slot] = key
+            self.in_cache[key[0]].add(key[1])
+            self.eviction.on_admit(key, 0, False)
+        return len(chosen)
 
     # -- checks --------------------------------------------------------------------------------
     def check_invariants(self) -> None:

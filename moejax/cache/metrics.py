@@ -69,6 +69,9 @@ class WaveOutcome:
     products: int = 0  # token-expert contributions the wave computes
     demand_bytes: int | None = None  # None: misses x the plain precision's expert bytes
     ready: float = 0.0  # when the last of the wave's experts lands
+    # When the last storage read feeding the wave (a demand fetch's, or the one behind a late
+    # hit's transfer) lands; 0.0 when none was waited for (or no host tier).
+    storage_ready: float = 0.0
     stall: float = 0.0  # how long compute waited for it
 
 

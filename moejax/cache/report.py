@@ -36,8 +36,20 @@ def _mb(nbytes) -> str:
     return "-" if nbytes is None else f"{nbytes / 1e6:.2f}"
 
 
-def table(metrics: CacheMetrics, header: str, bytes_known: bool = True) -> str:
-    """`bytes_known=False`: bytes and times print as "unknown" (counts stay exact)."""
+def host_line(host, bytes_known: bool = True) -> str:
+    """One line on the host tier (`moejax.cache.host_tier.HostTier`) for the text report."""
+    t = host.totals()
+    read = (f"{_mb(t['storage_bytes'])} MB read from storage, storage stall "
+            f"{_ms(t['storage_stall_s'])} ms" if bytes_known else f"storage bytes {UNKNOWN}")
+    return (f"host tier {host.capacity} experts ({host.spec}): {_int(t['requests'])} requests, "
+            f"hit {_pct(t['hit_rate']).strip()} (ready {_pct(t['ready_hit_rate']).strip()}), "
+            f"{_int(t['misses'])} misses ({_int(t['demand_misses'])} demand), "
+            f"{_int(t['read_ahead'])} read ahead; {read}")
+
+
+def table(metrics: CacheMetrics, header: str, bytes_known: bool = True, host=None) -> str:
+    """`bytes_known=False`: bytes and times print as "unknown" (counts stay exact); `host`:
+    the cache's host tier, when it has one."""
     lines = [header,
              f"{'layer':>5} {'req':>6} {'hit':>6} {'late':>5} {'miss':>5} {'coll':>5} "
              f"{'pf':>5} {'prec':>6} {'stall ms':>9}"]
@@ -62,6 +74,8 @@ def table(metrics: CacheMetrics, header: str, bytes_known: bool = True) -> str:
                else ""))
     if len(metrics.precisions) > 1:
         lines.extend(_precision_lines(t, bytes_known))
+    if host is not None:
+        lines.append(host_line(host, bytes_known))
     if not bytes_known:
         lines.append(f"TTFT {UNKNOWN}, decode {UNKNOWN}, stall {UNKNOWN}; H2D {UNKNOWN} "
                      "(expert bytes unknown: name the model or give cache.expert_bytes; the "
@@ -131,6 +145,14 @@ def write_tensorboard(writer: MetricsWriter, metrics: CacheMetrics,
             "perf/stall_s": snap["stall_s"],
             "perf/pass_s": snap["pass_s"],
         })
+        if "host_requests" in snap:  # the disk tier
+            scalars(step, {"host/hit_rate": snap["host_hit_rate"],
+                           "host/ready_hit_rate": snap["host_ready_hit_rate"],
+                           "host/requests": snap["host_requests"],
+                           "host/misses": snap["host_misses"],
+                           "host/read_ahead": snap["host_read_ahead"],
+                           "storage/bytes": snap["host_storage_bytes"],
+                           "storage/stall_s": snap["host_storage_stall_s"]})
     tm = metrics.timing()
     last = max(0, len(metrics.snapshots) - 1)
     for i, ttft in enumerate(tm["ttft_per_request_s"] or ()):
@@ -149,6 +171,11 @@ def _without_sizes(out: dict) -> None:
         if "h2d_bytes_by_precision" in section:
             section["h2d_bytes_by_precision"] = dict.fromkeys(section["h2d_bytes_by_precision"])
     out["timing"] = {k: (v if k == "decode_tokens" else None) for k, v in out["timing"].items()}
+    if "host" in out:
+        h = out["host"]
+        h["expert_read_bytes"] = h["capacity_bytes"] = None
+        for section in (h["total"], *h["per_layer"]):
+            section["storage_bytes"] = section["storage_stall_s"] = None
     for p in out.get("passes", ()):
         for key in ("start_s", "end_s", "stall_s"):
             p[key] = None
@@ -191,6 +218,13 @@ def cache_results(cache, policies: dict, passes: bool = True,
                {shape.precision: shape.expert_bytes} if known else None),
            "clock": cache.clock.kind, "hardware": dataclasses.asdict(cache.clock.hw),
            "policies": policies, **cache.metrics.to_dict()}
+    if cache.host is not None:
+        out["host"] = cache.host.to_dict()
+    if cache.fixed:
+        out["full_layers"] = {"layers": sorted({k[0] for k in cache.fixed}),
+                              "slots": len(cache.fixed)}
+    if cache.seeding is not None:
+        out["seed"] = cache.seeding
     if not passes:
         del out["passes"]
     if not expert_bytes_known:

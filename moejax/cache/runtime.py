@@ -47,6 +47,19 @@ def _load_slot(pool, host, expert, slot):
         return jax.tree.map(one, pool, host)
 
 
+@functools.partial(jax.jit, donate_argnums=(0,))
+def _load_slot_from_entry(pool, entry, slot):
+    """Writes one expert held alone in host memory (`entry`: `(gate_up, down)` without the
+    expert axis, as the disk tier's host store keeps them) into `slot` of the device `pool`."""
+
+    def one(pool_leaf, leaf):
+        moved = jax.device_put(leaf, jax.memory.Space.Device)
+        return jax.lax.dynamic_update_index_in_dim(pool_leaf, moved, slot, 0)
+
+    with jax.named_scope("cache/load"):
+        return jax.tree.map(one, pool, entry)
+
+
 def _empty_slots(template, num_slots: int):
     """Zeroed device slots shaped like one layer's host table `template` (`[E, ...]` leaves)."""
     on_device = jax.sharding.SingleDeviceSharding(jax.devices()[0], memory_kind="device")
@@ -60,8 +73,12 @@ class SlotPool:
     are what a load moves)."""
 
     def __init__(self, num_slots: int, host_gate_up: dict[int, ExpertPool],
-                 host_down: dict[int, ExpertPool]):
+                 host_down: dict[int, ExpertPool], host_store=None):
+        """`host_store`: with the disk tier, a `moejax.cache.host_store.HostExperts` the loads
+        read from; then `host_gate_up` / `host_down` are only shape templates (`[1, ...]`
+        leaves) and hold no experts."""
         self.host_gate_up, self.host_down = host_gate_up, host_down
+        self.host_store = host_store
         first = next(iter(host_gate_up))
         self.num_slots = num_slots
         self.gate_up = _empty_slots(host_gate_up[first], num_slots)
@@ -70,9 +87,13 @@ class SlotPool:
 
     def load(self, key: Key, slot: int) -> None:
         layer, expert = key
-        self.gate_up, self.down = _load_slot(
-            (self.gate_up, self.down), (self.host_gate_up[layer], self.host_down[layer]),
-            np.int32(expert), np.int32(slot))
+        if self.host_store is not None:
+            self.gate_up, self.down = _load_slot_from_entry(
+                (self.gate_up, self.down), self.host_store.get(key), np.int32(slot))
+        else:
+            self.gate_up, self.down = _load_slot(
+                (self.gate_up, self.down), (self.host_gate_up[layer], self.host_down[layer]),
+                np.int32(expert), np.int32(slot))
         self.loads += 1
 
     def arrays(self) -> tuple:
@@ -116,11 +137,28 @@ class SlotPools:
 class CachedExperts:
     """`ExpertSource` backed by an `ExpertCache` and its `SlotPools`."""
 
-    def __init__(self, cache: ExpertCache, pool: SlotPools, num_experts: int):
+    def __init__(self, cache: ExpertCache, pool: SlotPools, num_experts: int, host_store=None):
+        """`host_store`: the disk tier's `HostExperts` when the cache has a host tier."""
         self.cache, self.pool = cache, pool
         self.num_experts = num_experts
         self._queued: list[tuple[Key, int]] = []
+        self.host_store = host_store
         cache.sink = self
+        if cache.host is not None:
+            cache.host.sink = host_store
+            for key in cache.host.ready:  # seeded: read before the first token
+                host_store.read(key)
+        # Full layers and seeded experts are loaded before the first token; with the disk tier
+        # one the host tier does not hold is read for its load only.
+        for key, slot in cache.residency.items():
+            transient = cache.host is not None and key not in cache.host.ready
+            if transient:
+                host_store.read(key)
+            self.pool.load(key, slot)
+            if transient:
+                host_store.drop(key)
+        if host_store is not None:
+            host_store.release_dropped()
         # Which gate outputs the policies read: the others never leave the device.
         self.needs_probs, self.needs_spec = cache.needs_scores()
         # Per layer: the slot map last uploaded, reused while the layer's residency is unchanged.
@@ -141,6 +179,8 @@ class CachedExperts:
                 for key, slot in self._queued:
                     self.pool.load(key, slot)
             self._queued.clear()
+        if self.host_store is not None:  # every load the cache booked is dispatched
+            self.host_store.release_dropped()
 
     # ExpertSource
     def begin_pass(self, tokens: int, position: int) -> None:

@@ -24,6 +24,7 @@ TensorFlow before anything runs, so it never takes accelerator memory.
 
 from __future__ import annotations
 
+import atexit
 import concurrent.futures
 import dataclasses
 import functools
@@ -118,10 +119,29 @@ class Isolated:
         self.close()
 
 
+_shared: Isolated | None = None
+
+
+def shared() -> Isolated:
+    """The process's one seqio worker, started on first use and shut down at exit: starting
+    one imports TensorFlow (seconds on a small machine), so every task load of a process (a
+    job, or a test session running many jobs) reuses it."""
+    global _shared
+    if _shared is None:
+        _shared = Isolated()
+        atexit.register(_shared.close)
+    return _shared
+
+
 def load(task: str, **kw) -> TaskData:
-    """`Isolated().load(task, **kw)` in a worker started for this call."""
-    with Isolated() as worker:
-        return worker.load(task, **kw)
+    """`Isolated().load(task, **kw)` in the process's shared worker (`shared`); a worker that
+    died (killed, out of memory) is replaced once."""
+    global _shared
+    try:
+        return shared().load(task, **kw)
+    except concurrent.futures.process.BrokenProcessPool:
+        _shared = None
+        return shared().load(task, **kw)
 
 
 def task_name(task: str, *, data_file: str = "", shots: int = 0,

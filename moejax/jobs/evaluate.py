@@ -47,7 +47,7 @@ from moejax.jobs.common import (
     scored_bytes,
 )
 from moejax.jobs.perplexity import score
-from moejax.model_source import LoadedModel, load_model
+from moejax.model_source import LoadedModel, load_model_for
 from moejax.results import write_json_atomic
 
 # A record keeps a prompt up to this many characters; a longer one (few-shot prompts) keeps
@@ -96,7 +96,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     data_s = time.perf_counter() - t0
     os.makedirs(workdir, exist_ok=True)
     t0 = time.perf_counter()
-    loaded = load_model(config.model, config.seed)
+    loaded = load_model_for(config)
     load_s = time.perf_counter() - t0
 
     kind = data.KIND[e.task]
@@ -149,7 +149,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     path = os.path.join(workdir, "results.json")
     write_json_atomic(path, results)
     if cache is not None:
-        print(report.table(cache.metrics, cache_header(config, cache)))
+        print(report.table(cache.metrics, cache_header(config, cache), host=cache.host))
     print(_summary(results, path))
     return results
 

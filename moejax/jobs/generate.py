@@ -27,7 +27,7 @@ from moejax.jobs.common import (
     progress,
     report_cache,
 )
-from moejax.model_source import LoadedModel, load_model
+from moejax.model_source import LoadedModel, load_model_for
 from moejax.results import write_json_atomic
 from moejax.tokenizer import parse_ids
 from moejax.traces.recorder import TraceRecorder
@@ -116,7 +116,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     validate(config)
     os.makedirs(workdir, exist_ok=True)
     t0 = time.perf_counter()
-    loaded = load_model(config.model, config.seed)
+    loaded = load_model_for(config)
     cfg = loaded.cfg
     load_s = time.perf_counter() - t0
 
@@ -202,7 +202,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     for r in requests:
         print(f"{r['prompt']}{r['generated_text']}")
     if cache is not None:
-        print(report.table(cache.metrics, cache_header(config, cache)))
+        print(report.table(cache.metrics, cache_header(config, cache), host=cache.host))
     print(_summary(cfg.family, loaded.source, results, cache is not None,
                    os.path.join(workdir, "results.json")))
     return results

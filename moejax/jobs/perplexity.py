@@ -23,7 +23,7 @@ from moejax.jobs.common import (
     report_cache,
     scored_bytes,
 )
-from moejax.model_source import load_model
+from moejax.model_source import load_model_for
 from moejax.models.stepped import SteppedDecoder
 from moejax.results import write_json_atomic
 
@@ -72,7 +72,7 @@ def score(decoder: SteppedDecoder, ids: np.ndarray, window: int, stride: int) ->
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     validate(config)
     os.makedirs(workdir, exist_ok=True)
-    loaded = load_model(config.model, config.seed)
+    loaded = load_model_for(config)
     with open(config.text_file, encoding="utf-8", errors="replace") as f:
         text = f.read()
     ids = np.asarray(loaded.tokenizer.encode(text), np.int32)

@@ -46,7 +46,7 @@ from moejax.jobs.common import (
     scored_bytes,
 )
 from moejax.metrics_writer import MetricsWriter
-from moejax.model_source import LoadedModel, load_model
+from moejax.model_source import LoadedModel, load_model_for
 from moejax.models.stepped import ResidentExperts, SteppedDecoder
 from moejax.quality import drift as drift_lib
 from moejax.quality import metrics
@@ -189,7 +189,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     validate(config)
     os.makedirs(workdir, exist_ok=True)
     q = config.quality
-    loaded = load_model(config.model, config.seed)
+    loaded = load_model_for(config)
     cfg = loaded.cfg
     sequences, prompts, source = _sequences(config, loaded)
     max_pos = cfg.max_position_embeddings
@@ -259,7 +259,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
         results["cache"] = report_cache(config, cache, workdir)
     write_json_atomic(os.path.join(workdir, "results.json"), results)
     if cache is not None:
-        print(report.table(cache.metrics, cache_header(config, cache)))
+        print(report.table(cache.metrics, cache_header(config, cache), host=cache.host))
     print(describe(results, os.path.join(workdir, "results.json")))
     return results
 

@@ -28,7 +28,7 @@ import numpy as np
 
 from moejax.config import ConfigError
 from moejax.jobs.common import make_decoder
-from moejax.model_source import load_model
+from moejax.model_source import load_model_for
 from moejax.models.stepped import ResidentExperts
 from moejax.results import write_json_atomic
 from moejax.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer
@@ -95,7 +95,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     if t.prompts_per_domain < 1 or t.prompt_tokens < 1 or steps < 1:
         raise ConfigError("tracing.prompts_per_domain, tracing.prompt_tokens and "
                           "run.max_new_tokens must be >= 1")
-    loaded = load_model(config.model, config.seed)
+    loaded = load_model_for(config)
     cfg, tok = loaded.cfg, loaded.tokenizer
     byte_level = isinstance(tok, ByteTokenizer)
     total = t.prompt_tokens + steps
@@ -105,7 +105,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     check_tokenizer(tok, cfg.vocab_size)
     os.makedirs(workdir, exist_ok=True)
     heldout = corpus.load_splits(True)
-    experts = ResidentExperts.from_host(loaded.host_gate_up, loaded.host_down)
+    experts = ResidentExperts.from_host(*loaded.experts_at("native"))
     window = text_window_bytes(tok, total)
     written = []
     for domain in corpus.DOMAINS:

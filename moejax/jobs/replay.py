@@ -187,5 +187,5 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     write_json_atomic(os.path.join(workdir, "results.json"), results)
     if config.log.progress:
         header = f"replay of {config.trace}: {cache_header(config, cache, specs)}"
-        print(report.table(cache.metrics, header, bytes_known=bytes_known))
+        print(report.table(cache.metrics, header, bytes_known=bytes_known, host=cache.host))
     return results

@@ -554,3 +554,84 @@ class LHU(_Base):
                 if evictable(key):
                     return key
         return None
+
+
+@register("eviction", "priority")
+class Priority(_Base):
+    """Priority eviction, the way ds4 seeds its expert cache from a compiled hotlist
+    (`moejax/cache/hotlist.py`): the victim is the evictable resident key of lowest priority,
+    least recently used first among equals (admission, every use and a prefetch selection
+    count as recent, as in `lru`). A priority is not a pin: a hot expert still goes, but only
+    once nothing of lower priority may.
+
+    The cache (or whoever seeds it) hands the priorities over with `set_priorities`; keys it
+    does not name, and every key before it is called, have priority 0, so with no priorities
+    this is exactly `lru`. Priorities are the integers 0..MAX_PRIORITY (ds4's range): each has
+    its own LRU-ordered bucket, so a victim is the first evictable key of the lowest non-empty
+    buckets (O(1) amortised when few keys are pinned; the pinned and other pools' keys at a
+    bucket's head are walked past, as in `lru`)."""
+
+    name = "priority"
+    MAX_PRIORITY = 32
+
+    def __init__(self, num_layers: int, num_experts: int):
+        super().__init__(num_layers, num_experts)
+        self.priority: dict[Key, int] = {}  # named keys only; absent means 0
+        self.buckets: list[OrderedDict[Key, None]] = [OrderedDict()
+                                                      for _ in range(self.MAX_PRIORITY + 1)]
+        self.where: dict[Key, int] = {}  # resident key -> its bucket
+        # Recency of every resident key, so `set_priorities` can rebuild the buckets without
+        # losing the LRU order across them.
+        self.tick = 0
+        self.last: dict[Key, int] = {}
+
+    def set_priorities(self, priorities: dict[Key, int]) -> None:
+        """Replaces all priorities (keys absent: 0). May come before any admission or between
+        passes; resident keys move to their new buckets keeping their recency order."""
+        checked: dict[Key, int] = {}
+        for key, value in priorities.items():
+            is_int = isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+            if not (is_int and 0 <= value <= self.MAX_PRIORITY):
+                raise ValueError(f"priority of {key} must be an integer in "
+                                 f"0..{self.MAX_PRIORITY}, got {value!r}")
+            if value:  # 0 is the default: not stored, so `priority` holds the named keys only
+                checked[tuple(key)] = int(value)
+        self.priority = checked
+        for bucket in self.buckets:
+            bucket.clear()
+        for key in sorted(self.where, key=self.last.__getitem__):
+            self._put(key)
+
+    def _put(self, key: Key) -> None:
+        p = self.priority.get(key, 0)
+        self.buckets[p][key] = None
+        self.where[key] = p
+
+    def _use(self, key: Key) -> None:
+        self.tick += 1
+        self.last[key] = self.tick
+
+    def on_admit(self, key, pos, prefetch):
+        if key in self.where:  # re-admission without an eviction: just a use
+            self.on_access(key, pos)
+            return
+        self._put(key)
+        self._use(key)
+
+    def on_access(self, key, pos):
+        self.buckets[self.where[key]].move_to_end(key)
+        self._use(key)
+
+    on_touch = on_access
+
+    def on_evict(self, key):
+        del self.buckets[self.where.pop(key)][key]
+        del self.last[key]
+
+    def victim(self, pos, evictable, incoming=None):
+        for bucket in self.buckets:
+            if bucket:
+                key = _first_evictable(bucket, evictable)
+                if key is not None:
+                    return key
+        return None

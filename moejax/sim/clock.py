@@ -44,17 +44,21 @@ class TransferSlot(NamedTuple):
     end: float
 
 
-class _TransferFIFO:
-    def __init__(self, hw: Hardware):
-        self.hw = hw
-        self.engine_free = [0.0] * hw.copy_engines
-        self.link_free = 0.0  # the shared host link has moved every byte issued so far
-        self._engine_bps = hw.h2d_gbps * 1e9
-        self._link_bps = hw.link_bandwidth_gbps * 1e9
-        self._latency = hw.h2d_latency_s
+class Channels:
+    """FIFO channels sharing one byte timeline: `channels` parallel queues (copy engines, or a
+    storage device's queue depth), each paying `latency_s` per operation and moving its bytes
+    at up to `rate_gbps`, all sharing `shared_gbps` (the host link, or the device's bandwidth).
+    The booking formula is the module docstring's, with engines for channels."""
+
+    def __init__(self, channels: int, rate_gbps: float, latency_s: float, shared_gbps: float):
+        self.engine_free = [0.0] * channels
+        self.link_free = 0.0  # the shared timeline has moved every byte issued so far
+        self._engine_bps = rate_gbps * 1e9
+        self._link_bps = shared_gbps * 1e9
+        self._latency = latency_s
 
     def _book(self, nbytes: int, issue_at: float) -> tuple[int, float, float, float, float]:
-        """Books a transfer issued at `issue_at` (formula in the module docstring); returns
+        """Books an operation issued at `issue_at` (formula in the module docstring); returns
         (engine, start, link_start, link_end, end). The replay hot path: plain floats."""
         free = self.engine_free
         e = 0 if len(free) == 1 else min(range(len(free)), key=free.__getitem__)
@@ -70,12 +74,20 @@ class _TransferFIFO:
         return e, start, link_start, link_end, end
 
     def schedule(self, nbytes: int, issue_at: float) -> TransferSlot:
-        """Books a transfer issued at `issue_at`; where and when it ran."""
+        """Books an operation issued at `issue_at`; where and when it ran."""
         return TransferSlot(*self._book(nbytes, issue_at))
 
     def transfer(self, nbytes: int, issue_at: float) -> float:
-        """Books a transfer issued at `issue_at`; its ready time."""
+        """Books an operation issued at `issue_at`; when it ends."""
         return self._book(nbytes, issue_at)[4]
+
+
+class _TransferFIFO(Channels):
+    """Host->device transfers: the hardware profile's copy engines over its host link."""
+
+    def __init__(self, hw: Hardware):
+        super().__init__(hw.copy_engines, hw.h2d_gbps, hw.h2d_latency_s, hw.link_bandwidth_gbps)
+        self.hw = hw
 
 
 class VirtualClock(_TransferFIFO):

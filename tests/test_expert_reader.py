@@ -1,0 +1,228 @@
+"""Per-expert asynchronous reads (`ExpertReader`) from both expert layouts: results equal the
+expert's slice of the full load at every precision and split, concurrent submits are safe, and a
+damaged, truncated or missing packed file fails that expert's read with an error naming the
+file, layer, expert and precision."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import os
+import re
+import shutil
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from moejax.checkpoint import CheckpointError, expert_store, layout, packed
+from moejax.checkpoint.expert_reader import LAYOUTS, MAX_SPLIT, ExpertReader
+from moejax.checkpoint.params import flat_params
+from moejax.config import ConfigError
+from moejax.families import preset
+from moejax.models.decoder import abstract_decoder
+from moejax.models.random_init import random_experts
+from moejax.quant.formats import QuantizedWeights
+
+PRECISIONS = ("native", "int8", "int4", "int2")
+
+
+@pytest.fixture(scope="module")
+def cfg():
+    # H=64, I=32, 16 experts, 4 MoE layers, bfloat16 experts.
+    return dataclasses.replace(preset("olmoe", "tiny"), dtype="bfloat16")
+
+
+@pytest.fixture(scope="module")
+def saved(cfg, tmp_path_factory):
+    """Both layouts of one model (random dense parameters: no model init), every precision."""
+    root = tmp_path_factory.mktemp("reader")
+    rng = np.random.default_rng(0)
+    dense = {k: rng.standard_normal(v.shape).astype(v.dtype)
+             for k, v in flat_params(abstract_decoder(cfg)).items()}
+    gate_up, down = random_experts(cfg, seed=3)
+    out = {}
+    for kind in LAYOUTS:
+        out[kind] = str(root / kind)
+        layout.save(out[kind], cfg, dense, ((l, gate_up[l], down[l]) for l in cfg.moe_layers),
+                    precisions=PRECISIONS[1:], group_size=16, calibration="minmax",
+                    expert_layout=kind)
+    return out
+
+
+@pytest.fixture(scope="module")
+def full(saved):
+    """Every expert at every precision as numpy, from the zarr layout's full load."""
+    ck = layout.load(saved["zarr"])
+    to_np = {p: tuple({l: (w.map(np.asarray) if isinstance(w, QuantizedWeights)
+                           else np.asarray(w)) for l, w in kind.items()}
+                      for kind in ck.experts_at(p)) for p in PRECISIONS}
+    return to_np
+
+
+@pytest.fixture(scope="module")
+def precisions(saved):
+    return layout.read_precisions(saved["packed"])
+
+
+@pytest.fixture
+def copy(saved, tmp_path):
+    d = str(tmp_path / "ckpt")
+    shutil.copytree(saved["packed"], d)
+    return d
+
+
+def _assert_expert(got, full, layer, expert, precision):
+    for w, whole in zip(got, full[precision]):
+        want = whole[layer]
+        if precision == "native":
+            assert isinstance(w, np.ndarray) and w.dtype == want.dtype
+            assert w.shape == want.shape[1:] and w.tobytes() == want[expert].tobytes()
+            continue
+        assert isinstance(w, QuantizedWeights) and w.bits == want.bits
+        for part in expert_store.PARTS:
+            a, b = getattr(w, part), getattr(want, part)[expert]
+            assert a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
+
+
+def _assert_names(msg, path, layer, expert, precision):
+    assert path in msg, msg
+    assert re.search(rf"\blayer {layer}\b", msg) and re.search(rf"\bexpert {expert}\b", msg), msg
+    assert precision in msg, msg
+
+
+@pytest.mark.parametrize("kind", LAYOUTS)
+def test_every_expert_equals_the_full_load(cfg, saved, full, precisions, kind):
+    with ExpertReader(saved[kind], cfg, precisions, split=3, workers=4) as reader:
+        assert reader.layout == kind
+        futures = {(l, e, p): reader.submit(l, e, p) for p in PRECISIONS
+                   for l in cfg.moe_layers for e in range(cfg.num_experts)}
+        for (l, e, p), future in futures.items():
+            _assert_expert(future.result(), full, l, e, p)
+
+
+@settings(max_examples=25, deadline=None)
+@given(kind=st.sampled_from(LAYOUTS), layer=st.integers(0, 3), expert=st.integers(0, 15),
+       precision=st.sampled_from(PRECISIONS), split=st.integers(1, MAX_SPLIT),
+       workers=st.integers(1, 8))
+def test_reads_at_any_split(cfg, saved, full, precisions, kind, layer, expert, precision,
+                            split, workers):
+    with ExpertReader(saved[kind], cfg, precisions, split=split, workers=workers) as reader:
+        _assert_expert(reader.read(layer, expert, precision), full, layer, expert, precision)
+
+
+def test_concurrent_submits(cfg, saved, full, precisions):
+    with ExpertReader(saved["packed"], cfg, precisions, split=8, workers=3) as reader:
+        def layer_reads(layer):
+            fs = [(e, p, reader.submit(layer, e, p)) for e in range(16) for p in PRECISIONS]
+            return [(layer, e, p, f.result()) for e, p, f in fs]
+
+        with concurrent.futures.ThreadPoolExecutor(4) as callers:
+            for results in callers.map(layer_reads, cfg.moe_layers):
+                for layer, e, p, got in results:
+                    _assert_expert(got, full, layer, e, p)
+
+
+def test_expert_nbytes(cfg, saved, precisions):
+    index = layout.read_expert_index(saved["packed"])
+    with ExpertReader(saved["packed"], cfg, precisions) as reader:
+        for p in PRECISIONS:
+            stride = reader.expert_nbytes(p)
+            assert stride == index.records[p].stride and stride % 4096 == 0
+            assert os.path.getsize(packed.file_path(saved["packed"], 0, p)) == 16 * stride
+    with ExpertReader(saved["zarr"], cfg, precisions) as reader:
+        # Uncompressed chunks: the payload plus a 4-byte crc32c per chunk.
+        native = (64 * 64 + 32 * 64) * 2
+        assert reader.expert_nbytes("native") == native + 2 * 4
+        int4 = index.records["int4"]
+        assert reader.expert_nbytes("int4") == sum(x.nbytes for x in int4.parts) + 6 * 4
+
+
+@pytest.mark.parametrize("split", [1, 8])
+def test_flipped_byte_fails_that_expert(cfg, copy, precisions, split):
+    record = layout.read_expert_index(copy).records["int4"]
+    path = packed.file_path(copy, 2, "int4")
+    with open(path, "r+b") as f:
+        at = 6 * record.stride + record.parts[3].offset + 5  # down's values
+        f.seek(at)
+        byte = f.read(1)[0]
+        f.seek(at)
+        f.write(bytes([byte ^ 0x01]))
+    with ExpertReader(copy, cfg, precisions, split=split) as reader:
+        with pytest.raises(CheckpointError) as info:
+            reader.read(2, 6, "int4")
+        _assert_names(str(info.value), path, 2, 6, "int4")
+        assert "corrupt" in str(info.value)
+        reader.read(2, 5, "int4")  # its neighbours, and other precisions, still read
+        reader.read(2, 6, "int8")
+
+
+def test_truncated_file_fails_the_missing_experts(cfg, copy, precisions):
+    record = layout.read_expert_index(copy).records["native"]
+    path = packed.file_path(copy, 1, "native")
+    with open(path, "r+b") as f:
+        f.truncate(10 * record.stride + 4096)
+    with ExpertReader(copy, cfg, precisions, split=2) as reader:
+        for expert in (10, 15):
+            with pytest.raises(CheckpointError) as info:
+                reader.read(1, expert, "native")
+            msg = str(info.value)
+            _assert_names(msg, path, 1, expert, "native")
+            assert "short read" in msg and "truncated" in msg
+        reader.read(1, 9, "native")
+
+
+def test_missing_file(cfg, copy, precisions):
+    path = packed.file_path(copy, 3, "int2")
+    os.remove(path)
+    with ExpertReader(copy, cfg, precisions) as reader:
+        with pytest.raises(CheckpointError) as info:
+            reader.read(3, 4, "int2")
+        assert "missing" in str(info.value)
+        _assert_names(str(info.value), path, 3, 4, "int2")
+
+
+def test_corrupt_zarr_chunk(cfg, saved, precisions, tmp_path):
+    d = str(tmp_path / "zarr")
+    shutil.copytree(saved["zarr"], d)
+    chunk = expert_store.chunk_path(d, 0, "down", 9, 3)
+    with open(chunk, "r+b") as f:
+        f.seek(100)
+        byte = f.read(1)[0]
+        f.seek(100)
+        f.write(bytes([byte ^ 0xFF]))
+    with ExpertReader(d, cfg, precisions, split=8) as reader:
+        with pytest.raises(CheckpointError) as info:
+            reader.read(0, 9, "native")
+        assert chunk in str(info.value) and re.search(r"\bexpert 9\b", str(info.value))
+
+
+@pytest.mark.parametrize("kwargs,field", [
+    (dict(split=0), "io.split=0"), (dict(split=MAX_SPLIT + 1), f"io.split={MAX_SPLIT + 1}"),
+    (dict(split=True), "io.split=True"), (dict(split=2.0), "io.split=2.0"),
+    (dict(workers=0), "io.workers=0"), (dict(workers=-3), "io.workers=-3"),
+])
+def test_bad_io_settings(cfg, saved, precisions, kwargs, field):
+    with pytest.raises(ConfigError) as info:
+        ExpertReader(saved["packed"], cfg, precisions, **kwargs)
+    assert field in str(info.value)
+    if "split" in field:
+        assert f"1 to {MAX_SPLIT}" in str(info.value)
+
+
+def test_bad_requests_and_close(cfg, saved, precisions):
+    native_only = {"native": precisions["native"]}
+    reader = ExpertReader(saved["packed"], cfg, native_only, workers=1)
+    with pytest.raises(ValueError, match="expert 16"):
+        reader.submit(0, 16, "native")
+    with pytest.raises(ValueError, match="layer 4"):
+        reader.submit(4, 0, "native")
+    with pytest.raises(ConfigError, match="int3"):
+        reader.submit(0, 0, "int3")
+    with pytest.raises(CheckpointError, match="no int4 experts"):
+        reader.submit(0, 0, "int4")
+    reader.close()
+    reader.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        reader.submit(0, 0, "native")
