@@ -72,9 +72,18 @@ def base_config() -> ml_collections.ConfigDict:
     # hottest experts of a trace (or of a run's work directory with its trace.npz) fill the
     # device and host tiers, and enter a `priority` eviction policy as priorities 1..32.
     c.cache.seed = ""
+    # Experts loaded before the first token without priorities (issue 13): "none" (SpecMD's
+    # cold start, the default), "all" (every expert that fits: all at 100% capacity, else an
+    # equal share of each layer) or "hotlist(trace=PATH, top=N)" (a trace's hottest).
+    c.cache.warm_start = "none"
     # ds4's full-layer placement: every expert of the first N MoE layers resident in slots of
     # their own for the whole run; the other layers share the rest.
     c.cache.full_layers = 0
+    # Replay's engine (moejax/cache/fast_replay.py): "auto" runs LRU / Belady without prefetch
+    # (fetch, standard routing, one pool, one wave per layer) on a compiled core, counter for
+    # counter what "reference" (the policy objects, request by request) gives, and everything
+    # else on the reference.
+    c.cache.replay_engine = "auto"
 
     # The storage the disk tier reads (moejax/sim/storage.py): a preset, each field
     # overridable (None keeps the preset's).

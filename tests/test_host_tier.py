@@ -301,3 +301,67 @@ def test_the_seed_config_builds_a_hotlist_into_both_tiers(tmp_path):
     assert cache.seeding["device_seeded"] == 4 and cache.seeding["host_seeded"] == 20
     assert cache.seeding["experts"] == 20 and cache.seeding["priority_policy"]
     assert len(cache.host.ready) == 20 and cache.host.seeded == 20
+
+
+# -- warm start (issue 13) -----------------------------------------------------------------
+
+
+def _trace_cache(config):
+    from moejax.traces.format import load
+
+    trace = load("moejax/assets/traces/prose_1.npz")
+    return build_cache_for(config, None, {"native": B}, True, layers=tuple(trace.layers),
+                           num_layers=max(trace.layers) + 1, num_experts=trace.num_experts,
+                           top_k=trace.top_k), trace
+
+
+def test_warm_start_all_fills_every_slot_with_an_equal_share_of_each_layer():
+    config = _config(slots=40)
+    config.cache.warm_start = "all"
+    cache, trace = _trace_cache(config)
+    assert cache.seeding["device_seeded"] == 40 and not cache.seeding["priority_policy"]
+    per_layer = [len(cache.in_cache[l]) for l in trace.layers]
+    assert per_layer == [5] * 8  # 40 slots over 8 layers
+    # Every expert fits: a replay then never misses.
+    config = _config(slots=len(trace.layers) * trace.num_experts)
+    config.cache.warm_start = "all"
+    cache, trace = _trace_cache(config)
+    replay(cache, [trace], [0], None)
+    assert cache.metrics.totals()["misses"] == 0
+
+
+def test_warm_start_hotlist_preloads_without_priorities():
+    config = _config(slots=6)
+    config.policies.eviction = "priority"
+    config.cache.warm_start = "hotlist(trace=moejax/assets/traces/prose_0.npz)"
+    cache, _ = _trace_cache(config)
+    assert cache.seeding["device_seeded"] == 6 and not cache.seeding["priority_policy"]
+    assert cache.seeding["spec"].startswith("cache.warm_start=hotlist(")
+
+
+@pytest.mark.parametrize("seed, warm, match", [
+    ("hotlist(trace=moejax/assets/traces/prose_0.npz)", "all", "set one"),
+    ("", "everything", r"cache.warm_start='everything' is not one of"),
+])
+def test_bad_warm_starts_are_named(seed, warm, match):
+    config = _config(slots=6)
+    config.cache.seed, config.cache.warm_start = seed, warm
+    with pytest.raises(ConfigError, match=match):
+        _trace_cache(config)
+
+
+def test_a_live_warm_start_at_full_capacity_fetches_nothing(tmp_path):
+    from moejax import jobs
+
+    runs = {}
+    for warm in ("none", "all"):
+        c = base_config()
+        c.model.preset, c.model.family = "tiny", "olmoe"
+        c.cache.capacity_frac, c.cache.warm_start = 1.0, warm
+        c.run.max_new_tokens, c.log.progress, c.log.tensorboard = 4, False, False
+        runs[warm] = jobs.run(c, str(tmp_path / warm))
+    assert runs["all"]["generated_token_ids"] == runs["none"]["generated_token_ids"]
+    cold, warm = runs["none"]["cache"], runs["all"]["cache"]
+    assert warm["total"]["misses"] == 0 < cold["total"]["misses"]
+    assert warm["timing"]["ttft_s"] < cold["timing"]["ttft_s"]
+    assert warm["seed"]["device_seeded"] == warm["slots"]

@@ -137,32 +137,58 @@ def build_host_tier(config: ml_collections.ConfigDict, shape: CacheShape,
                     list(shape.layers), spec)
 
 
-def seed_cache(config: ml_collections.ConfigDict, cache: ExpertCache) -> dict | None:
-    """Applies `cache.seed` before the first pass: the hotlist's hottest experts fill the
-    device slots and the host tier, and its priorities go to the policies that take them.
-    Returns results.json's `cache.seed` (None without a seed)."""
-    if not config.cache.get("seed", ""):
-        return None
+WARM_STARTS = ("none", "all", "hotlist(trace=PATH, top=N)")
+
+
+def _placement(config: ml_collections.ConfigDict, cache: ExpertCache):
+    """What to place before the first pass: `(spec, source, keys hottest first, priorities or
+    None)`, from `cache.seed` (ds4: placement and priorities) or `cache.warm_start` (a preload
+    only); None when neither is set."""
     from moejax.cache import hotlist as hotlist_lib
 
-    seed = hotlist_lib.parse_seed(config.cache.get("seed", ""))
-    if seed is None:
+    seed = config.cache.get("seed", "") or ""
+    warm = config.cache.get("warm_start", "none") or "none"
+    if seed and warm != "none":
+        raise ConfigError(f"cache.seed={seed!r} and cache.warm_start={warm!r}: set one (seed "
+                          "places a hotlist and gives its priorities; warm_start only preloads)")
+    if warm == "all":
+        # Every expert when they fit, else an equal share of each layer (expert 0 of every
+        # layer, then expert 1, ...).
+        keys = [(l, e) for e in range(cache.shape.num_experts) for l in cache.shape.layers]
+        return "cache.warm_start=all", "all", keys, None
+    spec, what = (seed, "cache.seed") if seed else (warm, "cache.warm_start")
+    if warm != "none" and not warm.startswith("hotlist("):
+        raise ConfigError(f"cache.warm_start={warm!r} is not one of {WARM_STARTS}")
+    parsed = hotlist_lib.parse_seed(spec)
+    if parsed is None:
         return None
-    hot = hotlist_lib.from_trace(seed["trace"])
+    hot = hotlist_lib.from_trace(parsed["trace"])
     hot.check_against(list(cache.shape.layers), cache.shape.num_experts)
-    if seed["top"] is not None:
-        hot = hot.top(seed["top"])
-    priorities = hot.priorities()
-    device = cache.seed(list(hot.keys), priorities)
+    if parsed["top"] is not None:
+        hot = hot.top(parsed["top"])
+    return f"{what}={spec}", hot.source, list(hot.keys), (hot.priorities() if seed else None)
+
+
+def seed_cache(config: ml_collections.ConfigDict, cache: ExpertCache) -> dict | None:
+    """Applies `cache.seed` or `cache.warm_start` before the first pass: the experts fill the
+    device slots and the host tier (loaded before the first token, not counted as fetches),
+    and a seed's priorities go to the policies that take them. Returns results.json's
+    `cache.seed` (None when nothing is placed)."""
+    placement = _placement(config, cache)
+    if placement is None:
+        return None
+    spec, source, keys, priorities = placement
+    device = cache.seed(keys, priorities)
     host = 0
     if cache.host is not None:
-        if hasattr(cache.host.policy, "set_priorities"):
+        if priorities is not None and hasattr(cache.host.policy, "set_priorities"):
             cache.host.policy.set_priorities(priorities)
-        cache.host.seed(list(hot.keys))
+        cache.host.seed(keys)
         host = cache.host.seeded
-    return {"spec": config.cache.seed, "source": hot.source, "experts": len(hot.keys),
-            "device_seeded": device, "host_seeded": host,
-            "priority_policy": hasattr(cache.eviction, "set_priorities")}
+    return {"spec": spec, "source": source, "experts": len(keys), "device_seeded": device,
+            "host_seeded": host,
+            "priority_policy": priorities is not None and hasattr(cache.eviction,
+                                                                   "set_priorities")}
 
 
 def build_cache(config: ml_collections.ConfigDict, shape: CacheShape,

@@ -95,11 +95,24 @@ class CacheMetrics:
         self.c: dict[str, list] = {k: [0] * n for k in COUNTERS + BYTES}
         self.c.update({k: [0.0] * n for k in SECONDS})
         self.passes: list[PassTiming] = []
-        self.snapshots: list[dict] = []  # running totals after each pass (TensorBoard series)
+        # Running totals after each pass (TensorBoard series); the compiled replay path
+        # (`moejax/cache/fast_replay.py`) hands over a function that builds them when read.
+        self._snapshots: list[dict] = []
+        self._deferred = None
         # With several pools: counter -> pool index -> per layer (`count_pools`).
         self.pc: dict[str, list[list]] | None = None
         if len(self.precisions) > 1:
             self.pc = {k: [[0] * n for _ in self.precisions] for k in BY_PRECISION}
+
+    @property
+    def snapshots(self) -> list[dict]:
+        if self._deferred is not None:
+            self._snapshots, self._deferred = self._deferred(), None
+        return self._snapshots
+
+    def defer_snapshots(self, build) -> None:
+        """`build()` -> the list of snapshots, called when they are first read."""
+        self._deferred = build
 
     @property
     def per_layer(self) -> dict[str, np.ndarray]:

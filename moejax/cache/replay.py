@@ -14,9 +14,13 @@ import dataclasses
 
 import numpy as np
 
+from moejax.cache import fast_replay
 from moejax.cache.cache import ExpertCache
+from moejax.config import ConfigError
 from moejax.seam import Key, LayerGate, requests_in_rank_order
 from moejax.traces.format import Trace
+
+ENGINES = ("auto", "reference")
 
 
 @dataclasses.dataclass
@@ -76,10 +80,20 @@ def layer_gates(trace: Trace, p: int) -> list[LayerGate]:
 
 
 def replay(cache: ExpertCache, traces: list[Trace], context_start: list[int] | None = None,
-           progress=None) -> None:
+           progress=None, engine: str = "auto") -> str:
     """Replays `traces` through `cache` (then `cache.finish()`). `context_start[i]`: tokens
     already in context before sequence i's first pass (capture traces start after a prompt
-    that is not in the file)."""
+    that is not in the file). `engine`: "auto" takes the compiled path
+    (`moejax/cache/fast_replay.py`) where it applies, "reference" always runs the policy
+    objects request by request. Returns the engine that ran: "compiled" or "reference"."""
+    if engine not in ENGINES:
+        raise ConfigError(f"cache.replay_engine={engine!r} is not one of {ENGINES}")
+    if engine == "auto" and fast_replay.applicable(cache) is None and \
+            fast_replay.fits(cache, traces):
+        fast_replay.run(cache, traces, context_start)
+        if progress is not None:
+            progress(sum(t.num_passes for t in traces))
+        return "compiled"
     future = None
     for policy in (cache.eviction, cache.prefetch, cache.miss, cache.routing):
         if policy.needs_future:
@@ -100,3 +114,4 @@ def replay(cache: ExpertCache, traces: list[Trace], context_start: list[int] | N
             if progress is not None:
                 progress(1)
     cache.finish()
+    return "reference"

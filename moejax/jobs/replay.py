@@ -163,7 +163,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
         bar = tqdm(total=passes, desc="replay", unit="pass", leave=False)
     start = time.perf_counter()
     try:
-        replay(cache, traces, context, bar.update if bar is not None else None)
+        engine = replay(cache, traces, context, bar.update if bar is not None else None,
+               engine=config.cache.get("replay_engine", "auto"))
     finally:
         if bar is not None:
             bar.close()
@@ -181,7 +182,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
         # Per-pass timings: in TensorBoard, not in every cell file.
         "cache": report_cache(config, cache, workdir, passes=False,
                               expert_bytes_known=bytes_known, policies=policies),
-        "replay": {"seconds": elapsed, "requests_per_s": requests / elapsed if elapsed else None},
+        "replay": {"seconds": elapsed, "requests_per_s": requests / elapsed if elapsed else None,
+                   "engine": engine},
         "config": config.to_dict(),
     }
     write_json_atomic(os.path.join(workdir, "results.json"), results)
