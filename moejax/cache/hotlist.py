@@ -45,9 +45,9 @@ SEED_FORMS = "'' or 'none' (no seeding), 'hotlist(trace=PATH)' or 'hotlist(trace
 def priority(rank: int, total: int) -> int:
     """ds4's cache priority of hotlist rank `rank` (0 = hottest) of `total`:
     `1 + 31 * remaining / total` with `remaining = total - rank`, in integer arithmetic
-    (rounded down, as ds4's C computes it): 32 for rank 0, then down in steps of 31/total to
-    `1 + 31 // total` for the last (1 once total > 31). Always in 1..32, so every listed key
-    outranks the unlisted ones (priority 0)."""
+    (rounded down: the dossier gives ds4's formula, not its rounding): 32 for rank 0, then
+    down in steps of 31/total to `1 + 31 // total` for the last (1 once total > 31). Always
+    in 1..32, so every listed key outranks the unlisted ones (priority 0)."""
     if total < 1 or not 0 <= rank < total:
         raise ValueError(f"rank {rank} out of range for a hotlist of {total}")
     return 1 + (MAX_PRIORITY - 1) * (total - rank) // total
