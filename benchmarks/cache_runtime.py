@@ -6,7 +6,9 @@
    the residency update) for the OLMoE-1B-7B shape (16 layers, 64 experts, top-8), driven by
    the real OLMoE decode capture (moejax/assets/captures) with synthetic speculative scores, in µs;
 2. an offloaded run at 100% capacity against the fully resident model (the embedded model,
-   greedy decode): wall-time ratio, goal <= 1.15;
+   greedy decode): wall-time ratio of the whole generation from a cold cache, and of the
+   decode steps with the cache warm (`cache.warm_start=all`: every expert resident, so the
+   runtime takes each pass's decisions after it, `CachedExperts._can_defer`), goal <= 1.15;
 3. one expert moved through the runtime (`SlotPool.load`) against a raw `jax.device_put` of
    the same bytes from pinned host memory: time ratio, goal <= 1.2;
 4. the io_callback gate path against the returned-outputs path: overhead per MoE layer.
@@ -67,7 +69,9 @@ def bookkeeping(eviction: str, prefetch: str, steps: int = 256) -> float:
     return (time.perf_counter() - start) / (len(gates) * len(layers)) * 1e6
 
 
-def generation_wall(config, loaded, prompt, tokens, gate_path="returned"):
+def generation_wall(config, loaded, prompt, tokens, gate_path="returned", part="total"):
+    """Best of 3 wall seconds of a greedy generation from a fresh cache: the whole of it
+    (`part="total"`), or its decode steps only (`"decode"`, after the prefill)."""
     if config.cache.enabled:
         source = build_cached_experts(config, loaded)
     else:
@@ -83,8 +87,8 @@ def generation_wall(config, loaded, prompt, tokens, gate_path="returned"):
         if config.cache.enabled:
             dec.experts = build_cached_experts(config, loaded)
         t = time.perf_counter()
-        dec.generate(prompt, tokens)
-        best = min(best, time.perf_counter() - t)
+        out = dec.generate(prompt, tokens)
+        best = min(best, out.decode_s if part == "decode" else time.perf_counter() - t)
     return best
 
 
@@ -128,11 +132,18 @@ def main():
     tokens = 48
     config.cache.enabled = False
     resident = generation_wall(config, loaded, prompt, tokens)
+    resident_decode = generation_wall(config, loaded, prompt, tokens, part="decode")
     config.cache.enabled = True
     config.cache.capacity_frac = 1.0
     full = generation_wall(config, loaded, prompt, tokens)
+    config.cache.warm_start = "all"
+    warm_decode = generation_wall(config, loaded, prompt, tokens, part="decode")
+    config.cache.warm_start = "none"
     print(f"2. embedded model, {tokens} tokens: resident {resident * 1e3:.1f} ms, cache at 100% "
-          f"{full * 1e3:.1f} ms, ratio {full / resident:.3f} (goal <= 1.15)")
+          f"from cold {full * 1e3:.1f} ms, ratio {full / resident:.3f}; decode steps only, "
+          f"cache warm (warm_start=all) {warm_decode * 1e3:.1f} ms against resident "
+          f"{resident_decode * 1e3:.1f} ms, ratio {warm_decode / resident_decode:.3f} "
+          "(goal <= 1.15)")
 
     raw, runtime = transfer_ratio()
     print(f"3. one expert (6 MiB): raw device_put {raw:.3f} ms, through the runtime {runtime:.3f} "

@@ -180,3 +180,30 @@ def test_io_callback_gate_path_matches_returned_path(tiny):
     assert a.generated_ids == b.generated_ids
     np.testing.assert_array_equal(a.prefill_logits, b.prefill_logits)
     assert ma == mb
+
+
+@pytest.mark.parametrize("prefetch", ["none", "score_percentile(p=80)"])
+def test_a_complete_cache_decides_after_the_pass_with_the_same_numbers(tiny, prefetch):
+    """Every expert resident (warm_start=all at 100%): the runtime takes each pass's decisions
+    after it in one host round trip (`CachedExperts._can_defer`). Tokens, logits, counters and
+    virtual times equal deciding layer by layer."""
+    cfg, model, _, _, loaded = tiny
+    prompt, ref = _resident(tiny, 5, 0)
+    runs = []
+    for defer in (True, False):
+        c = base_config()
+        c.cache.capacity_frac, c.cache.warm_start = 1.0, "all"
+        c.policies.eviction, c.policies.prefetch = "least_stale", prefetch
+        source = build_cached_experts(c, loaded)
+        source.defer_complete = defer
+        dec = SteppedDecoder(model, source, max_len=MAX_LEN, lookahead=2)
+        out = dec.generate(prompt, NEW, keep_logits=True)
+        source.cache.finish()
+        runs.append((out, source))
+    (a, deferred), (b, inline) = runs
+    assert deferred.deferred_passes == NEW and inline.deferred_passes == 0
+    assert a.generated_ids == b.generated_ids == ref.generated_ids
+    for x, y in zip(a.step_logits, ref.step_logits):
+        np.testing.assert_array_equal(x, y)
+    assert deferred.cache.metrics.to_dict() == inline.cache.metrics.to_dict()
+    assert deferred.cache.metrics.totals()["misses"] == 0

@@ -15,6 +15,10 @@ on the device.
   slot is ordered after the earlier steps that read it (no use-after-evict).
 * Prefetch loads are queued and dispatched after the current layer's experts step, so they
   overlap the next layer's attention instead of delaying this layer's experts.
+* A pass over a complete cache (every expert resident and landed; standard routing, fetch)
+  dispatches all its layers without a host round trip each and takes its decisions after it
+  (`_can_defer`, `_decide_deferred`): they can only be hits, so they cannot change what a step
+  reads.
 """
 
 from __future__ import annotations
@@ -163,6 +167,12 @@ class CachedExperts:
         self.needs_probs, self.needs_spec = cache.needs_scores()
         # Per layer: the slot map last uploaded, reused while the layer's residency is unchanged.
         self._slot_maps: dict[int, tuple[tuple, jax.Array]] = {}
+        # A pass whose decisions are deferred to its end (`_can_defer`): its gates, in order,
+        # and per layer the device slot map of every expert.
+        self.defer_complete = True
+        self._deferred: list[GateOutputs] | None = None
+        self._full_maps: dict[int, jax.Array] = {}
+        self.deferred_passes = 0
 
     # SlotSink
     def load(self, key: Key, slot: int, prefetch: bool) -> None:
@@ -186,12 +196,64 @@ class CachedExperts:
     def begin_pass(self, tokens: int, position: int) -> None:
         self.cache.begin_pass("prefill" if position == 0 else "decode", tokens,
                               position + tokens)
+        self._deferred = [] if self.defer_complete and self._can_defer() else None
 
     def end_pass(self) -> None:
+        if self._deferred is not None:
+            self._decide_deferred()
         self._flush()
         self.cache.end_pass()
 
+    # -- a complete cache: decisions after the pass ------------------------------------------
+    def _can_defer(self) -> bool:
+        """Whether this pass's decisions cannot change what its experts steps read, so they can
+        be taken after the pass in one host round trip instead of one per layer: every expert
+        is resident and landed (a request can only hit, so nothing is fetched, evicted or
+        prefetched), and the policies pass the router's selection through unchanged (standard
+        routing, fetch) over one slot pool."""
+        c = self.cache
+        if (c.routing.name != "standard" or c.miss.name != "fetch" or c.multi or c.queue
+                or len(c.residency) != c.shape.total_experts):
+            return False
+        now = c.clock.now()
+        return all(t <= now for t in c.slot_ready)
+
+    def _full_map(self, layer: int) -> jax.Array:
+        """Every expert's slot in `layer` (fixed while the cache is complete)."""
+        residency = self.cache.residency
+        slot_of = np.asarray([residency[(layer, e)] for e in range(self.num_experts)], np.int32)
+        cached = self._full_maps.get(layer)
+        if cached is None or not np.array_equal(np.asarray(cached), slot_of):
+            cached = self._full_maps[layer] = jnp.asarray(slot_of)
+        return cached
+
+    def _decide_deferred(self) -> None:
+        """Runs the pass's deferred decisions in layer order on one host copy of every gate,
+        checking each is what the pass computed with: one wave, all hits, nothing loaded."""
+        gates, self._deferred = self._deferred, None
+        wanted = [[g.ids, g.weights] + ([g.probs] if self.needs_probs else [])
+                  + ([g.spec] if self.needs_spec else []) for g in gates]
+        loads = self.pool.loads
+        for gate, got in zip(gates, jax.device_get(wanted)):
+            host = self._layer_gate(gate, got)
+            waves = list(self.cache.run_layer(host))
+            if len(waves) != 1 or self.pool.loads != loads or self._queued:
+                raise AssertionError(f"layer {gate.layer}: a complete cache's decision fetched "
+                                     "or split the layer after its experts step ran")
+        self.deferred_passes += 1
+
+    def _layer_gate(self, gate: GateOutputs, got: list) -> LayerGate:
+        spec = got[-1][: len(gate.spec_layers)] if self.needs_spec else None
+        return LayerGate(gate.layer, got[0], got[1], got[2] if self.needs_probs else None, spec,
+                         gate.spec_layers)
+
     def experts_for(self, gate: GateOutputs) -> Iterator[ExpertWave]:
+        if self._deferred is not None:  # every expert resident: decide after the pass
+            self._deferred.append(gate)
+            gate_up, down = self.pool.arrays()
+            yield ExpertWave(gate_up, down, self._full_map(gate.layer), gate.ids, gate.weights,
+                             True)
+            return
         # (With the io_callback gate path these are host arrays already: device_get passes
         # them through.)
         wanted = [gate.ids if gate.host_ids is None else gate.host_ids,
@@ -201,9 +263,7 @@ class CachedExperts:
         if self.needs_spec:
             wanted.append(gate.spec)
         got = jax.device_get(wanted)  # one host round trip for what the policies read
-        spec = got[-1][: len(gate.spec_layers)] if self.needs_spec else None
-        host = LayerGate(gate.layer, got[0], got[1], got[2] if self.needs_probs else None, spec,
-                         gate.spec_layers)
+        host = self._layer_gate(gate, got)
         for wave in self.cache.run_layer(host):
             unchanged = wave.ids is host.ids and wave.active.all()
             ids = gate.ids if unchanged else jnp.asarray(wave.ids, jnp.int32)
