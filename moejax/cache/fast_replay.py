@@ -39,8 +39,6 @@ def applicable(cache: ExpertCache) -> str | None:
     """None when the fast path can run `cache`, else why not (one line)."""
     if cache.eviction.name not in POLICIES:
         return f"eviction {cache.eviction.name} has no compiled form"
-    if type(cache.eviction).__name__ not in ("LRU", "Belady"):
-        return "a subclass of lru / belady"
     if cache.prefetch.name != "none" or cache.miss.name != "fetch" or \
             cache.routing.name != "standard":
         return "prefetch, miss or routing other than none / fetch / standard"
@@ -388,11 +386,10 @@ def _snapshots(m: CacheMetrics, running: np.ndarray) -> list[dict]:
     zero = {k: 0 for k in COUNTERS + BYTES}
     zero.update({k: 0.0 for k in SECONDS})
     for p, row in enumerate(running.tolist()):
-        t = dict(zero)
+        sums = dict(zero)
         for name, v in zip(KEPT, row):
-            t[name] = v if name in SECONDS else int(v)
-        t["h2d_bytes"] = t["demand_bytes"] + t["prefetch_bytes"]
-        t.update(CacheMetrics._rates(t))
+            sums[name] = v if name in SECONDS else int(v)
+        t = CacheMetrics.summary(sums)
         t["pass_s"] = m.passes[p].end_s - m.passes[p].start_s
         out.append(t)
     return out

@@ -223,12 +223,17 @@ class CacheMetrics:
                                        for p in self.precisions},
         }
 
+    @classmethod
+    def summary(cls, c: dict) -> dict:
+        """Counter sums `c` with `h2d_bytes` and the rates added (a snapshot's fields)."""
+        c = {**c, "h2d_bytes": c["demand_bytes"] + c["prefetch_bytes"]}
+        return {**c, **cls._rates(c)}
+
     def totals(self, by_precision: bool = True) -> dict:
-        c = {k: sum(v) for k, v in self.c.items()}
-        c["h2d_bytes"] = c["demand_bytes"] + c["prefetch_bytes"]
+        t = self.summary({k: sum(v) for k, v in self.c.items()})
         if not by_precision:
-            return {**c, **self._rates(c)}
-        return {**c, **self._rates(c), **self._by_precision(c, sum)}
+            return t
+        return {**t, **self._by_precision(t, sum)}
 
     def snapshot(self) -> None:
         t = self.totals(by_precision=False)  # (the TensorBoard series do not plot them)

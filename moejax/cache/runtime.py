@@ -171,7 +171,7 @@ class CachedExperts:
         # and per layer the device slot map of every expert.
         self.defer_complete = True
         self._deferred: list[GateOutputs] | None = None
-        self._full_maps: dict[int, jax.Array] = {}
+        self._full_maps: dict[int, tuple[np.ndarray, jax.Array]] = {}
         self.deferred_passes = 0
 
     # SlotSink
@@ -223,24 +223,33 @@ class CachedExperts:
         residency = self.cache.residency
         slot_of = np.asarray([residency[(layer, e)] for e in range(self.num_experts)], np.int32)
         cached = self._full_maps.get(layer)
-        if cached is None or not np.array_equal(np.asarray(cached), slot_of):
-            cached = self._full_maps[layer] = jnp.asarray(slot_of)
-        return cached
+        if cached is None or not np.array_equal(cached[0], slot_of):
+            cached = self._full_maps[layer] = (slot_of, jnp.asarray(slot_of))
+        return cached[1]
 
     def _decide_deferred(self) -> None:
         """Runs the pass's deferred decisions in layer order on one host copy of every gate,
         checking each is what the pass computed with: one wave, all hits, nothing loaded."""
         gates, self._deferred = self._deferred, None
-        wanted = [[g.ids, g.weights] + ([g.probs] if self.needs_probs else [])
-                  + ([g.spec] if self.needs_spec else []) for g in gates]
         loads = self.pool.loads
-        for gate, got in zip(gates, jax.device_get(wanted)):
+        for gate, got in zip(gates, jax.device_get([self._policy_arrays(g) for g in gates])):
             host = self._layer_gate(gate, got)
             waves = list(self.cache.run_layer(host))
             if len(waves) != 1 or self.pool.loads != loads or self._queued:
                 raise AssertionError(f"layer {gate.layer}: a complete cache's decision fetched "
                                      "or split the layer after its experts step ran")
         self.deferred_passes += 1
+
+    def _policy_arrays(self, gate: GateOutputs) -> list:
+        """What the policies read of a gate (ids, weights, and probs / spec when needed), for
+        one `device_get` (host arrays, from the io_callback gate path, pass through)."""
+        wanted = [gate.ids if gate.host_ids is None else gate.host_ids,
+                  gate.weights if gate.host_weights is None else gate.host_weights]
+        if self.needs_probs:
+            wanted.append(gate.probs)
+        if self.needs_spec:
+            wanted.append(gate.spec)
+        return wanted
 
     def _layer_gate(self, gate: GateOutputs, got: list) -> LayerGate:
         spec = got[-1][: len(gate.spec_layers)] if self.needs_spec else None
@@ -254,15 +263,8 @@ class CachedExperts:
             yield ExpertWave(gate_up, down, self._full_map(gate.layer), gate.ids, gate.weights,
                              True)
             return
-        # (With the io_callback gate path these are host arrays already: device_get passes
-        # them through.)
-        wanted = [gate.ids if gate.host_ids is None else gate.host_ids,
-                  gate.weights if gate.host_weights is None else gate.host_weights]
-        if self.needs_probs:
-            wanted.append(gate.probs)
-        if self.needs_spec:
-            wanted.append(gate.spec)
-        got = jax.device_get(wanted)  # one host round trip for what the policies read
+        # One host round trip for what the policies read.
+        got = jax.device_get(self._policy_arrays(gate))
         host = self._layer_gate(gate, got)
         for wave in self.cache.run_layer(host):
             unchanged = wave.ids is host.ids and wave.active.all()
