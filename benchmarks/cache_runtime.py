@@ -8,7 +8,13 @@
 2. an offloaded run at 100% capacity against the fully resident model (the embedded model,
    greedy decode): wall-time ratio of the whole generation from a cold cache, and of the
    decode steps with the cache warm (`cache.warm_start=all`: every expert resident, so the
-   runtime takes each pass's decisions after it, `CachedExperts._can_defer`), goal <= 1.15;
+   runtime takes each pass's decisions a pass late, while the next pass runs,
+   `CachedExperts._can_defer` / `end_pass`), goal <= 1.15; then the decode steps at 25%
+   capacity (cold start, the default policies) against the resident model (no goal). The
+   decode comparisons are interleaved rounds, the best of each kept (`decode_walls`). "Decode
+   steps" is `Generation.decode_s`: the wall time from the first generated token to the
+   return of `generate`, which includes taking every decision still pending (the prefill
+   pass's among them, `SteppedDecoder.generate` syncs the source before it stops the clock);
 3. one expert moved through the runtime (`SlotPool.load`) against a raw `jax.device_put` of
    the same bytes from pinned host memory: time ratio, goal <= 1.2;
 4. the io_callback gate path against the returned-outputs path: overhead per MoE layer.
@@ -92,6 +98,29 @@ def generation_wall(config, loaded, prompt, tokens, gate_path="returned", part="
     return best
 
 
+DECODE_ROUNDS = 5
+
+
+def decode_walls(config, loaded, prompt, tokens) -> dict[str, float]:
+    """The decode steps' wall time of the resident model, the cache warm at 100% and the cache
+    at 25% from cold: rounds of the three in turn, the best of each over the rounds (this
+    machine is shared: interleaving lets a busy spell hit all three alike)."""
+    settings = {"resident": dict(enabled=False),
+                "warm": dict(enabled=True, capacity_frac=1.0, warm_start="all"),
+                "quarter": dict(enabled=True, capacity_frac=0.25, warm_start="none")}
+    best = dict.fromkeys(settings, float("inf"))
+    saved = {k: config.cache[k] for k in ("enabled", "capacity_frac", "warm_start")}
+    for _ in range(DECODE_ROUNDS):
+        for name, fields in settings.items():
+            for k, v in fields.items():
+                config.cache[k] = v
+            best[name] = min(best[name], generation_wall(config, loaded, prompt, tokens,
+                                                         part="decode"))
+    for k, v in saved.items():
+        config.cache[k] = v
+    return best
+
+
 def transfer_ratio(reps: int = 50) -> tuple[float, float]:
     e, h, i = 8, 1024, 512  # one expert: gate_up 4 MiB + down 2 MiB in float32
     gu = to_host(np.random.rand(e, h, 2 * i).astype(np.float32))
@@ -120,6 +149,7 @@ def transfer_ratio(reps: int = 50) -> tuple[float, float]:
 
 
 def main():
+    bookkeeping("lru", "score_percentile(p=80)", steps=2)  # loads the compiled helpers
     print("1. bookkeeping per layer-step, OLMoE shape, 5% capacity (51 slots), decode:")
     for ev in ("lru", "lru_per_layer", "lfu", "fld", "score", "least_stale", "fifo", "random"):
         for pf in ("none", "score_percentile(p=80)", "topk(overfetch=1.5, lookahead=2)"):
@@ -132,18 +162,18 @@ def main():
     tokens = 48
     config.cache.enabled = False
     resident = generation_wall(config, loaded, prompt, tokens)
-    resident_decode = generation_wall(config, loaded, prompt, tokens, part="decode")
     config.cache.enabled = True
     config.cache.capacity_frac = 1.0
     full = generation_wall(config, loaded, prompt, tokens)
-    config.cache.warm_start = "all"
-    warm_decode = generation_wall(config, loaded, prompt, tokens, part="decode")
-    config.cache.warm_start = "none"
+    decode = decode_walls(config, loaded, prompt, tokens)
     print(f"2. embedded model, {tokens} tokens: resident {resident * 1e3:.1f} ms, cache at 100% "
-          f"from cold {full * 1e3:.1f} ms, ratio {full / resident:.3f}; decode steps only, "
-          f"cache warm (warm_start=all) {warm_decode * 1e3:.1f} ms against resident "
-          f"{resident_decode * 1e3:.1f} ms, ratio {warm_decode / resident_decode:.3f} "
-          "(goal <= 1.15)")
+          f"from cold {full * 1e3:.1f} ms, ratio {full / resident:.3f}")
+    base = decode["resident"]
+    print(f"   decode steps only, best of {DECODE_ROUNDS} interleaved rounds: resident "
+          f"{base * 1e3:.1f} ms; cache warm at 100% (warm_start=all) "
+          f"{decode['warm'] * 1e3:.1f} ms, ratio {decode['warm'] / base:.3f} (goal <= 1.15); "
+          f"cache at 25% (cold start) {decode['quarter'] * 1e3:.1f} ms, ratio "
+          f"{decode['quarter'] / base:.3f}")
 
     raw, runtime = transfer_ratio()
     print(f"3. one expert (6 MiB): raw device_put {raw:.3f} ms, through the runtime {runtime:.3f} "

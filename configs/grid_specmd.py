@@ -48,11 +48,14 @@ FAMILY_EVICTIONS = ("lru", "fld", "score", "least_stale", "least_stale(order=two
 FAMILY_PREFETCHES = ("none", "topk(overfetch=1.0)", "score_percentile(p=80)", "oracle")
 MISSES = ("fetch", "drop(keep=2)", "substitute(tol=0.05)", "fetch_priority", "fetch_lowest_bit")
 PARTS = ("policies", "dropin", "miss")
+# Config arguments (`configs/grid_specmd.py:traces=captures,engine=reference`): `engine` is
+# `cache.replay_engine` for every cell (benchmarks/replay_grid_engines.py runs both).
+ARGS = {"traces": "all", "parts": "all", "engine": "auto"}
 GROUPS = ("captures", "scored", "long", "families")
 
 
 def get_config(arg: str | None = None):
-    parse_args(arg, {"traces": "all", "parts": "all"})
+    args = parse_args(arg, ARGS)
     c = base_config()
     c.job = "replay"
     c.model.preset = ""
@@ -62,6 +65,7 @@ def get_config(arg: str | None = None):
     c.hardware.h2d_gbps = H2D_GBPS
     c.log.progress = False
     c.log.tensorboard = False  # thousands of cells: results.json only
+    c.cache.replay_engine = args["engine"]
     return c
 
 
@@ -87,7 +91,7 @@ def traces(which: str) -> list[tuple[str, dict]]:
 
 
 def sweep(add, arg: str | None = None):
-    args = parse_args(arg, {"traces": "all", "parts": "all"})
+    args = parse_args(arg, ARGS)
     parts = PARTS if args["parts"] == "all" else tuple(args["parts"].split("+"))
     if not set(parts) <= set(PARTS):
         raise ValueError(f"parts={args['parts']!r}: expected all or a '+'-list of {PARTS}")

@@ -79,10 +79,11 @@ def base_config() -> ml_collections.ConfigDict:
     # ds4's full-layer placement: every expert of the first N MoE layers resident in slots of
     # their own for the whole run; the other layers share the rest.
     c.cache.full_layers = 0
-    # Replay's engine (moejax/cache/fast_replay.py): "auto" runs LRU / Belady without prefetch
-    # (fetch, standard routing, one pool, one wave per layer) on a compiled core, counter for
-    # counter what "reference" (the policy objects, request by request) gives, and everything
-    # else on the reference.
+    # Replay's engine (moejax/cache/fast_replay.py): "auto" runs what the compiled engine
+    # covers (the evictions lru, fifo, lru_per_layer, lfu, fld, least_stale, belady; any
+    # prefetcher, both queues, waves; fetch, standard routing, one pool, no host tier or
+    # placement) on it, counter for counter what "reference" (the policy objects, request by
+    # request) gives, and everything else on the reference.
     c.cache.replay_engine = "auto"
 
     # The storage the disk tier reads (moejax/sim/storage.py): a preset, each field

@@ -7,6 +7,8 @@ import math
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from moejax.config import ConfigError
 from moejax.policies import build
@@ -124,6 +126,39 @@ def test_score_percentile_hand_examples():
     # up, 5 experts.
     [(_, chosen)] = fresh(50).predict(spec_gate(scores, spec_layers=(1,)))
     assert chosen == [int(perm[i]) for i in range(5)]
+
+
+def _percentile_numpy(hist, scores, p):
+    """score_percentile's selection written with numpy's own searchsorted and cumsum (the
+    compiled `_above_percentile` must give the same, histogram included)."""
+    from moejax.policies.prefetch import _EDGES
+
+    hist += np.bincount(np.searchsorted(_EDGES, scores, side="right") - 1, minlength=len(hist))
+    cum = np.cumsum(hist)
+    b = int(np.searchsorted(cum, p / 100 * cum[-1], side="left"))
+    threshold = _EDGES[b + 1] if b + 1 < len(_EDGES) - 1 else _EDGES[-2]
+    above = np.flatnonzero(scores > threshold)
+    return above[np.argsort(-scores[above], kind="stable")].tolist()
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 10_000), p=st.sampled_from([0, 50, 80, 95.5, 99]),
+       experts=st.integers(1, 64), calls=st.integers(1, 6), ties=st.booleans())
+def test_score_percentile_compiled_selection_is_the_numpy_formula(seed, p, experts, calls,
+                                                                  ties):
+    from moejax.policies.prefetch import _EDGES, _above_percentile
+
+    rng = np.random.default_rng(seed)
+    ours = np.zeros(len(_EDGES) - 1, np.int64)
+    theirs = ours.copy()
+    for _ in range(calls):
+        scores = rng.dirichlet(np.full(experts, 0.3))
+        if ties:  # equal scores, zeros and ones: the bin edges and the stable order
+            scores = np.round(scores, 2)
+            scores[rng.integers(experts)] = 1.0
+        assert _above_percentile(ours, scores, p, _EDGES).tolist() == \
+            _percentile_numpy(theirs, scores, p)
+        assert np.array_equal(ours, theirs)
 
 
 def test_score_percentile_prefill_mean_and_lookahead():

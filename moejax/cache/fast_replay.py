@@ -1,134 +1,171 @@
-"""A compiled replay core (numba) for the configurations grids replay most: LRU or Belady
-eviction, no prefetch, the fetch miss policy, standard routing, one precision pool, no host
-tier or placement, every pass-layer's experts fitting the slots at once (one wave).
+"""The compiled replay engine: trace replay through `moejax/cache/fast_kernel.py` (numba)
+instead of the policy objects, for the configurations grids replay.
 
-It runs the same semantics as `ExpertCache.run_layer` + the policy objects, request by request
-(DESIGN.md "one policy code path": this is a second implementation of one path, and
-`tests/test_fast_replay.py` checks it against the reference on every shipped trace and on
-random traces, counter for counter and time for time): rank-order requests, free slots lowest
-first, LRU's order (admission and every access count as a use), Belady's furthest next use
-(ties: the lowest `(layer, expert)`), the pin scope, collision misses (a miss on an expert
-evicted earlier in the same pass), the copy engines and host link of the virtual clock, and
-the cost model's compute as the same float additions in the same order. It fills the cache's
-metrics (per layer, pass timings, and the per-pass running totals TensorBoard plots, built
-when read) and leaves the cache's residency and clock where the reference would; the policy
-objects themselves are not stepped.
+**Covers:** eviction lru, fifo, lru_per_layer, lfu, fld, least_stale (its three orders, with
+`prefetch_current="pass"`) and belady; every prefetch policy (their predictions depend on the
+gates and the future only, never on the cache, so they are taken from the policy object itself
+before the kernel runs, in pass order, exactly as the reference calls it); both prefetch
+queues (immediate, watchdog); both pin scopes; prefill layers in waves; the virtual clock
+with its copy engines and host link and the cost model's compute. Not covered (the reference
+runs): other evictions (score, random, lhu, priority, least_stale until_target), miss
+policies other than fetch, routing other than standard, several precision pools, the host
+tier, full-layer placement, a seeded or already used cache, a slot sink, a wall clock.
 
-`replay()` takes this path by itself when `applicable` says so; `cache.replay_engine`
-("auto", "reference") chooses.
+**One semantics.** It is a second implementation of `ExpertCache.run_layer` and the policies
+(DESIGN.md "one policy code path"): rank-order requests, free slots lowest first, each policy's
+order and tie-breaks, what a prefetch call and the watchdog protect, collision misses, late
+hits, prefetch origins (used, wasted, evicted before use), the predicted sets, the dropped
+queue entries, and the compute as the same float additions in the same order.
+`tests/test_fast_replay.py` checks it against the reference — counters per layer, pass timings,
+per-pass running totals, final residency, prefetch origins and clock — on every shipped trace
+and on random traces (property tests over policies, queues, pin scopes, waves and engines).
+
+`replay()` takes it by itself when `applicable` says so; `cache.replay_engine` ("auto",
+"reference") chooses, and results.json `replay.engine` says which ran. The eviction policy
+object is not stepped (its state stays empty); the prefetch policy object is, by the
+predictions taken from it.
 """
 
 from __future__ import annotations
 
-import numba
 import numpy as np
 
+from moejax.cache import fast_kernel as K
 from moejax.cache.cache import ExpertCache
 from moejax.cache.metrics import BYTES, COUNTERS, SECONDS, CacheMetrics, PassTiming
 from moejax.seam import requests_in_rank_order
 
-LRU, BELADY = 0, 1
-POLICIES = {"lru": LRU, "belady": BELADY}
-NEVER = np.iinfo(np.int64).max
-# The counters the kernel keeps per layer (the others stay 0 on this path), in this order.
-KEPT = ("requests", "hits", "late_hits", "misses", "collision_misses", "evictions", "waves",
-        "products", "demand_bytes", "stall_s")
+assert K.ROWS == COUNTERS + BYTES + SECONDS, "fast_kernel.ROWS must follow CacheMetrics"
+
+EVICTIONS = {"lru": K.LRU, "fifo": K.FIFO, "lru_per_layer": K.LRU_PER_LAYER, "lfu": K.LFU,
+             "fld": K.FLD, "belady": K.BELADY}
+LEAST_STALE = {"two_queue": K.LS_TWO_QUEUE, "left_first": K.LS_LEFT_FIRST,
+               "cyclic": K.LS_CYCLIC}
+
+
+def _policy_code(eviction) -> int | None:
+    if eviction.name == "least_stale":
+        return None if eviction.until_target else LEAST_STALE[eviction.order]
+    return EVICTIONS.get(eviction.name)
 
 
 def applicable(cache: ExpertCache) -> str | None:
-    """None when the fast path can run `cache`, else why not (one line)."""
-    if cache.eviction.name not in POLICIES:
+    """None when the compiled engine can run `cache`, else why not (one line)."""
+    if _policy_code(cache.eviction) is None:
         return f"eviction {cache.eviction.name} has no compiled form"
-    if cache.prefetch.name != "none" or cache.miss.name != "fetch" or \
-            cache.routing.name != "standard":
-        return "prefetch, miss or routing other than none / fetch / standard"
+    if cache.miss.name != "fetch" or cache.routing.name != "standard":
+        return "a miss policy other than fetch or routing other than standard"
+    if cache.clock.kind != "virtual":
+        return "a wall clock"
     if cache.multi or cache.host is not None or cache.fixed or cache.residency or \
-            cache.pass_id >= 0 or cache.watchdog or cache.sink is not None:
-        return "several pools, a host tier, placement, a used cache, the watchdog or a sink"
+            cache.pass_id >= 0 or cache.sink is not None:
+        return "several pools, a host tier, placement, a used cache or a sink"
     return None
 
 
-def fits(cache: ExpertCache, traces) -> bool:
-    """Whether every pass-layer's distinct experts fit the slots at once (no waves): a pass
-    of `n` tokens asks for at most `n * top_k` of them."""
-    k = cache.shape.top_k
-    return all(int(np.diff(t.pass_offsets).max()) * k <= cache.shape.num_slots
-               or _distinct_max(t) <= cache.shape.num_slots for t in traces)
-
-
-def _distinct_max(trace) -> int:
-    """The most distinct experts any pass-layer of `trace` asks for."""
-    most = 0
-    for p in range(trace.num_passes):
-        ids = trace.ids[trace.pass_rows(p)]
-        if ids.shape[0] * ids.shape[2] <= most:
-            continue
-        for pos in range(ids.shape[1]):
-            most = max(most, len(np.unique(ids[:, pos])))
-    return most
-
-
-def _requests(traces) -> tuple[np.ndarray, np.ndarray, list]:
+def _requests(traces, n_experts: int):
     """The requests of every pass-layer (global key `position * E + expert`, rank order) as one
-    array, the start of each pass-layer in it, and per pass `(kind, tokens, rows)`."""
-    chunks, starts, passes = [], [0], []
-    total = 0
+    array, the start of each pass-layer in it, each request's token-expert pairs in its
+    pass-layer, and per pass `(kind, tokens, pairs)`."""
+    chunks, mults, lengths, passes = [], [], [], []
     for trace in traces:
-        e = trace.num_experts
-        offsets = np.arange(len(trace.layers), dtype=np.int64) * e
+        n_layers, k = len(trace.layers), trace.top_k
+        offsets = np.arange(n_layers, dtype=np.int64) * n_experts
         sizes = np.diff(trace.pass_offsets)
-        single = np.all(sizes == 1)
-        for p in range(trace.num_passes):
-            rows = trace.pass_rows(p)
-            ids = trace.ids[rows]
+        p = 0
+        while p < trace.num_passes:
+            if sizes[p] == 1:  # a run of one-token passes: their rows as they are, at once
+                q = p
+                while q < trace.num_passes and sizes[q] == 1:
+                    q += 1
+                rows = trace.ids[trace.pass_offsets[p]:trace.pass_offsets[q]]
+                chunks.append((rows + offsets[None, :, None]).reshape(-1).astype(np.int64))
+                mults.append(np.ones(rows.size, np.int64))
+                lengths.append(np.full((q - p) * n_layers, k, np.int64))
+                passes += [("prefill" if r < trace.prefill_passes else "decode", 1, k)
+                           for r in range(p, q)]
+                p = q
+                continue
+            ids = trace.ids[trace.pass_rows(p)]
             kind = "prefill" if p < trace.prefill_passes else "decode"
             passes.append((kind, int(sizes[p]), ids.shape[0] * ids.shape[2]))
-            if single or ids.shape[0] == 1:
-                keys = (ids[0] + offsets[:, None]).astype(np.int64)
-                chunks.append(keys.reshape(-1))
-                for _ in range(keys.shape[0]):
-                    total += keys.shape[1]
-                    starts.append(total)
-            else:
-                for pos in range(ids.shape[1]):
-                    req = np.asarray(requests_in_rank_order(ids[:, pos]), np.int64) + \
-                        offsets[pos]
-                    chunks.append(req)
-                    total += len(req)
-                    starts.append(total)
-    return np.concatenate(chunks), np.asarray(starts, np.int64), passes
+            p += 1
+            for pos in range(ids.shape[1]):  # rank order, first occurrence wins
+                req = np.asarray(requests_in_rank_order(ids[:, pos]), np.int64)
+                counts = np.bincount(ids[:, pos].reshape(-1), minlength=n_experts)
+                chunks.append(req + offsets[pos])
+                mults.append(counts[req].astype(np.int64))
+                lengths.append(np.asarray([len(req)], np.int64))
+    starts = np.zeros(sum(len(x) for x in lengths) + 1, np.int64)
+    np.cumsum(np.concatenate(lengths), out=starts[1:])
+    return np.concatenate(chunks), starts, np.concatenate(mults), passes
 
 
-def _next_use(keys: np.ndarray, n_keys: int) -> np.ndarray:
-    """Index of each request's key's next request (NEVER when none)."""
-    out = np.full(len(keys), NEVER, np.int64)
-    order = np.lexsort((np.arange(len(keys)), keys))
-    same = keys[order][1:] == keys[order][:-1]
-    out[order[:-1][same]] = order[1:][same]
-    return out
+def _predictions(cache: ExpertCache, traces, keys: np.ndarray, starts: np.ndarray):
+    """Every prefetch call's selection, from the policy object, per pass-layer in order:
+    groups `(target position, experts)` as CSR arrays (`grp_off` per pass-layer, `grp_start`
+    per group into `experts`)."""
+    from moejax.cache.replay import future_of_requests, layer_gates
+
+    prefetch = cache.prefetch
+    grp_off = np.zeros(len(starts), np.int64)
+    if prefetch.name == "none":
+        return grp_off, np.zeros(0, np.int64), np.zeros(1, np.int64), np.zeros(0, np.int64)
+    if prefetch.needs_future:
+        prefetch.set_future(future_of_requests(keys % cache.shape.num_experts, starts,
+                                               list(cache.shape.layers)), cache)
+    pos_of = cache.pos_of
+    targets, sizes, experts = [], [], []
+    pl = 0
+    # Oracle-style predictors read the cache's pass id; it is put back after.
+    try:
+        for trace in traces:
+            for p in range(trace.num_passes):
+                cache.pass_id += 1
+                for gate in layer_gates(trace, p):
+                    for target, chosen in prefetch.predict(gate):
+                        if target in pos_of:
+                            targets.append(pos_of[target])
+                            sizes.append(len(chosen))
+                            experts.extend(chosen)
+                    pl += 1
+                    grp_off[pl] = len(targets)
+    finally:
+        cache.pass_id = -1
+    grp_start = np.zeros(len(sizes) + 1, np.int64)
+    np.cumsum(sizes, out=grp_start[1:])
+    return (grp_off, np.asarray(targets, np.int64), grp_start,
+            np.asarray(experts, np.int64).reshape(-1))
 
 
-def _compute_plan(cache: ExpertCache, passes: list, context_start: list[int], traces,
-                  starts: np.ndarray):
+def _uses(keys: np.ndarray, n_keys: int) -> tuple[np.ndarray, np.ndarray]:
+    """Belady's future: each key's request indices, sorted, as CSR (`off`, `uses`)."""
+    uses = np.argsort(keys, kind="stable").astype(np.int64)
+    off = np.zeros(n_keys + 1, np.int64)
+    np.cumsum(np.bincount(keys, minlength=n_keys), out=off[1:])
+    return off, uses
+
+
+def _compute_plan(cache: ExpertCache, passes: list, context_start: list[int] | None, traces):
     """The cost model's compute increments, in the reference's order: per pass-layer those
-    before its requests are served (dense layers, attention + router), the experts after;
-    per pass those at its start and end. Without a cost model all are empty."""
+    before its requests are served (dense layers, attention + router), per pass those at its
+    start and end (the experts' steps, which depend on the waves, the kernel computes).
+    Without a cost model all are empty."""
     n_pl = sum(len(t.layers) for t in traces for _ in range(t.num_passes))
     pre_off = np.zeros(n_pl + 1, np.int64)
-    post = np.zeros(n_pl, np.float64)
     begin = np.zeros(len(passes), np.float64)
     end_off = np.zeros(len(passes) + 1, np.int64)
     cost = cache.cost
     if cost is None:
-        return pre_off, np.zeros(0), post, begin, end_off, np.zeros(0)
+        return pre_off, np.zeros(0), begin, end_off, np.zeros(0)
     pre_vals, end_vals = [], []
     layers, num_layers = cache.shape.layers, cache.shape.num_layers
     moe = set(layers)
     pl, p_global = 0, 0
     for s, trace in enumerate(traces):
         context = context_start[s] if context_start else 0
-        for p in range(trace.num_passes):
-            _, tokens, pairs = passes[p_global]
+        for _ in range(trace.num_passes):
+            tokens = passes[p_global][1]
             context += tokens
             begin[p_global] = cost.embed_and_logits(tokens) / 2
             nxt = 0
@@ -139,10 +176,8 @@ def _compute_plan(cache: ExpertCache, passes: list, context_start: list[int], tr
                     nxt += 1
                 pre_vals.append(cost.attention_router(tokens, context, cache.lookahead_scores))
                 nxt = layer + 1
-                pre_off[pl + 1] = len(pre_vals)
-                post[pl] = cost.experts(pairs, int(starts[pl + 1] - starts[pl]), tokens,
-                                        shared=True)
                 pl += 1
+                pre_off[pl] = len(pre_vals)
             while nxt < num_layers:
                 if nxt not in moe:
                     end_vals.append(cost.dense_layer(tokens, context))
@@ -150,229 +185,81 @@ def _compute_plan(cache: ExpertCache, passes: list, context_start: list[int], tr
             end_vals.append(cost.embed_and_logits(tokens) / 2)
             end_off[p_global + 1] = len(end_vals)
             p_global += 1
-    return (pre_off, np.asarray(pre_vals, np.float64), post, begin, end_off,
+    return (pre_off, np.asarray(pre_vals, np.float64), begin, end_off,
             np.asarray(end_vals, np.float64))
 
 
-def _kernel(keys, starts, pos_of_pl, pass_first_pl, products, next_use,
-            n_slots, n_keys, n_layers, policy, pin_layer, expert_bytes,
-            engines, latency, engine_bps, link_bps,
-            pre_off, pre_vals, post, begin, end_off, end_vals):
-    """The per-request loop (module docstring). Returns per-layer counters `[len(KEPT), L]`
-    (float64), per-pass `(start, end, stall)`, per-pass running totals of KEPT, and the final
-    state: slot of each key, ready time of each slot, the clock `(t, link_free)`, the engines'
-    free times, and the free slots left."""
-    n_pass = len(pass_first_pl)
-    c = np.zeros((10, n_layers))
-    passes = np.zeros((n_pass, 3))
-    running = np.zeros((n_pass, 10))
-    slot_of = np.full(n_keys, -1, np.int64)
-    key_of = np.full(n_slots, -1, np.int64)
-    slot_ready = np.zeros(n_slots)
-    free = np.arange(n_slots - 1, -1, -1).astype(np.int64)  # pop from the end: lowest first
-    n_free = n_slots
-    # LRU: a doubly linked list over keys, head the least recent.
-    prev = np.full(n_keys, -1, np.int64)
-    nxt = np.full(n_keys, -1, np.int64)
-    head, tail = -1, -1
-    # Belady: each resident key's next use, and the resident keys in slot order.
-    next_of = np.full(n_keys, NEVER, np.int64)
-    pinned = np.full(n_keys, -1, np.int64)  # pass-layer that pins the key
-    evicted_in = np.full(n_keys, -1, np.int64)  # pass a key was last evicted in
-    engine_free = np.zeros(engines)
-    link_free = 0.0
-    t = 0.0
-    for p in range(n_pass):
-        start = t
-        t += begin[p]
-        pass_stall = 0.0
-        pl_end = pass_first_pl[p + 1] if p + 1 < n_pass else len(pos_of_pl)
-        for pl in range(pass_first_pl[p], pl_end):
-            for i in range(pre_off[pl], pre_off[pl + 1]):
-                t += pre_vals[i]
-            pos = pos_of_pl[pl]
-            a, b = starts[pl], starts[pl + 1]
-            now = t
-            ready = now
-            if pin_layer:
-                for i in range(a, b):
-                    pinned[keys[i]] = pl
-            hits = 0
-            late = 0
-            misses = 0
-            coll = 0
-            for i in range(a, b):
-                k = keys[i]
-                s = slot_of[k]
-                if s >= 0:
-                    at = slot_ready[s]
-                    if at > now:
-                        late += 1
-                        if at > ready:
-                            ready = at
-                    else:
-                        hits += 1
-                else:
-                    if evicted_in[k] == p:
-                        coll += 1
-                    if n_free > 0:
-                        n_free -= 1
-                        s = free[n_free]
-                    else:
-                        victim = -1
-                        if policy == 0:
-                            v = head
-                            while v >= 0:
-                                if not (pin_layer and pinned[v] == pl) and v != k:
-                                    victim = v
-                                    break
-                                v = nxt[v]
-                        else:
-                            far = -1
-                            for slot in range(n_slots):
-                                v = key_of[slot]
-                                if v < 0 or (pin_layer and pinned[v] == pl) or v == k:
-                                    continue
-                                nu = next_of[v]
-                                if nu > far or (nu == far and v < victim):
-                                    far = nu
-                                    victim = v
-                        # _evict: the victim's slot, counted at the victim's layer.
-                        s = slot_of[victim]
-                        slot_of[victim] = -1
-                        key_of[s] = -1
-                        evicted_in[victim] = p
-                        c[5, victim // (n_keys // n_layers)] += 1
-                        if policy == 0:
-                            pv, nx = prev[victim], nxt[victim]
-                            if pv >= 0:
-                                nxt[pv] = nx
-                            else:
-                                head = nx
-                            if nx >= 0:
-                                prev[nx] = pv
-                            else:
-                                tail = pv
-                            prev[victim] = -1
-                            nxt[victim] = -1
-                    # _admit: book the transfer (moejax.sim.clock.Channels._book).
-                    e = 0
-                    for j in range(1, engines):
-                        if engine_free[j] < engine_free[e]:
-                            e = j
-                    st = now if now > engine_free[e] else engine_free[e]
-                    data_start = st + latency
-                    link_start = data_start if data_start > link_free else link_free
-                    link_end = link_start + expert_bytes / link_bps
-                    end = data_start + expert_bytes / engine_bps
-                    if link_end > end:
-                        end = link_end
-                    engine_free[e] = end
-                    link_free = link_end
-                    r = end if end > slot_ready[s] else slot_ready[s]
-                    slot_of[k] = s
-                    key_of[s] = k
-                    slot_ready[s] = r
-                    if policy == 0:  # on_admit: to the tail
-                        prev[k] = tail
-                        nxt[k] = -1
-                        if tail >= 0:
-                            nxt[tail] = k
-                        else:
-                            head = k
-                        tail = k
-                    if r > ready:
-                        ready = r
-                    misses += 1
-                # on_access
-                if policy == 0:
-                    if k != tail:
-                        pv, nx = prev[k], nxt[k]
-                        if pv >= 0:
-                            nxt[pv] = nx
-                        else:
-                            head = nx
-                        prev[nx] = pv
-                        prev[k] = tail
-                        nxt[k] = -1
-                        nxt[tail] = k
-                        tail = k
-                else:
-                    next_of[k] = next_use[i]
-            stall = ready - t if ready - t > 0.0 else 0.0
-            t += stall
-            pass_stall += stall
-            c[0, pos] += b - a
-            c[1, pos] += hits
-            c[2, pos] += late
-            c[3, pos] += misses
-            c[4, pos] += coll
-            c[6, pos] += 1
-            c[7, pos] += products[pl]
-            c[8, pos] += misses * expert_bytes
-            c[9, pos] += stall
-            t += post[pl]
-        for i in range(end_off[p], end_off[p + 1]):
-            t += end_vals[i]
-        passes[p, 0] = start
-        passes[p, 1] = t
-        passes[p, 2] = pass_stall
-        for j in range(10):
-            total = 0.0
-            for l in range(n_layers):
-                total += c[j, l]
-            running[p, j] = total
-    return c, passes, running, slot_of, slot_ready, t, link_free, engine_free, free[:n_free]
-
-
-_kernel = numba.njit(cache=True)(_kernel)
+def _cost_params(cache: ExpertCache) -> tuple:
+    """What `CostModel.experts` reads, for the kernel (zeros without a cost model)."""
+    cost = cache.cost
+    if cost is None:
+        return False, 0, 0, 0.0, 1.0, 1.0, 0.0  # (has_cost False: never read)
+    cfg, hw = cost.cfg, cost.hw
+    return (True, int(cfg.expert_param_count),
+            int(3 * cfg.hidden_size * cfg.shared_expert_intermediate_size), float(cost.b),
+            hw.peak_tflops * 1e12, hw.hbm_gbps * 1e9, float(hw.launch_s))
 
 
 def run(cache: ExpertCache, traces, context_start: list[int] | None = None) -> None:
-    """Replays `traces` through `cache` on the compiled path (`applicable(cache)` is None),
-    filling its metrics as `replay` would (`replay` decides when: `applicable`, `fits`)."""
+    """Replays `traces` through `cache` on the compiled engine (`applicable(cache)` is None),
+    filling its metrics and leaving its state as `replay` would."""
+    reason = applicable(cache)
+    if reason is not None:
+        raise ValueError(f"the compiled replay engine cannot run this cache: {reason}")
     shape = cache.shape
     n_layers, n_experts = len(shape.layers), shape.num_experts
-    keys, starts, passes = _requests(traces)
-    pl_len = np.diff(starts)
-    if len(pl_len) and pl_len.max() > shape.num_slots:
-        raise ValueError("a pass-layer needs more experts than slots: waves (reference path)")
-    pos_of_pl = np.tile(np.arange(n_layers, dtype=np.int64), len(passes))
+    n_keys = n_layers * n_experts
+    keys, starts, mult, passes = _requests(traces, n_experts)
+    n_pl = len(starts) - 1
     pass_first_pl = np.arange(len(passes), dtype=np.int64) * n_layers
-    products = np.repeat(np.asarray([pairs for _, _, pairs in passes], np.int64), n_layers)
-    assert len(pl_len) == len(pos_of_pl)
-    pre_off, pre_vals, post, begin, end_off, end_vals = _compute_plan(
-        cache, passes, context_start, traces, starts)
-    policy = POLICIES[cache.eviction.name]
-    nu = _next_use(keys, n_layers * n_experts) if policy == BELADY else np.zeros(1, np.int64)
+    assert n_pl == len(passes) * n_layers
+    grp_off, grp_target, grp_start, pred_experts = _predictions(cache, traces, keys, starts)
+    policy = _policy_code(cache.eviction)
+    uses_off, uses = (_uses(keys, n_keys) if policy == K.BELADY
+                      else (np.zeros(n_keys + 1, np.int64), np.zeros(0, np.int64)))
+    quota = np.asarray(getattr(cache.eviction, "quota", [0] * n_layers), np.int64)
     clock = cache.clock
-    hw = clock.hw
-    out = _kernel(keys, starts, pos_of_pl, pass_first_pl, products, nu,
-                  shape.num_slots, n_layers * n_experts, n_layers, policy,
-                  cache.pin_scope == "layer", float(shape.expert_bytes),
-                  len(clock.engine_free), hw.h2d_latency_s, clock._engine_bps,
-                  clock._link_bps, pre_off, pre_vals, post, begin, end_off, end_vals)
-    c, timings, running, slot_of, slot_ready, t, link_free, engine_free, free = out
+    I, F = K.layout(policy, shape.num_slots, n_experts, n_layers, cache.watchdog,
+                    cache.pin_scope == "layer", len(clock.engine_free), quota, starts,
+                    pass_first_pl, uses_off, uses,
+                    (float(shape.expert_bytes), clock.hw.h2d_latency_s, clock._engine_bps,
+                     clock._link_bps))
+    timings, running, pins = K.run(
+        I, F, keys, mult, np.asarray([t for _, t, _ in passes], np.int64),
+        np.asarray([pairs for _, _, pairs in passes], np.int64),
+        (grp_off, grp_target, grp_start, pred_experts),
+        _compute_plan(cache, passes, context_start, traces), _cost_params(cache))
+    per_key = I[I[K.O_KEYS]:I[K.O_KEYS] + K.N_KEY_ROWS * n_keys].reshape(K.N_KEY_ROWS, n_keys)
+    slot_of, origin_pass, origin_tpos = (per_key[K.SLOT], per_key[K.ORIGIN_PASS],
+                                         per_key[K.ORIGIN_TPOS])
+    c = F[I[K.O_C]:I[K.O_C] + len(K.ROWS) * n_layers].reshape(len(K.ROWS), n_layers)
+    slot_ready = F[I[K.O_SR]:I[K.O_SR] + shape.num_slots]
+    T = F[I[K.O_T]:I[K.O_T] + 2 + len(clock.engine_free)]
+    free = I[I[K.O_SLOTS] + shape.num_slots:I[K.O_SLOTS] + shape.num_slots + I[K.FREE_N]]
     _fill_metrics(cache.metrics, c, timings, running, passes)
     # The cache's state as the reference leaves it.
+    layers = shape.layers
     cache.pass_id = len(passes) - 1
-    resident = np.flatnonzero(slot_of >= 0)
-    for k in resident.tolist():
-        key = (shape.layers[k // n_experts], k % n_experts)
+    cache.running_pos = n_layers - 1
+    for k in np.flatnonzero(slot_of >= 0).tolist():
+        key = (layers[k // n_experts], k % n_experts)
         slot = int(slot_of[k])
         cache.residency[key] = slot
         cache.slot_key[slot] = key
         cache.in_cache[key[0]].add(key[1])
+    for k in np.flatnonzero(origin_pass >= 0).tolist():
+        key = (layers[k // n_experts], k % n_experts)
+        cache.prefetch_origin[key] = (int(origin_pass[k]), layers[int(origin_tpos[k])])
+    cache.running_pins = {(layers[k // n_experts], k % n_experts) for k in pins.tolist()}
     cache.slot_ready[:] = slot_ready.tolist()
     cache.free[:] = free.tolist()
-    clock.t = t
-    clock.link_free = link_free
-    clock.engine_free[:] = engine_free.tolist()
+    clock.t, clock.link_free = float(T[0]), float(T[1])
+    clock.engine_free[:] = T[2:].tolist()
     cache.finish()
 
 
 def _fill_metrics(m: CacheMetrics, c, timings, running, passes) -> None:
-    for j, name in enumerate(KEPT):
+    for j, name in enumerate(K.ROWS):
         values = c[j]
         m.c[name] = values.tolist() if name in SECONDS else [int(v) for v in values]
     m.passes = [PassTiming(kind, tokens, float(s), float(e), float(st))
@@ -383,12 +270,8 @@ def _fill_metrics(m: CacheMetrics, c, timings, running, passes) -> None:
 def _snapshots(m: CacheMetrics, running: np.ndarray) -> list[dict]:
     """The per-pass running totals `CacheMetrics.snapshot` would have taken."""
     out = []
-    zero = {k: 0 for k in COUNTERS + BYTES}
-    zero.update({k: 0.0 for k in SECONDS})
     for p, row in enumerate(running.tolist()):
-        sums = dict(zero)
-        for name, v in zip(KEPT, row):
-            sums[name] = v if name in SECONDS else int(v)
+        sums = {name: v if name in SECONDS else int(v) for name, v in zip(K.ROWS, row)}
         t = CacheMetrics.summary(sums)
         t["pass_s"] = m.passes[p].end_s - m.passes[p].start_s
         out.append(t)

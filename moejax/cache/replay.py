@@ -11,6 +11,7 @@ Replay-only policies (Belady eviction, oracle prefetch) see the future through `
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import numpy as np
 
@@ -32,23 +33,38 @@ class Future:
     layers: list[int]  # MoE layer index of each position
 
     def __post_init__(self):
-        # Global request clock: pass -> layer -> router rank.
-        self.layer_start: list[list[int]] = []
-        self.uses: dict[Key, list[int]] = {}
+        self._index = {layer: pos for pos, layer in enumerate(self.layers)}
+
+    @functools.cached_property
+    def _clock(self) -> tuple[list[list[int]], dict[Key, list[int]]]:
+        """The global request clock (pass -> layer -> router rank): each pass-layer's first
+        request index, and each key's request indices (what Belady reads; built when first
+        asked, as oracle prefetch does not need it)."""
+        layer_start: list[list[int]] = []
+        uses: dict[Key, list[int]] = {}
         t = 0
         for passes in self.passes:
             starts = []
             for pos, experts in enumerate(passes):
                 starts.append(t)
                 for e in experts:
-                    self.uses.setdefault((self.layers[pos], e), []).append(t)
+                    uses.setdefault((self.layers[pos], e), []).append(t)
                     t += 1
-            self.layer_start.append(starts)
+            layer_start.append(starts)
+        return layer_start, uses
+
+    @property
+    def layer_start(self) -> list[list[int]]:
+        return self._clock[0]
+
+    @property
+    def uses(self) -> dict[Key, list[int]]:
+        return self._clock[1]
 
     def requests(self, pass_id: int, layer: int) -> list[int]:
         if pass_id >= len(self.passes):
             return []
-        return self.passes[pass_id][self.layers.index(layer)]
+        return self.passes[pass_id][self._index[layer]]
 
 
 def future_of(traces: list[Trace]) -> Future:
@@ -58,6 +74,16 @@ def future_of(traces: list[Trace]) -> Future:
             rows = trace.ids[trace.pass_rows(p)]
             passes.append([requests_in_rank_order(rows[:, i]) for i in range(rows.shape[1])])
     return Future(passes, list(traces[0].layers))
+
+
+def future_of_requests(experts: np.ndarray, starts: np.ndarray, layers: list[int]) -> Future:
+    """The `Future` of requests already flattened in rank order (`experts[starts[i]:
+    starts[i + 1]]` is pass-layer i, passes of `len(layers)` pass-layers each), as the compiled
+    engine holds them: the same lists `future_of` builds."""
+    per = np.split(experts, starts[1:-1]) if len(starts) > 2 else [experts]
+    per = [x.tolist() for x in per]
+    n = len(layers)
+    return Future([per[i:i + n] for i in range(0, len(per), n)], list(layers))
 
 
 def layer_gates(trace: Trace, p: int) -> list[LayerGate]:
@@ -88,8 +114,7 @@ def replay(cache: ExpertCache, traces: list[Trace], context_start: list[int] | N
     objects request by request. Returns the engine that ran: "compiled" or "reference"."""
     if engine not in ENGINES:
         raise ConfigError(f"cache.replay_engine={engine!r} is not one of {ENGINES}")
-    if engine == "auto" and fast_replay.applicable(cache) is None and \
-            fast_replay.fits(cache, traces):
+    if engine == "auto" and fast_replay.applicable(cache) is None:
         fast_replay.run(cache, traces, context_start)
         if progress is not None:
             progress(sum(t.num_passes for t in traces))

@@ -66,6 +66,16 @@ def cache_of(experts: ExpertSource) -> ExpertCache | None:
     return experts.cache if isinstance(experts, CachedExperts) else None
 
 
+def settle(cache: ExpertCache) -> ExpertCache:
+    """`cache` with every finished pass's decisions taken: the live runtime may still hold the
+    last ones (a complete cache takes a pass's decisions while the next pass runs,
+    `CachedExperts.sync`). Whoever reads a cache's metrics or clock calls this first."""
+    sync = getattr(cache.sink, "sync", None)
+    if sync is not None:
+        sync()
+    return cache
+
+
 def experts_precision(config: ml_collections.ConfigDict, experts: ExpertSource) -> str:
     """The precision the experts run at: every resident expert's (`cache.enabled` False), or
     the cache's plain precision (its pools, in results.json's `cache` section, say the rest)."""
@@ -96,6 +106,7 @@ def report_cache(config: ml_collections.ConfigDict, cache: ExpertCache, workdir:
     when `log.tensorboard`, and returns results.json's `cache` section. `policies`: what ran
     (`presets.report`), when the job adjusted the config's choice. Unknown expert bytes leave
     every byte and time value out (counts stay exact)."""
+    settle(cache)
     cache.finish()
     if config.log.tensorboard:
         writer = MetricsWriter(workdir)

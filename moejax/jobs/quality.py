@@ -44,6 +44,7 @@ from moejax.jobs.common import (
     progress,
     report_cache,
     scored_bytes,
+    settle,
 )
 from moejax.metrics_writer import MetricsWriter
 from moejax.model_source import LoadedModel, load_model_for
@@ -170,7 +171,7 @@ def _speed(cache) -> dict | None:
     """The cache clock over the drift requests (prefill + greedy decode, served)."""
     if cache is None:
         return None
-    t = cache.metrics.timing()
+    t = settle(cache).metrics.timing()
     return {"ttft_s": t["ttft_s"], "cold_ttft_s": t["cold_ttft_s"],
             "warm_ttft_s": t["warm_ttft_s"], "ttft_per_request_s": t["ttft_per_request_s"],
             "decode_tok_per_s": t["decode_tok_per_s"],

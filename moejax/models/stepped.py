@@ -71,6 +71,9 @@ class ResidentExperts:
     def end_pass(self) -> None:
         pass
 
+    def sync(self) -> None:
+        pass
+
 
 def _as_pool_arg(pool: ExpertPool):
     """A native pool is passed as the array itself, a quantized one as a one-pool tuple (the
@@ -399,5 +402,11 @@ class SteppedDecoder:
             if keep_logits:
                 out.step_logits.append(np.asarray(logits[:, -1]))
             nxt = np.asarray(jnp.argmax(logits[:, -1], axis=-1))
+        # A source may take a pass's decisions while the next pass runs (the expert cache,
+        # complete: `CachedExperts.end_pass`): the last ones are taken here, inside the
+        # generation's wall time (`decode_s`, which so also holds the prefill pass's).
+        sync = getattr(self.experts, "sync", None)
+        if sync is not None:
+            sync()
         out.decode_s = time.perf_counter() - start
         return out

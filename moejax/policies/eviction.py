@@ -450,11 +450,13 @@ class Belady(_Base):
         self.future, self.cache = future, cache
 
     def _now(self, pos: int) -> int:
-        """Index of the request being served (the cache serves them in the future's order)."""
-        here = (self.cache.pass_id, pos)
+        """Index of the request being served (the cache serves them in the future's order).
+        Before the pass's first layer runs (position -1: the watchdog queue issuing at the pass
+        start), that is the pass's first request."""
+        here = (self.cache.pass_id, max(pos, 0))
         if here != self.where:
             self.where, self.done = here, 0
-        return self.future.layer_start[here[0]][pos] + self.done
+        return self.future.layer_start[here[0]][here[1]] + self.done
 
     def on_access(self, key, pos):
         self._now(pos)

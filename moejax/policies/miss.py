@@ -93,9 +93,16 @@ class Fetch(MissPolicy):
 
     def __init__(self, cache_precision: str = ""):
         self._set_levels(cache_precision)
+        self._all: dict[tuple, np.ndarray] = {}  # shape -> a read-only all-True mask
 
     def handle(self, gate, ids, weights, resident):
-        return MissDecision(ids, weights, np.ones(ids.shape, bool))
+        # Every contribution runs: one shared read-only mask per shape (the live runtime asks
+        # every layer of every pass, and nothing writes into a decision's mask).
+        active = self._all.get(ids.shape)
+        if active is None:
+            active = self._all[ids.shape] = np.ones(ids.shape, bool)
+            active.setflags(write=False)
+        return MissDecision(ids, weights, active)
 
 
 @register("miss", "drop")

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import functools
+
 from moejax.config import ModelConfig, dtype_bytes
 from moejax.sim.hardware import Hardware
 
@@ -14,6 +16,11 @@ class CostModel:
         h, hd = cfg.hidden_size, cfg.head_dim
         self.attn_params = h * hd * (2 * cfg.num_heads + 2 * cfg.num_kv_heads)
         self.router_params = h * cfg.num_experts
+        # Pure functions of their arguments, asked every layer of every pass with few distinct
+        # arguments (the live runtime decides on the host between device steps): memoised per
+        # instance.
+        for name in ("attention_router", "dense_layer", "experts", "embed_and_logits"):
+            setattr(self, name, functools.lru_cache(maxsize=4096)(getattr(self, name)))
 
     def _step(self, flops: float, nbytes: float) -> float:
         return max(flops / (self.hw.peak_tflops * 1e12), nbytes / (self.hw.hbm_gbps * 1e9)) \

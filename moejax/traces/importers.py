@@ -156,6 +156,11 @@ def _int_field(path, n, row, key):
 
 
 def _ids_row(path, n, ids, top_k, num_experts, what):
+    # The common case in one pass (a capture has tens of thousands of rows); anything else
+    # goes through the checks below, which name what is wrong.
+    if type(ids) is list and len(ids) == top_k and all(type(i) is int for i in ids) and \
+            0 <= min(ids) and max(ids) < num_experts and len(set(ids)) == top_k:
+        return ids
     if not isinstance(ids, list) or len(ids) != top_k:
         raise TraceError(f"{path}:{n}: {what} has {len(ids) if isinstance(ids, list) else ids!r}"
                          f" experts, expected top_k={top_k}")

@@ -1,0 +1,757 @@
+"""The compiled replay kernel (numba): `ExpertCache.run_layer` and the eviction policies it
+covers, request by request, on flat integer state. `moejax/cache/fast_replay.py` prepares its
+inputs and reads its outputs; the module docstring there says what it covers and how it is
+checked against the reference.
+
+**State.** Keys are global: `g = position * E + expert`. All state lives in two flat arrays,
+`I` (int64) and `F` (float64), in blocks whose offsets head `I` (`O_*`): a numba call pays a
+reference count per array argument, which with the usual dozen arrays per step was most of a
+request's time, so every step takes `(I, F)` and scalars (small accessors, inlined by LLVM,
+turn a block and row into an index):
+
+* per key (`_k(I, row, g)`): slot, pass last evicted in, prefetch origin (pass, target
+  position), protection stamp, recency tick, use count, Belady's pointer into its uses,
+  predicted-set mark, distinct mark, queued target, and two intrusive lists `(prev, next,
+  list)`: the eviction policy's, and the watchdog queue's;
+* per list (`_h(I, row, list)`): head, tail, length. Lists: LRU / FIFO use list 0; FLD and
+  lru_per_layer one per position; Least-Stale stale[p] = p and current[p] = L + p; the last
+  one is the watchdog's queue;
+* per slot (`_s(I, row, slot)`): its key, and the free-slot stack; per MoE layer position:
+  lru_per_layer's quota and this pass's predicted set (id, size);
+* read-only: each pass-layer's first request, each key's sorted request indices (Belady);
+* `F`: each slot's ready time, the clock `(t, link_free, engine free times...)`, the counters
+  `[len(ROWS), L]`, each queued key's queue time.
+
+The ordered containers of the policies (LRU's order, a layer's queue, Least-Stale's queues,
+the watchdog's queue) are the intrusive lists: a key is in at most one list of each kind, as
+it is in at most one of the policy's OrderedDicts. "Protected" sets (the running wave, one
+prefetch call's selection) are stamps: key `g` is protected while its stamp is the current one.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+# Eviction policy codes.
+LRU, FIFO, LRU_PER_LAYER, LFU, FLD, LS_TWO_QUEUE, LS_LEFT_FIRST, LS_CYCLIC, BELADY = range(9)
+NEVER = np.iinfo(np.int64).max
+
+# Counter rows, in `metrics.COUNTERS + BYTES + SECONDS` order (checked by fast_replay).
+ROWS = ("requests", "hits", "late_hits", "misses", "collision_misses", "dropped",
+        "substituted", "prefetch_issued", "prefetch_used", "recall_served",
+        "recall_requests", "evictions", "waves", "upgrades", "served_below_wanted",
+        "products", "evicted_before_use", "prefetch_dropped", "predicted",
+        "predicted_routed", "routed", "demand_bytes", "prefetch_bytes",
+        "wasted_prefetch_bytes", "stall_s")
+(R_REQ, R_HIT, R_LATE, R_MISS, R_COLL, _, _, R_PF_ISSUED, R_PF_USED, R_REC_SERVED,
+ R_REC_REQ, R_EVICT, R_WAVES, _, _, R_PRODUCTS, R_EARLY, R_PF_DROPPED, R_PRED,
+ R_PRED_ROUTED, R_ROUTED, R_DEMAND_B, R_PF_B, R_WASTED_B, R_STALL) = range(len(ROWS))
+
+# Per-key rows.
+(SLOT, EVICTED_IN, ORIGIN_PASS, ORIGIN_TPOS, PROT, LAST, COUNT, UPTR, PMARK, SEEN, Q_TPOS,
+ EL, EL_NEXT, EL_LIST, QL, QL_NEXT, QL_LIST) = range(17)
+N_KEY_ROWS = 17
+# Per-slot rows, per-list rows, per-position rows.
+KEY_OF, FREE = range(2)
+HEAD, TAIL, LEN = range(3)
+QUOTA, PSET, PCOUNT = range(3)
+
+# The head of I: settings, scalars, and the blocks' offsets.
+(POLICY, N_SLOTS, N_EXPERTS, N_LAYERS, N_KEYS, N_LISTS, WATCHDOG, PIN_LAYER, ENGINES,
+ STAMP, FREE_N, TICK, BEL_PASS, BEL_POS, BEL_DONE,
+ O_KEYS, O_SLOTS, O_LISTS, O_POS, O_STARTS, O_PFP, O_UOFF, O_USES,
+ O_SR, O_T, O_C, O_QT, O_FC) = range(28)
+HEAD_SIZE = 28
+# The head of F: expert bytes, transfer latency, one engine's and the link's bytes/s.
+F_BYTES, F_LATENCY, F_ENGINE_BPS, F_LINK_BPS = range(4)
+
+jit = numba.njit(cache=True)
+
+
+# -- layout ---------------------------------------------------------------------------------
+def layout(policy: int, n_slots: int, n_experts: int, n_layers: int, watchdog: bool,
+           pin_layer: bool, engines: int, quota: np.ndarray, starts: np.ndarray,
+           pass_first_pl: np.ndarray, uses_off: np.ndarray, uses: np.ndarray,
+           fc: tuple[float, float, float, float]) -> tuple[np.ndarray, np.ndarray]:
+    """The initial `(I, F)` of an empty cache."""
+    n_keys = n_layers * n_experts
+    n_lists = 2 * n_layers + 1
+    sizes = {O_KEYS: N_KEY_ROWS * n_keys, O_SLOTS: 2 * n_slots, O_LISTS: 3 * n_lists,
+             O_POS: 3 * n_layers, O_STARTS: len(starts), O_PFP: len(pass_first_pl),
+             O_UOFF: len(uses_off), O_USES: len(uses)}
+    head = np.zeros(HEAD_SIZE, np.int64)
+    head[[POLICY, N_SLOTS, N_EXPERTS, N_LAYERS, N_KEYS, N_LISTS, WATCHDOG, PIN_LAYER,
+          ENGINES]] = [policy, n_slots, n_experts, n_layers, n_keys, n_lists, int(watchdog),
+                       int(pin_layer), engines]
+    at = HEAD_SIZE
+    for block, size in sizes.items():
+        head[block] = at
+        at += size
+    I = np.full(at, -1, np.int64)
+    I[:HEAD_SIZE] = head
+    keys = head[O_KEYS]
+    for row in (PROT, LAST, COUNT):
+        I[keys + row * n_keys:keys + (row + 1) * n_keys] = 0
+    I[keys + UPTR * n_keys:keys + (UPTR + 1) * n_keys] = uses_off[:-1]
+    I[head[O_SLOTS] + n_slots:head[O_SLOTS] + 2 * n_slots] = np.arange(n_slots - 1, -1, -1)
+    I[head[O_LISTS] + LEN * n_lists:head[O_LISTS] + 3 * n_lists] = 0
+    I[head[O_POS] + QUOTA * n_layers:head[O_POS] + (QUOTA + 1) * n_layers] = quota
+    for block, values in ((O_STARTS, starts), (O_PFP, pass_first_pl), (O_UOFF, uses_off),
+                          (O_USES, uses)):
+        I[head[block]:head[block] + len(values)] = values
+    I[FREE_N] = n_slots
+    I[BEL_PASS] = I[BEL_POS] = -1
+    F_sizes = ((O_FC, 4), (O_T, 2 + engines), (O_SR, n_slots), (O_C, len(ROWS) * n_layers),
+               (O_QT, n_keys))
+    at = 0
+    for block, size in F_sizes:
+        I[block] = at
+        at += size
+    F = np.zeros(at)
+    F[I[O_FC]:I[O_FC] + 4] = fc
+    return I, F
+
+
+@jit
+def _at(I, block, width, row, j):
+    """Where item `j` of row `row` is, in a block (offset `I[block]`) of rows `I[width]` long."""
+    return I[block] + row * I[width] + j
+
+
+@jit
+def _k(I, row, g):  # per key, in I
+    return _at(I, O_KEYS, N_KEYS, row, g)
+
+
+@jit
+def _h(I, row, w):  # per list, in I
+    return _at(I, O_LISTS, N_LISTS, row, w)
+
+
+@jit
+def _s(I, row, s):  # per slot, in I
+    return _at(I, O_SLOTS, N_SLOTS, row, s)
+
+
+@jit
+def _p(I, row, pos):  # per MoE layer position, in I
+    return _at(I, O_POS, N_LAYERS, row, pos)
+
+
+@jit
+def _c(I, row, pos):  # the counters, in F
+    return _at(I, O_C, N_LAYERS, row, pos)
+
+
+@jit
+def _fc(I, F, j):
+    return F[I[O_FC] + j]
+
+
+# -- intrusive lists (`base`: EL or QL) -----------------------------------------------------
+@jit
+def _append(I, base, w, k):
+    tail = I[_h(I, TAIL, w)]
+    I[_k(I, base + 2, k)] = w
+    I[_k(I, base, k)] = tail
+    I[_k(I, base + 1, k)] = -1
+    if tail >= 0:
+        I[_k(I, base + 1, tail)] = k
+    else:
+        I[_h(I, HEAD, w)] = k
+    I[_h(I, TAIL, w)] = k
+    I[_h(I, LEN, w)] += 1
+
+
+@jit
+def _remove(I, base, k):
+    w = I[_k(I, base + 2, k)]
+    if w >= 0:
+        p, n = I[_k(I, base, k)], I[_k(I, base + 1, k)]
+        if p >= 0:
+            I[_k(I, base + 1, p)] = n
+        else:
+            I[_h(I, HEAD, w)] = n
+        if n >= 0:
+            I[_k(I, base, n)] = p
+        else:
+            I[_h(I, TAIL, w)] = p
+        I[_k(I, base, k)] = -1
+        I[_k(I, base + 1, k)] = -1
+        I[_k(I, base + 2, k)] = -1
+        I[_h(I, LEN, w)] -= 1
+
+
+@jit
+def _to_end(I, k):
+    w = I[_k(I, EL_LIST, k)]
+    if I[_h(I, TAIL, w)] != k:
+        _remove(I, EL, k)
+        _append(I, EL, w, k)
+
+
+@jit
+def _first_free(I, w, st):
+    """The first key of eviction list `w` not protected (-1: none)."""
+    k = I[_h(I, HEAD, w)]
+    while k >= 0 and I[_k(I, PROT, k)] == st:
+        k = I[_k(I, EL_NEXT, k)]
+    return k
+
+
+# -- the eviction policies (moejax/policies/eviction.py) --------------------------------------
+@jit
+def _is_ls(policy):
+    return policy == LS_TWO_QUEUE or policy == LS_LEFT_FIRST or policy == LS_CYCLIC
+
+
+@jit
+def _ls_request(I, k):
+    """Least-Stale: requested (or, with prefetch_current="pass", selected), so current for the
+    pass; a current key keeps its place."""
+    cur = I[N_LAYERS] + k // I[N_EXPERTS]
+    if I[_k(I, EL_LIST, k)] != cur:
+        _remove(I, EL, k)
+        _append(I, EL, cur, k)
+
+
+@jit
+def _use(I, k):
+    I[TICK] += 1
+    I[_k(I, LAST, k)] = I[TICK]
+
+
+@jit
+def _on_admit(I, k, prefetch):
+    policy = I[POLICY]
+    if policy == LRU or policy == FIFO:
+        _append(I, EL, 0, k)
+    elif policy == FLD:
+        _append(I, EL, k // I[N_EXPERTS], k)
+    elif policy == LRU_PER_LAYER:
+        _append(I, EL, k // I[N_EXPERTS], k)
+        _use(I, k)
+    elif policy == LFU:
+        _use(I, k)
+    elif _is_ls(policy):
+        _ls_request(I, k)
+
+
+@jit
+def _bel_where(I, pos, p):
+    """Belady's `_now`: the count of requests served restarts at a new (pass, position)
+    (position -1, before the pass's first layer, is its first)."""
+    if pos < 0:
+        pos = 0
+    if I[BEL_PASS] != p or I[BEL_POS] != pos:
+        I[BEL_PASS] = p
+        I[BEL_POS] = pos
+        I[BEL_DONE] = 0
+
+
+@jit
+def _on_access(I, k, pos, p):
+    policy = I[POLICY]
+    if policy == LRU or policy == FLD:
+        _to_end(I, k)
+    elif policy == LRU_PER_LAYER:
+        _to_end(I, k)
+        _use(I, k)
+    elif policy == LFU:
+        I[_k(I, COUNT, k)] += 1
+        _use(I, k)
+    elif _is_ls(policy):
+        _ls_request(I, k)
+    elif policy == BELADY:
+        _bel_where(I, pos, p)
+        I[BEL_DONE] += 1
+
+
+@jit
+def _on_touch(I, k):
+    """A resident key selected by the prefetcher."""
+    policy = I[POLICY]
+    if policy == LRU or policy == FLD:
+        _to_end(I, k)
+    elif policy == LRU_PER_LAYER:
+        _to_end(I, k)
+        _use(I, k)
+    elif _is_ls(policy):
+        _ls_request(I, k)
+
+
+@jit
+def _victim(I, pos, st, incoming, p):
+    policy = I[POLICY]
+    L = I[N_LAYERS]
+    if policy == LRU or policy == FIFO:
+        return _first_free(I, 0, st)
+    if policy == FLD:  # farthest layer first (ties: lower position), LRU within it
+        far = pos if pos > L - 1 - pos else L - 1 - pos
+        for d in range(far, -1, -1):
+            q = pos - d
+            if 0 <= q < L:
+                k = _first_free(I, q, st)
+                if k >= 0:
+                    return k
+            q = pos + d
+            if d > 0 and 0 <= q < L:
+                k = _first_free(I, q, st)
+                if k >= 0:
+                    return k
+        return -1
+    if policy == LRU_PER_LAYER:
+        own = incoming // I[N_EXPERTS]
+        if I[_h(I, LEN, own)] >= I[_p(I, QUOTA, own)]:
+            k = _first_free(I, own, st)
+            if k >= 0:
+                return k
+        best = -1
+        for over in (True, False):  # layers over their share first, then any
+            for q in range(L):
+                if over and I[_h(I, LEN, q)] <= I[_p(I, QUOTA, q)]:
+                    continue
+                k = _first_free(I, q, st)
+                if k >= 0 and (best < 0 or I[_k(I, LAST, k)] < I[_k(I, LAST, best)]):
+                    best = k
+            if best >= 0:
+                return best
+        return -1
+    # The scans over the slots read the offsets once (the stores into I in the loop keep
+    # LLVM from hoisting them).
+    ko, nk, so = I[O_KEYS], I[N_KEYS], I[O_SLOTS]
+    if policy == LFU:  # fewest uses, then least recent
+        best = -1
+        for s in range(I[N_SLOTS]):
+            k = I[so + s]
+            if k < 0 or I[ko + PROT * nk + k] == st:
+                continue
+            if best < 0:
+                best = k
+                continue
+            ck, cb = I[ko + COUNT * nk + k], I[ko + COUNT * nk + best]
+            if ck < cb or (ck == cb and I[ko + LAST * nk + k] < I[ko + LAST * nk + best]):
+                best = k
+        return best
+    if policy == BELADY:  # furthest next use, ties to the lowest key
+        _bel_where(I, pos, p)
+        now = I[I[O_STARTS] + I[I[O_PFP] + p] + I[BEL_POS]] + I[BEL_DONE]
+        uses, uses_off = I[O_USES], I[O_UOFF]
+        best = -1
+        far = -1
+        for s in range(I[N_SLOTS]):
+            k = I[so + s]
+            if k < 0 or I[ko + PROT * nk + k] == st:
+                continue
+            j = I[ko + UPTR * nk + k]
+            end = I[uses_off + k + 1]
+            while j < end and I[uses + j] < now:
+                j += 1
+            I[ko + UPTR * nk + k] = j
+            nu = I[uses + j] if j < end else NEVER
+            if nu > far or (nu == far and k < best):
+                far = nu
+                best = k
+        return best
+    # Least-Stale: the walk of its order at the running position.
+    q0 = pos if pos < L - 1 else L - 1
+    if q0 < -1:
+        q0 = -1
+    if policy == LS_TWO_QUEUE:
+        for w in range(2 * L):
+            k = _first_free(I, w, st)
+            if k >= 0:
+                return k
+        return -1
+    if policy == LS_LEFT_FIRST:
+        for side in range(4):  # stale-left, current-left, stale-right, current-right
+            base = L if side % 2 else 0
+            lo = 0 if side < 2 else q0 + 1
+            hi = q0 + 1 if side < 2 else L
+            for q in range(lo, hi):
+                k = _first_free(I, base + q, st)
+                if k >= 0:
+                    return k
+        return -1
+    for base in (0, L):  # cyclic: q0, q0 - 1, ..., 0, then L - 1, ..., q0 + 1
+        for j in range(L):
+            q = q0 - j
+            if q < 0:
+                q += L
+            k = _first_free(I, base + q, st)
+            if k >= 0:
+                return k
+    return -1
+
+
+# -- the cache's steps --------------------------------------------------------------------------
+@jit
+def _book(I, F, issue_at):
+    """`Channels._book` of one expert issued at `issue_at`: when it lands."""
+    t = I[O_T]
+    e = t + 2
+    for j in range(t + 3, t + 2 + I[ENGINES]):
+        if F[j] < F[e]:
+            e = j
+    st = issue_at if issue_at > F[e] else F[e]
+    data_start = st + _fc(I, F, F_LATENCY)
+    link_start = data_start if data_start > F[t + 1] else F[t + 1]
+    nbytes = _fc(I, F, F_BYTES)
+    link_end = link_start + nbytes / _fc(I, F, F_LINK_BPS)
+    end = data_start + nbytes / _fc(I, F, F_ENGINE_BPS)
+    if link_end > end:
+        end = link_end
+    F[e] = end
+    F[t + 1] = link_end
+    return end
+
+
+@jit
+def _admit(I, F, k, s, issue_at, prefetch):
+    end = _book(I, F, issue_at)
+    sr = I[O_SR] + s
+    r = end if end > F[sr] else F[sr]
+    I[_k(I, SLOT, k)] = s
+    I[_s(I, KEY_OF, s)] = k
+    F[sr] = r
+    _on_admit(I, k, prefetch)
+    return r
+
+
+@jit
+def _allocate(I, F, pos, st, incoming, p, running_pos):
+    """A free slot (lowest first), or a victim's that is not protected (stamp `st`); -1 when
+    nothing may go. An eviction is counted at the victim's layer, with its bytes wasted when
+    it was prefetched and never used."""
+    if I[FREE_N] > 0:
+        I[FREE_N] -= 1
+        return I[_s(I, FREE, I[FREE_N])]
+    v = _victim(I, pos, st, incoming, p)
+    if v < 0:
+        return -1
+    s = I[_k(I, SLOT, v)]
+    I[_k(I, SLOT, v)] = -1
+    I[_s(I, KEY_OF, s)] = -1
+    I[_k(I, EVICTED_IN, v)] = p
+    _remove(I, EL, v)
+    vpos = v // I[N_EXPERTS]
+    F[_c(I, R_EVICT, vpos)] += 1
+    if I[_k(I, ORIGIN_PASS, v)] >= 0:
+        F[_c(I, R_WASTED_B, vpos)] += _fc(I, F, F_BYTES)
+        if I[_k(I, ORIGIN_PASS, v)] == p and I[_k(I, ORIGIN_TPOS, v)] > running_pos:
+            F[_c(I, R_EARLY, vpos)] += 1
+        I[_k(I, ORIGIN_PASS, v)] = -1
+        I[_k(I, ORIGIN_TPOS, v)] = -1
+    return s
+
+
+@jit
+def _prefetched(I, F, k, tpos, p):
+    """A prefetch of `k` for target position `tpos` was issued in pass `p`."""
+    I[_k(I, ORIGIN_PASS, k)] = p
+    I[_k(I, ORIGIN_TPOS, k)] = tpos
+    F[_c(I, R_PF_ISSUED, tpos)] += 1
+    F[_c(I, R_PF_B, tpos)] += _fc(I, F, F_BYTES)
+
+
+@jit
+def _predicted(I, tpos, experts, e0, e1, new_id):
+    """Adds one call's selection for `tpos` to this pass's predicted set of it."""
+    if I[_p(I, PSET, tpos)] < 0:
+        I[_p(I, PSET, tpos)] = new_id
+        I[_p(I, PCOUNT, tpos)] = 0
+    sid = I[_p(I, PSET, tpos)]
+    for i in range(e0, e1):
+        k = tpos * I[N_EXPERTS] + experts[i]
+        if I[_k(I, PMARK, k)] != sid:
+            I[_k(I, PMARK, k)] = sid
+            I[_p(I, PCOUNT, tpos)] += 1
+
+
+@jit
+def _prefetch(I, F, pred, pins, n_pins, pl, pos, now, p, next_set):
+    """`ExpertCache._prefetch`, immediate queue: what one call selected (and the running wave)
+    is never its own victim; the first prediction without a slot ends the call."""
+    grp_off, grp_target, grp_start, experts = pred
+    I[STAMP] += 1
+    st = I[STAMP]
+    for j in range(n_pins):
+        I[_k(I, PROT, pins[j])] = st
+    for g in range(grp_off[pl], grp_off[pl + 1]):
+        tpos = grp_target[g]
+        _predicted(I, tpos, experts, grp_start[g], grp_start[g + 1], next_set + g - grp_off[pl])
+        for i in range(grp_start[g], grp_start[g + 1]):
+            k = tpos * I[N_EXPERTS] + experts[i]
+            if I[_k(I, SLOT, k)] >= 0:
+                _on_touch(I, k)
+                I[_k(I, PROT, k)] = st
+                continue
+            s = _allocate(I, F, pos, st, k, p, pos)
+            if s < 0:
+                return
+            I[_k(I, PROT, k)] = st
+            _admit(I, F, k, s, now, True)
+            _prefetched(I, F, k, tpos, p)
+
+
+@jit
+def _enqueue(I, F, pred, pins, n_pins, pl, pos, now, p, next_set):
+    """`ExpertCache._enqueue`: predictions join the watchdog's FIFO, then it runs."""
+    grp_off, grp_target, grp_start, experts = pred
+    queue = I[N_LISTS] - 1
+    for g in range(grp_off[pl], grp_off[pl + 1]):
+        tpos = grp_target[g]
+        _predicted(I, tpos, experts, grp_start[g], grp_start[g + 1], next_set + g - grp_off[pl])
+        for i in range(grp_start[g], grp_start[g + 1]):
+            k = tpos * I[N_EXPERTS] + experts[i]
+            if I[_k(I, SLOT, k)] >= 0:
+                _on_touch(I, k)
+            elif I[_k(I, QL_LIST, k)] < 0:
+                _append(I, QL, queue, k)
+                I[_k(I, Q_TPOS, k)] = tpos
+                F[I[O_QT] + k] = now
+    _watchdog(I, F, pins, n_pins, now, False, p, pos)
+
+
+@jit
+def _watchdog(I, F, pins, n_pins, now, strict, p, running_pos):
+    """`ExpertCache._watchdog`: issues queued prefetches, head first, while a copy engine is
+    free by `now` (before it when `strict`) and a slot can be had sparing the running wave and
+    this pass's prefetches whose target has not run."""
+    queue = I[N_LISTS] - 1
+    t = I[O_T]
+    st = -1
+    while I[_h(I, LEN, queue)] > 0:
+        k = I[_h(I, HEAD, queue)]
+        if I[_k(I, SLOT, k)] >= 0:
+            _remove(I, QL, k)
+            continue
+        engine_at = F[t + 2]
+        for j in range(t + 3, t + 2 + I[ENGINES]):
+            if F[j] < engine_at:
+                engine_at = F[j]
+        queued = F[I[O_QT] + k]
+        issue = queued if queued > engine_at else engine_at
+        if issue > now or (strict and issue == now):
+            return
+        if st < 0:
+            I[STAMP] += 1
+            st = I[STAMP]
+            for j in range(n_pins):
+                I[_k(I, PROT, pins[j])] = st
+            for s in range(I[N_SLOTS]):
+                v = I[_s(I, KEY_OF, s)]
+                if v >= 0 and I[_k(I, ORIGIN_PASS, v)] == p and \
+                        I[_k(I, ORIGIN_TPOS, v)] > running_pos:
+                    I[_k(I, PROT, v)] = st
+        s = _allocate(I, F, running_pos, st, k, p, running_pos)
+        if s < 0:
+            return
+        _remove(I, QL, k)
+        I[_k(I, PROT, k)] = st
+        _admit(I, F, k, s, issue, True)
+        _prefetched(I, F, k, I[_k(I, Q_TPOS, k)], p)
+
+
+@jit
+def _drop_queued(I, F, upto):
+    """Drops the queued predictions whose target position (<= `upto`) has started."""
+    queue = I[N_LISTS] - 1
+    k = I[_h(I, HEAD, queue)]
+    while k >= 0:
+        nk = I[_k(I, QL_NEXT, k)]
+        tpos = I[_k(I, Q_TPOS, k)]
+        if tpos <= upto:
+            _remove(I, QL, k)
+            F[_c(I, R_PF_DROPPED, tpos)] += 1
+        k = nk
+
+
+@jit
+def _begin_pass(I):
+    """Least-Stale's current queues become stale; predicted sets are per pass."""
+    L = I[N_LAYERS]
+    if _is_ls(I[POLICY]):
+        for q in range(L):
+            k = I[_h(I, HEAD, L + q)]
+            while k >= 0:
+                nk = I[_k(I, EL_NEXT, k)]
+                _remove(I, EL, k)
+                _append(I, EL, q, k)
+                k = nk
+    for q in range(L):
+        I[_p(I, PSET, q)] = -1
+
+
+# -- the run ------------------------------------------------------------------------------------
+@jit
+def run(I, F, keys, mult, pass_tokens, pass_pairs, pred, compute, cost):
+    """Replays the pass-layers on the state `(I, F)` of `layout` (fast_replay.run gives the
+    arguments). `keys` / `mult`: each request's key and token-expert pairs, pass-layer after
+    pass-layer (their starts are in `I`); `pred`: the predictions `(grp_off, grp_target,
+    grp_start, experts)`; `compute`: `(pre_off, pre_vals, begin, end_off, end_vals)`; `cost`:
+    `CostModel.experts`'s terms `(has_cost, per_expert, shared_params, dtype_bytes,
+    peak_flops, hbm_bps, launch)`. Returns per pass `(start, end, stall)` and running totals
+    of ROWS, and the keys of the last wave; the rest of the outcome is in `(I, F)`."""
+    pre_off, pre_vals, begin, end_off, end_vals = compute
+    has_cost, per_expert, shared_params, dtype_b, peak_flops, hbm_bps, launch = cost
+    n_slots, n_layers = I[N_SLOTS], I[N_LAYERS]
+    watchdog, pin_layer = I[WATCHDOG] == 1, I[PIN_LAYER] == 1
+    starts = I[I[O_STARTS]:I[O_STARTS] + len(pass_pairs) * n_layers + 1]
+    n_pass = len(pass_pairs)
+    queue = I[N_LISTS] - 1
+    t = I[O_T]
+    passes = np.zeros((n_pass, 3))
+    running = np.zeros((n_pass, len(ROWS)))
+    next_set = 0
+    seen_id = 0
+    pins = np.zeros(n_slots, np.int64)  # the running wave's keys (the watchdog spares them)
+    n_pins = 0
+    longest = 1
+    for pl in range(len(starts) - 1):
+        longest = max(longest, starts[pl + 1] - starts[pl])
+    order = np.zeros(longest, np.int64)  # one pass-layer's requests, resident first
+    grp_off = pred[0]
+    for p in range(n_pass):
+        start = F[t]
+        F[t] += begin[p]
+        pass_stall = 0.0
+        tokens = pass_tokens[p]
+        _begin_pass(I)
+        running_pos = -1
+        for pos in range(n_layers):
+            pl = p * n_layers + pos
+            for i in range(pre_off[pl], pre_off[pl + 1]):
+                F[t] += pre_vals[i]
+            a, b = starts[pl], starts[pl + 1]
+            if I[_h(I, LEN, queue)] > 0:  # what the watchdog could issue while the previous
+                _watchdog(I, F, pins, n_pins, F[t], True, p, running_pos)  # layer ran
+            running_pos = pos
+            if I[_h(I, LEN, queue)] > 0:
+                _drop_queued(I, F, pos)
+            had_prediction = I[_p(I, PSET, pos)] >= 0
+            if had_prediction:  # the predicted set against the router's own selection
+                seen_id += 1
+                routed = 0
+                correct = 0
+                for i in range(a, b):
+                    k = keys[i]
+                    if I[_k(I, SEEN, k)] != seen_id:
+                        I[_k(I, SEEN, k)] = seen_id
+                        routed += 1
+                        if I[_k(I, PMARK, k)] == I[_p(I, PSET, pos)]:
+                            correct += 1
+                F[_c(I, R_PRED, pos)] += I[_p(I, PCOUNT, pos)]
+                F[_c(I, R_PRED_ROUTED, pos)] += correct
+                F[_c(I, R_ROUTED, pos)] += routed
+                I[_p(I, PSET, pos)] = -1
+            n = b - a
+            # More experts than slots: waves, resident experts first (ExpertCache._requests).
+            m = 0
+            if n > n_slots:
+                for resident in (True, False):
+                    for i in range(a, b):
+                        if (I[_k(I, SLOT, keys[i])] >= 0) == resident:
+                            order[m] = i
+                            m += 1
+            else:
+                for i in range(a, b):
+                    order[m] = i
+                    m += 1
+            n_waves = (n + n_slots - 1) // n_slots if n > 0 else 1
+            for w in range(n_waves):
+                w0 = w * n_slots
+                w1 = min(n, w0 + n_slots)
+                now = F[t]
+                n_pins = 0
+                I[STAMP] += 1
+                wave_stamp = I[STAMP]
+                for j in range(w0, w1):
+                    k = keys[order[j]]
+                    pins[n_pins] = k
+                    n_pins += 1
+                    I[_k(I, PROT, k)] = wave_stamp
+                ready = now
+                hits = 0
+                late = 0
+                misses = 0
+                coll = 0
+                used = 0
+                pairs = 0
+                for j in range(w0, w1):
+                    i = order[j]
+                    k = keys[i]
+                    pairs += mult[i]
+                    s = I[_k(I, SLOT, k)]
+                    if s >= 0:
+                        at = F[I[O_SR] + s]
+                        if at > now:
+                            late += 1
+                            if at > ready:
+                                ready = at
+                        else:
+                            hits += 1
+                        if I[_k(I, ORIGIN_PASS, k)] >= 0:
+                            if I[_k(I, ORIGIN_PASS, k)] == p and I[_k(I, ORIGIN_TPOS, k)] == pos:
+                                used += 1
+                            I[_k(I, ORIGIN_PASS, k)] = -1
+                            I[_k(I, ORIGIN_TPOS, k)] = -1
+                    else:
+                        if I[_k(I, EVICTED_IN, k)] == p:
+                            coll += 1
+                        st = wave_stamp
+                        if not pin_layer:  # only the expert being fetched is protected
+                            I[STAMP] += 1
+                            st = I[STAMP]
+                            I[_k(I, PROT, k)] = st
+                        s = _allocate(I, F, pos, st, k, p, running_pos)
+                        r = _admit(I, F, k, s, now, False)
+                        if r > ready:
+                            ready = r
+                        misses += 1
+                    _on_access(I, k, pos, p)
+                if w == 0 and grp_off[pl + 1] > grp_off[pl]:
+                    if watchdog:
+                        _enqueue(I, F, pred, pins, n_pins, pl, pos, now, p, next_set)
+                    else:
+                        _prefetch(I, F, pred, pins, n_pins, pl, pos, now, p, next_set)
+                    next_set += grp_off[pl + 1] - grp_off[pl]
+                stall = ready - F[t] if ready - F[t] > 0.0 else 0.0
+                F[t] += stall
+                pass_stall += stall
+                if n_waves == 1:
+                    pairs = pass_pairs[p]
+                F[_c(I, R_REQ, pos)] += w1 - w0
+                F[_c(I, R_HIT, pos)] += hits
+                F[_c(I, R_LATE, pos)] += late
+                F[_c(I, R_MISS, pos)] += misses
+                F[_c(I, R_COLL, pos)] += coll
+                F[_c(I, R_DEMAND_B, pos)] += misses * _fc(I, F, F_BYTES)
+                F[_c(I, R_PF_USED, pos)] += used
+                F[_c(I, R_PRODUCTS, pos)] += pairs
+                if had_prediction:
+                    F[_c(I, R_REC_SERVED, pos)] += used
+                    F[_c(I, R_REC_REQ, pos)] += w1 - w0
+                F[_c(I, R_WAVES, pos)] += 1
+                F[_c(I, R_STALL, pos)] += stall
+                if has_cost:  # CostModel.experts, with the shared expert on the first wave
+                    shared = shared_params if w == 0 else 0
+                    flops = 2 * pairs * per_expert + 2 * tokens * shared
+                    nbytes = ((w1 - w0) * per_expert + shared) * dtype_b
+                    x = flops / peak_flops
+                    y = nbytes / hbm_bps
+                    F[t] += (x if x > y else y) + launch
+        if I[_h(I, LEN, queue)] > 0:  # every target of this pass has started: the rest drop
+            _drop_queued(I, F, n_layers)
+        for i in range(end_off[p], end_off[p + 1]):
+            F[t] += end_vals[i]
+        passes[p, 0] = start
+        passes[p, 1] = F[t]
+        passes[p, 2] = pass_stall
+        for j in range(len(ROWS)):
+            total = 0.0
+            for q in range(n_layers):
+                total += F[_c(I, j, q)]
+            running[p, j] = total
+    return passes, running, pins[:n_pins].copy()
