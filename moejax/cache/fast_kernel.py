@@ -60,9 +60,9 @@ QUOTA, PSET, PCOUNT = range(3)
 # The head of I: settings, scalars, and the blocks' offsets.
 (POLICY, N_SLOTS, N_EXPERTS, N_LAYERS, N_KEYS, N_LISTS, WATCHDOG, PIN_LAYER, ENGINES,
  STAMP, FREE_N, TICK, BEL_PASS, BEL_POS, BEL_DONE,
- O_KEYS, O_SLOTS, O_LISTS, O_POS, O_STARTS, O_PFP, O_UOFF, O_USES,
- O_SR, O_T, O_C, O_QT, O_FC) = range(28)
-HEAD_SIZE = 28
+ O_KEYS, O_SLOTS, O_LISTS, O_POS, O_STARTS, O_UOFF, O_USES,
+ O_SR, O_T, O_C, O_QT, O_FC) = range(27)
+HEAD_SIZE = 27
 # The head of F: expert bytes, transfer latency, one engine's and the link's bytes/s.
 F_BYTES, F_LATENCY, F_ENGINE_BPS, F_LINK_BPS = range(4)
 
@@ -72,13 +72,13 @@ jit = numba.njit(cache=True)
 # -- layout ---------------------------------------------------------------------------------
 def layout(policy: int, n_slots: int, n_experts: int, n_layers: int, watchdog: bool,
            pin_layer: bool, engines: int, quota: np.ndarray, starts: np.ndarray,
-           pass_first_pl: np.ndarray, uses_off: np.ndarray, uses: np.ndarray,
+           uses_off: np.ndarray, uses: np.ndarray,
            fc: tuple[float, float, float, float]) -> tuple[np.ndarray, np.ndarray]:
     """The initial `(I, F)` of an empty cache."""
     n_keys = n_layers * n_experts
     n_lists = 2 * n_layers + 1
     sizes = {O_KEYS: N_KEY_ROWS * n_keys, O_SLOTS: 2 * n_slots, O_LISTS: 3 * n_lists,
-             O_POS: 3 * n_layers, O_STARTS: len(starts), O_PFP: len(pass_first_pl),
+             O_POS: 3 * n_layers, O_STARTS: len(starts),
              O_UOFF: len(uses_off), O_USES: len(uses)}
     head = np.zeros(HEAD_SIZE, np.int64)
     head[[POLICY, N_SLOTS, N_EXPERTS, N_LAYERS, N_KEYS, N_LISTS, WATCHDOG, PIN_LAYER,
@@ -97,7 +97,7 @@ def layout(policy: int, n_slots: int, n_experts: int, n_layers: int, watchdog: b
     I[head[O_SLOTS] + n_slots:head[O_SLOTS] + 2 * n_slots] = np.arange(n_slots - 1, -1, -1)
     I[head[O_LISTS] + LEN * n_lists:head[O_LISTS] + 3 * n_lists] = 0
     I[head[O_POS] + QUOTA * n_layers:head[O_POS] + (QUOTA + 1) * n_layers] = quota
-    for block, values in ((O_STARTS, starts), (O_PFP, pass_first_pl), (O_UOFF, uses_off),
+    for block, values in ((O_STARTS, starts), (O_UOFF, uses_off),
                           (O_USES, uses)):
         I[head[block]:head[block] + len(values)] = values
     I[FREE_N] = n_slots
@@ -336,7 +336,8 @@ def _victim(I, pos, st, incoming, p):
         return best
     if policy == BELADY:  # furthest next use, ties to the lowest key
         _bel_where(I, pos, p)
-        now = I[I[O_STARTS] + I[I[O_PFP] + p] + I[BEL_POS]] + I[BEL_DONE]
+        # The request index: the pass's pass-layers start at p * L.
+        now = I[I[O_STARTS] + p * L + I[BEL_POS]] + I[BEL_DONE]
         uses, uses_off = I[O_USES], I[O_UOFF]
         best = -1
         far = -1

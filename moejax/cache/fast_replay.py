@@ -211,7 +211,6 @@ def run(cache: ExpertCache, traces, context_start: list[int] | None = None) -> N
     n_keys = n_layers * n_experts
     keys, starts, mult, passes = _requests(traces, n_experts)
     n_pl = len(starts) - 1
-    pass_first_pl = np.arange(len(passes), dtype=np.int64) * n_layers
     assert n_pl == len(passes) * n_layers
     grp_off, grp_target, grp_start, pred_experts = _predictions(cache, traces, keys, starts)
     policy = _policy_code(cache.eviction)
@@ -221,7 +220,7 @@ def run(cache: ExpertCache, traces, context_start: list[int] | None = None) -> N
     clock = cache.clock
     I, F = K.layout(policy, shape.num_slots, n_experts, n_layers, cache.watchdog,
                     cache.pin_scope == "layer", len(clock.engine_free), quota, starts,
-                    pass_first_pl, uses_off, uses,
+                    uses_off, uses,
                     (float(shape.expert_bytes), clock.hw.h2d_latency_s, clock._engine_bps,
                      clock._link_bps))
     timings, running, pins = K.run(
