@@ -28,17 +28,17 @@ import jax
 import numpy as np
 
 from moejax import bundled
-from moejax.cache.build import build_cached_experts
-from moejax.cache.cache import CacheShape, ExpertCache
-from moejax.cache.runtime import SlotPool
-from moejax.checkpoint.layout import to_host
-from moejax.job_config import base_config
+from moejax.cache.expert_cache import CacheShape, ExpertCache
+from moejax.checkpoint import to_host
+from moejax.jobs.schema import base_config
 from moejax.model_source import load_model
 from moejax.models.stepped import ResidentExperts, SteppedDecoder
 from moejax.policies import build
 from moejax.seam import LayerGate
-from moejax.sim import hardware
-from moejax.sim.clock import VirtualClock
+from moejax.serving.build import build_cached_experts
+from moejax.serving.runtime import SlotPool
+from moejax.timing import hardware
+from moejax.timing.clock import VirtualClock
 from moejax.traces.importers import load_traces
 
 TRACE = bundled.capture_path("olmoe_prose")

@@ -21,15 +21,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from moejax.cache.build import build_cached_experts, expert_source
-from moejax.cache.runtime import SlotPool
-from moejax.checkpoint.layout import to_host
-from moejax.job_config import base_config
+from moejax.checkpoint import to_host
+from moejax.jobs.schema import base_config
 from moejax.model_source import load_model
 from moejax.models.experts import moe_ffn
 from moejax.models.stepped import SteppedDecoder
 from moejax.quant import formats
 from moejax.quant.quantize import quantize
+from moejax.serving.build import build_cached_experts, expert_source
+from moejax.serving.runtime import SlotPool
 
 H, I, E = 2048, 1024, 8  # OLMoE-1B-7B expert shape; E experts in the host table
 REPS = 30

@@ -25,9 +25,8 @@ import tempfile
 
 import numpy as np
 
-from moejax import bundled, jobs
-from moejax.checkpoint import layout
-from moejax.job_config import base_config
+from moejax import bundled, checkpoint, jobs
+from moejax.jobs.schema import base_config
 
 PROMPT_IDS = "84,104,101,32,80,121,116,104,111,110,32,105,110,116,101,114,112,114,101,116"
 
@@ -66,9 +65,9 @@ def main():
     args = parser.parse_args()
     root = tempfile.mkdtemp(prefix="disk_tier_live_")
     try:
-        ck = layout.load(bundled.EMBEDDED_DIR)
+        ck = checkpoint.load(bundled.EMBEDDED_DIR)
         packed = os.path.join(root, "packed")
-        layout.save_model(packed, ck.model,
+        checkpoint.save_model(packed, ck.model,
                           {l: np.asarray(v) for l, v in ck.host_gate_up.items()},
                           {l: np.asarray(v) for l, v in ck.host_down.items()},
                           expert_layout="packed")

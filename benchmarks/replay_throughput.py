@@ -17,7 +17,7 @@ import tempfile
 
 from moejax import jobs
 from moejax.bundled import capture_path
-from moejax.job_config import base_config
+from moejax.jobs.schema import base_config
 from moejax.policies import prefetch as prefetch_policies
 
 TRACE = capture_path("olmoe_prose")

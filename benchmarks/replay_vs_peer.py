@@ -22,9 +22,9 @@ import statistics
 import time
 
 from moejax import bundled
-from moejax.cache.build import build_cache_for
-from moejax.cache.replay import replay
-from moejax.job_config import base_config
+from moejax.cache.from_config import build_cache_for
+from moejax.jobs.schema import base_config
+from moejax.replay.engine import replay
 from moejax.seam import requests_in_rank_order
 from moejax.traces.importers import load_traces
 

@@ -3,7 +3,7 @@ bytes, one expert and a whole layer, cold and warm.
 
     python benchmarks/storage_read.py [--dir=DIR] [--reps=5]
 
-The checkpoint is synthetic, written by `layout.save(..., expert_layout="packed")`: one MoE layer
+The checkpoint is synthetic, written by `checkpoint.save(..., expert_layout="packed")`: one MoE layer
 of 64 experts whose native bfloat16 record (H=2048 as OLMoE, I=576) is 6.75 MiB — the size of
 Flash-MoE's 4-bit expert. The reader moves raw bytes whatever the precision, so only the record
 size matters. The file is ~453 MB, written under `--dir` (default: a temporary directory) and
@@ -41,7 +41,8 @@ import zlib
 import ml_dtypes
 import numpy as np
 
-from moejax.checkpoint import layout, packed
+from moejax import checkpoint
+from moejax.checkpoint import packed
 from moejax.checkpoint.expert_reader import ExpertReader
 from moejax.checkpoint.params import flat_params
 from moejax.families import preset
@@ -66,7 +67,7 @@ def synthetic_checkpoint(out: str, expert_layout: str = "packed") -> tuple:
 
     dense = {k: bits(*v.shape) for k, v in flat_params(abstract_decoder(cfg)).items()}
     h, i = cfg.hidden_size, cfg.expert_intermediate_size
-    layout.save(out, cfg, dense, [(0, bits(EXPERTS, h, 2 * i), bits(EXPERTS, i, h))],
+    checkpoint.save(out, cfg, dense, [(0, bits(EXPERTS, h, 2 * i), bits(EXPERTS, i, h))],
                 expert_layout=expert_layout)
     if expert_layout == "packed":
         files = [packed.file_path(out, 0, "native")]
@@ -77,7 +78,7 @@ def synthetic_checkpoint(out: str, expert_layout: str = "packed") -> tuple:
         fd = os.open(path, os.O_RDONLY)
         os.fsync(fd)  # dirty pages cannot be dropped
         os.close(fd)
-    return cfg, layout.read_precisions(out), files
+    return cfg, checkpoint.read_precisions(out), files
 
 
 def drop_cache(paths) -> None:

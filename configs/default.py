@@ -4,7 +4,7 @@ python -m moejax.main --config=configs/default.py --workdir=/tmp/moejax-default
 python -m moejax.main --config=configs/default.py --workdir=W --config.model.checkpoint=CKPT
 """
 
-from moejax.job_config import base_config
+from moejax.jobs.schema import base_config
 
 
 def get_config(arg: str | None = None):

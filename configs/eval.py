@@ -23,7 +23,7 @@ Every cache option applies as in the other jobs (`--config.cache.capacity_frac=0
 and one record per example; `cache` the cache's report.
 """
 
-from moejax.job_config import base_config
+from moejax.jobs.schema import base_config
 
 
 def get_config(arg: str | None = None):

@@ -27,7 +27,7 @@ prefill) and the four real captures (four requests of 128 with a 32-token prefil
 """
 
 from moejax import bundled
-from moejax.job_config import base_config, parse_args
+from moejax.jobs.schema import base_config, parse_args
 
 HOST_FRACS = (0.15, 0.3, 0.6)
 EVICTIONS = ("lru", "lru_per_layer", "least_stale", "least_stale(order=cyclic)")

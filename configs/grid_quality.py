@@ -58,7 +58,7 @@ writes a "Quality–speed frontier" section with one table per model and capacit
 """
 
 from moejax import bundled
-from moejax.job_config import base_config, parse_args
+from moejax.jobs.schema import base_config, parse_args
 
 CAPACITIES = (0.05, 0.25)
 CROSS_CAPACITY = 0.05

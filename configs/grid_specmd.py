@@ -30,7 +30,7 @@ model's top-k fits).
 """
 
 from moejax import bundled
-from moejax.job_config import base_config, parse_args
+from moejax.jobs.schema import base_config, parse_args
 
 CAPACITIES = (0.01, 0.05, 0.25)
 H2D_GBPS = 5.0

@@ -5,7 +5,7 @@ python -m moejax.main --config=configs/perplexity.py --config.text_file=PATH --w
     --config.model.checkpoint=CKPT
 """
 
-from moejax.job_config import base_config
+from moejax.jobs.schema import base_config
 
 
 def get_config(arg: str | None = None):

@@ -11,7 +11,7 @@ python -m moejax.main --config=configs/quality.py --config.eval.task=gsm8k \
     --config.eval.max_examples=8 --workdir=W
 """
 
-from moejax.job_config import base_config
+from moejax.jobs.schema import base_config
 
 
 def get_config(arg: str | None = None):

@@ -5,7 +5,7 @@ python -m moejax.main --config=configs/qwen_25pct.py --workdir=W --config.model.
 python -m moejax.main --config=configs/qwen_25pct.py:scale=tiny --workdir=W
 """
 
-from moejax.job_config import cache_experiment
+from moejax.jobs.schema import cache_experiment
 
 
 def get_config(arg: str | None = None):

@@ -13,7 +13,7 @@
 `family` is one of moejax.families.FAMILIES (mixtral, olmoe, phimoe, qwen2_moe).
 """
 
-from moejax.job_config import base_config, parse_args
+from moejax.jobs.schema import base_config, parse_args
 
 PROMPT_TOKENS = 64
 

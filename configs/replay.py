@@ -15,7 +15,7 @@ OLMoE-1B-7B at four bits (0.64 GiB, 195 slots), or the precision cascade over in
     --config.cache.precision=int4 [--config.policies.preset=specmd_3]
 """
 
-from moejax.job_config import base_config
+from moejax.jobs.schema import base_config
 
 
 def get_config(arg: str | None = None):

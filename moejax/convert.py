@@ -21,16 +21,15 @@ from typing import Iterator
 import numpy as np
 from absl import app, flags, logging
 
-from moejax.checkpoint import layout
-from moejax.checkpoint.errors import CheckpointError
+from moejax import checkpoint
 from moejax.checkpoint.hf_names import dense_sources, read_layer_experts
 from moejax.checkpoint.params import flat_params
 from moejax.checkpoint.safetensors_dir import SafetensorsDir
-from moejax.config import DTYPES, ConfigError, ModelConfig
+from moejax.errors import CheckpointError, ConfigError
 from moejax.families import config_from_hf
+from moejax.model_config import DTYPES, ModelConfig
 from moejax.models.decoder import abstract_decoder
-from moejax.quant.formats import DEFAULT_GROUP_SIZE, QUANTIZED
-from moejax.quant.quantize import CALIBRATIONS, DEFAULT_CALIBRATION
+from moejax.quant.formats import CALIBRATIONS, DEFAULT_CALIBRATION, DEFAULT_GROUP_SIZE, QUANTIZED
 
 
 def read_hf_config(hf_dir: str) -> dict:
@@ -47,12 +46,12 @@ def read_hf_config(hf_dir: str) -> dict:
 def check_quant_flags(precisions, group_size, calibration) -> tuple[str, ...]:
     """Validates --precisions / --group_size / --calibration (ConfigError naming the flag);
     returns the precisions."""
-    wanted = layout.parse_precisions(precisions, "--precisions")
-    layout.check_group_size(group_size, "--group_size")
+    wanted = checkpoint.parse_precisions(precisions, "--precisions")
+    checkpoint.check_group_size(group_size, "--group_size")
     if calibration is not None and not wanted:
         raise ConfigError(f"--calibration={calibration!r} needs --precisions (one or more of "
                           f"{QUANTIZED})")
-    layout.resolve_calibrations(wanted, calibration, "--calibration")
+    checkpoint.resolve_calibrations(wanted, calibration, "--calibration")
     return wanted
 
 
@@ -62,9 +61,9 @@ def convert(hf_dir: str, out: str, dtype: str | None = None,
             expert_layout: str = "zarr") -> ModelConfig:
     """Converts `hf_dir` into `out`; returns the model config written. `dtype` overrides the
     stored precision (default: the checkpoint's own). `precisions` (e.g. "int8,int4") adds
-    quantized expert copies (`layout.save`); `expert_layout` is "zarr" or "packed"."""
+    quantized expert copies (`checkpoint.save`); `expert_layout` is "zarr" or "packed"."""
     precisions = check_quant_flags(precisions, group_size, calibration)
-    layout.check_expert_layout(expert_layout, compression, "--layout")
+    checkpoint.check_expert_layout(expert_layout, compression, "--layout")
     hf = read_hf_config(hf_dir)
     try:
         cfg = config_from_hf(hf)
@@ -98,7 +97,7 @@ def convert(hf_dir: str, out: str, dtype: str | None = None,
             logging.info("layer %d: %d experts", layer, cfg.num_experts)
             yield layer, gate_up.astype(target), down.astype(target)
 
-    layout.save(out, cfg, dense, experts(), tokenizer_dir=hf_dir, compression=compression,
+    checkpoint.save(out, cfg, dense, experts(), tokenizer_dir=hf_dir, compression=compression,
                 precisions=precisions, group_size=group_size, calibration=calibration,
                 expert_layout=expert_layout)
     return cfg
@@ -110,7 +109,7 @@ def add_precisions(out: str, precisions, group_size: int = DEFAULT_GROUP_SIZE,
     wanted = check_quant_flags(precisions, group_size, calibration)
     if not wanted:
         raise ConfigError(f"--add_precisions needs --precisions (one or more of {QUANTIZED})")
-    return layout.add_precisions(out, wanted, group_size, calibration)
+    return checkpoint.add_precisions(out, wanted, group_size, calibration)
 
 
 FLAGS = flags.FLAGS
@@ -128,7 +127,7 @@ flags.DEFINE_integer("group_size", DEFAULT_GROUP_SIZE,
 flags.DEFINE_string("calibration", None,
                     f"Quantization calibration, one of {CALIBRATIONS} for all precisions, or "
                     f"PRECISION=NAME,... (default: {DEFAULT_CALIBRATION}).")
-flags.DEFINE_enum("layout", "zarr", list(layout.LAYOUTS),
+flags.DEFINE_enum("layout", "zarr", list(checkpoint.LAYOUTS),
                   "How experts are stored: zarr (zarr3 arrays, one chunk per expert) or packed "
                   "(one file of page-aligned records per layer and precision, for per-expert "
                   "reads from disk). --add_precisions keeps the checkpoint's own layout.")

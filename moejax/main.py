@@ -6,8 +6,7 @@ Everything else is a library function (`moejax.jobs.run`) that tests import and 
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from moejax.checkpoint.errors import CheckpointError
-from moejax.config import ConfigError
+from moejax.errors import CheckpointError, ConfigError
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Job config file (configs/*.py).",
                                           lock_config=True)

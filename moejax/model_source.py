@@ -11,10 +11,10 @@ import jax
 import ml_collections
 import numpy as np
 
-from moejax import bundled
-from moejax.checkpoint import layout
-from moejax.config import ConfigError, ModelConfig
+from moejax import bundled, checkpoint
+from moejax.errors import ConfigError
 from moejax.families import FAMILIES, get_family, preset
+from moejax.model_config import ModelConfig
 from moejax.models.decoder import MoEDecoder
 from moejax.models.experts import GMM_IMPLS
 from moejax.models.random_init import random_model
@@ -79,7 +79,7 @@ EMBEDDED_DIR = bundled.EMBEDDED_DIR
 
 def embedded_config() -> ModelConfig:
     """The embedded model's shape, without loading its weights."""
-    return layout.read_config(EMBEDDED_DIR)
+    return checkpoint.read_config(EMBEDDED_DIR)
 
 
 def validate_model_config(m: ml_collections.ConfigDict) -> None:
@@ -108,7 +108,7 @@ def load_model(m: ml_collections.ConfigDict, seed: int = 0,
     one by one); `experts_at` still reads a whole precision when a job asks for it."""
     validate_model_config(m)
     if m.checkpoint or m.preset == EMBEDDED:
-        ck = layout.load(m.checkpoint or EMBEDDED_DIR, read_experts=read_experts)
+        ck = checkpoint.load(m.checkpoint or EMBEDDED_DIR, read_experts=read_experts)
         tok = load_tokenizer(ck.tokenizer_dir, ck.cfg.vocab_size)
         groups = {p: dict(info["groups"]) for p, info in ck.precisions.items() if p != "native"}
         return LoadedModel(ck.cfg, ck.model, ck.host_gate_up, ck.host_down, tok, ck.path,
@@ -127,7 +127,7 @@ def load_model(m: ml_collections.ConfigDict, seed: int = 0,
 def load_model_for(config: ml_collections.ConfigDict) -> LoadedModel:
     """The job's model (`config.model`); with a host tier (`cache.host_capacity_frac` below
     1, or `cache.host_bytes`) its experts are not read at start."""
-    from moejax.cache.build import host_tier_enabled
+    from moejax.cache.from_config import host_tier_enabled
 
     disk_tier = config.cache.enabled and host_tier_enabled(config)
     return load_model(config.model, config.seed, read_experts=not disk_tier)
@@ -148,10 +148,10 @@ def in_memory(cfg: ModelConfig, model: MoEDecoder, gate_up: dict, down: dict,
     @functools.cache
     def quantized(precision: str) -> tuple[dict, dict]:
         def at(tables):
-            return {l: quantize(w, precision, g).map(layout.to_host) for l, w in tables.items()}
+            return {l: quantize(w, precision, g).map(checkpoint.to_host) for l, w in tables.items()}
         return at(gate_up), at(down)
 
-    return LoadedModel(cfg, model, {l: layout.to_host(v) for l, v in gate_up.items()},
-                       {l: layout.to_host(v) for l, v in down.items()},
+    return LoadedModel(cfg, model, {l: checkpoint.to_host(v) for l, v in gate_up.items()},
+                       {l: checkpoint.to_host(v) for l, v in down.items()},
                        tokenizer or load_tokenizer(None, cfg.vocab_size), source, quantized,
                        groups)

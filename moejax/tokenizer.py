@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from typing import Protocol
 
-from moejax.config import ConfigError
+from moejax.errors import ConfigError
 
 
 class Tokenizer(Protocol):

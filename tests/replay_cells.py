@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from launch.worker import apply_overrides
 from moejax import jobs
-from moejax.job_config import base_config
+from moejax.jobs.schema import base_config
 
 
 def run_replay_cell(workdir: str, overrides: dict) -> dict:

@@ -12,8 +12,8 @@ import os
 import pytest
 
 from moejax import jobs
-from moejax.config import ConfigError
-from moejax.job_config import base_config
+from moejax.errors import ConfigError
+from moejax.jobs.schema import base_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GRID = sorted(glob.glob(os.path.join(ROOT, "configs", "*pct.py")))

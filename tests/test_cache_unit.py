@@ -12,12 +12,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from moejax.cache.cache import CacheShape, ExpertCache, slots_for
-from moejax.config import ConfigError
+from moejax.cache.expert_cache import CacheShape, ExpertCache, slots_for
+from moejax.errors import ConfigError
 from moejax.policies import build
 from moejax.seam import LayerGate
-from moejax.sim import hardware
-from moejax.sim.clock import VirtualClock
+from moejax.timing import hardware
+from moejax.timing.clock import VirtualClock
 
 E, K, B = 6, 2, 50_000
 HW = hardware.get("a100_specmd")
@@ -263,7 +263,7 @@ def test_collision_miss_of_an_expert_admitted_in_the_same_pass():
 
 
 _OWN_BATCH_REASON = (
-    "moejax bug (cache/cache.py ExpertCache._prefetch, the _allocate call): a prefetch batch "
+    "moejax bug (cache/expert_cache.py ExpertCache._prefetch, the _allocate call): a prefetch batch "
     "may evict the batch's own earlier, higher-priority experts — still in flight — to admit "
     "lower-priority ones, because _allocate's evictable is only `k not in pinned` (base.py's "
     "victim contract says in-flight keys are not evictable). Under LFU a just-prefetched "

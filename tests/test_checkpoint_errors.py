@@ -1,7 +1,7 @@
 """Checkpoint conversion and loading: a clean round trip, and errors that name what is at fault.
 
 A tiny OLMoE model is built with transformers on CPU, saved with `save_pretrained`, converted
-with `moejax.convert.convert` and loaded with `moejax.checkpoint.layout.load`; each error test
+with `moejax.convert.convert` and loaded with `moejax.checkpoint.load`; each error test
 damages one file (of the Hugging Face input or the moejax output) and checks the message names
 that file and the tensor / layer / expert concerned.
 """
@@ -21,10 +21,11 @@ import safetensors.numpy as safetensors_numpy  # the test extra installs these: 
 import torch
 import transformers
 
-from moejax.checkpoint import CheckpointError, expert_store, layout
+from moejax import checkpoint
+from moejax.checkpoint import CheckpointError, expert_store
 from moejax.checkpoint.params import flat_params
-from moejax.config import ConfigError
 from moejax.convert import convert
+from moejax.errors import ConfigError
 from moejax.families import FAMILIES
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -118,7 +119,7 @@ def _assert_layer_expert(msg: str, layer: int, expert: int) -> None:
 
 
 def test_clean_conversion_loads_with_hf_weights(converted, hf_tensors):
-    ck = layout.load(converted)
+    ck = checkpoint.load(converted)
     cfg = ck.cfg
     assert (cfg.family, cfg.vocab_size, cfg.hidden_size, cfg.num_layers) == (
         "olmoe", VOCAB, HIDDEN, LAYERS)
@@ -348,7 +349,7 @@ def test_sharded_checkpoint_converts_identically(hf_model, converted, tmp_path):
     assert len(shards) > 1
     out = str(tmp_path / "out")
     convert(sharded, out)
-    a, b = layout.load(converted), layout.load(out)
+    a, b = checkpoint.load(converted), checkpoint.load(out)
     assert a.cfg == b.cfg
     pa, pb = flat_params(a.model), flat_params(b.model)
     assert set(pa) == set(pb)
@@ -401,7 +402,7 @@ def test_flipped_byte_in_expert_chunk(out_copy, layer, kind, expert):
         f.seek(0)
         f.write(data)
     with pytest.raises(CheckpointError) as info:
-        layout.load(out_copy)
+        checkpoint.load(out_copy)
     msg = str(info.value)
     assert chunk in msg, msg
     _assert_layer_expert(msg, layer, expert)
@@ -420,7 +421,7 @@ def test_deleted_expert_chunk(out_copy, layer, kind, expert):
     chunk = expert_store.chunk_path(out_copy, layer, kind, expert, 3)
     os.remove(chunk)
     with pytest.raises(CheckpointError) as info:
-        layout.load(out_copy)
+        checkpoint.load(out_copy)
     msg = str(info.value)
     assert chunk in msg and "missing" in msg
     _assert_layer_expert(msg, layer, expert)
@@ -430,7 +431,7 @@ def test_deleted_expert_array(out_copy):
     path = os.path.join(out_copy, "experts", "layer_001", "down")
     shutil.rmtree(path)
     with pytest.raises(CheckpointError) as info:
-        layout.load(out_copy)
+        checkpoint.load(out_copy)
     assert path in str(info.value)
     assert re.search(r"\blayer 1\b", str(info.value))
 
@@ -438,7 +439,7 @@ def test_deleted_expert_array(out_copy):
 def test_deleted_config_json(out_copy):
     os.remove(os.path.join(out_copy, "config.json"))
     with pytest.raises(CheckpointError) as info:
-        layout.load(out_copy)
+        checkpoint.load(out_copy)
     assert os.path.join(out_copy, "config.json") in str(info.value)
 
 
@@ -446,7 +447,7 @@ def test_invalid_config_json(out_copy):
     path = os.path.join(out_copy, "config.json")
     _edit_json(path, not_a_field=3)
     with pytest.raises(CheckpointError) as info:
-        layout.load(out_copy)
+        checkpoint.load(out_copy)
     assert path in str(info.value) and "not_a_field" in str(info.value)
 
 
@@ -454,14 +455,14 @@ def test_deleted_dense(out_copy):
     path = os.path.join(out_copy, "dense")
     shutil.rmtree(path)
     with pytest.raises(CheckpointError) as info:
-        layout.load(out_copy)
+        checkpoint.load(out_copy)
     assert os.path.abspath(path) in str(info.value)
 
 
 def test_config_with_other_hidden_size(out_copy):
     _edit_json(os.path.join(out_copy, "config.json"), hidden_size=HIDDEN + 8)
     with pytest.raises(CheckpointError) as info:
-        layout.load(out_copy)
+        checkpoint.load(out_copy)
     msg = str(info.value)
     assert os.path.abspath(os.path.join(out_copy, "dense")) in msg
     m = re.search(r"is \(([\d, ]+)\) float32, the config implies \(([\d, ]+)\) float32", msg)
@@ -476,7 +477,7 @@ def test_config_with_other_expert_size(out_copy):
     own shape check must catch it."""
     _edit_json(os.path.join(out_copy, "config.json"), expert_intermediate_size=INTER + 2)
     with pytest.raises(CheckpointError) as info:
-        layout.load(out_copy)
+        checkpoint.load(out_copy)
     msg = str(info.value)
     assert os.path.join(out_copy, "experts", "layer_000", "gate_up") in msg
     assert str((EXPERTS, HIDDEN, 2 * INTER)) in msg
@@ -499,7 +500,7 @@ def test_cli_success_and_error(hf_copy, tmp_path):
     ok = _cli(hf_copy, out)
     assert ok.returncode == 0, ok.stderr
     assert "converted olmoe" in ok.stdout
-    ck = layout.load(out)
+    ck = checkpoint.load(out)
     assert ck.cfg.num_experts == EXPERTS
 
     path = os.path.join(hf_copy, "model.safetensors")
@@ -521,4 +522,4 @@ def test_failed_reconversion_does_not_leave_a_loadable_mix(out_copy, hf_copy):
     with pytest.raises(CheckpointError):
         convert(hf_copy, out_copy)
     with pytest.raises(CheckpointError):
-        layout.load(out_copy)
+        checkpoint.load(out_copy)

@@ -21,14 +21,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from moejax import jobs
-from moejax.cache.build import build_cached_experts
-from moejax.checkpoint import CheckpointError, layout
+from moejax import checkpoint, jobs
+from moejax.checkpoint import CheckpointError
 from moejax.families import preset
-from moejax.job_config import base_config
+from moejax.jobs.schema import base_config
 from moejax.model_source import load_model
 from moejax.models.random_init import random_model
 from moejax.models.stepped import SteppedDecoder
+from moejax.serving.build import build_cached_experts
 from moejax.testing import resident_decoder
 
 MAX_LEN, NEW = 32, 5
@@ -45,7 +45,7 @@ def tiny(tmp_path_factory):
     paths = {}
     for kind in LAYOUTS:
         paths[kind] = str(root / kind)
-        layout.save_model(paths[kind], model, gate_up, down, precisions=("int4",),
+        checkpoint.save_model(paths[kind], model, gate_up, down, precisions=("int4",),
                           group_size=16, expert_layout=kind)
     prompt = np.random.default_rng(0).integers(0, cfg.vocab_size, (1, 9))
     reference = resident_decoder(model, gate_up, down, max_len=MAX_LEN, lookahead=2).generate(

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from moejax import bundled, jobs
-from moejax.analysis.routing import summarize
-from moejax.job_config import base_config
+from moejax.analysis.routing_stats import summarize
+from moejax.jobs.schema import base_config
 from moejax.model_source import EMBEDDED_DIR, embedded_config
 from moejax.traces.format import load
 from moejax.train import corpus

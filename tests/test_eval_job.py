@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from moejax import bundled, jobs
-from moejax.config import ConfigError
+from moejax.errors import ConfigError
 from moejax.eval import scoring
 from moejax.families import preset
 from moejax.jobs import evaluate

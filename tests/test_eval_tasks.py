@@ -14,7 +14,7 @@ import sys
 import pytest
 
 from moejax import bundled
-from moejax.config import ConfigError
+from moejax.errors import ConfigError
 from moejax.eval import data, tasks
 
 

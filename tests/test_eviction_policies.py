@@ -618,7 +618,7 @@ def test_least_stale_random_sequences_match_a_brute_force_reference():
 
 
 def test_least_stale_arguments_and_spec_parsing():
-    from moejax.config import ConfigError
+    from moejax.errors import ConfigError
     from moejax.policies.registry import policy_class
 
     ctx = dict(num_layers=4, num_experts=8, num_slots=8, seed=0)

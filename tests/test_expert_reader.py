@@ -16,10 +16,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from moejax.checkpoint import CheckpointError, expert_store, layout, packed
-from moejax.checkpoint.expert_reader import LAYOUTS, MAX_SPLIT, ExpertReader
+from moejax import checkpoint
+from moejax.checkpoint import CheckpointError, expert_store, packed
+from moejax.checkpoint import LAYOUTS
+from moejax.checkpoint.expert_reader import MAX_SPLIT, ExpertReader
 from moejax.checkpoint.params import flat_params
-from moejax.config import ConfigError
+from moejax.errors import ConfigError
 from moejax.families import preset
 from moejax.models.decoder import abstract_decoder
 from moejax.models.random_init import random_experts
@@ -45,7 +47,7 @@ def saved(cfg, tmp_path_factory):
     out = {}
     for kind in LAYOUTS:
         out[kind] = str(root / kind)
-        layout.save(out[kind], cfg, dense, ((l, gate_up[l], down[l]) for l in cfg.moe_layers),
+        checkpoint.save(out[kind], cfg, dense, ((l, gate_up[l], down[l]) for l in cfg.moe_layers),
                     precisions=PRECISIONS[1:], group_size=16, calibration="minmax",
                     expert_layout=kind)
     return out
@@ -54,7 +56,7 @@ def saved(cfg, tmp_path_factory):
 @pytest.fixture(scope="module")
 def full(saved):
     """Every expert at every precision as numpy, from the zarr layout's full load."""
-    ck = layout.load(saved["zarr"])
+    ck = checkpoint.load(saved["zarr"])
     to_np = {p: tuple({l: (w.map(np.asarray) if isinstance(w, QuantizedWeights)
                            else np.asarray(w)) for l, w in kind.items()}
                       for kind in ck.experts_at(p)) for p in PRECISIONS}
@@ -63,7 +65,7 @@ def full(saved):
 
 @pytest.fixture(scope="module")
 def precisions(saved):
-    return layout.read_precisions(saved["packed"])
+    return checkpoint.read_precisions(saved["packed"])
 
 
 @pytest.fixture
@@ -125,7 +127,7 @@ def test_concurrent_submits(cfg, saved, full, precisions):
 
 
 def test_expert_nbytes(cfg, saved, precisions):
-    index = layout.read_expert_index(saved["packed"])
+    index = checkpoint.read_expert_index(saved["packed"])
     with ExpertReader(saved["packed"], cfg, precisions) as reader:
         for p in PRECISIONS:
             stride = reader.expert_nbytes(p)
@@ -141,7 +143,7 @@ def test_expert_nbytes(cfg, saved, precisions):
 
 @pytest.mark.parametrize("split", [1, 8])
 def test_flipped_byte_fails_that_expert(cfg, copy, precisions, split):
-    record = layout.read_expert_index(copy).records["int4"]
+    record = checkpoint.read_expert_index(copy).records["int4"]
     path = packed.file_path(copy, 2, "int4")
     with open(path, "r+b") as f:
         at = 6 * record.stride + record.parts[3].offset + 5  # down's values
@@ -159,7 +161,7 @@ def test_flipped_byte_fails_that_expert(cfg, copy, precisions, split):
 
 
 def test_truncated_file_fails_the_missing_experts(cfg, copy, precisions):
-    record = layout.read_expert_index(copy).records["native"]
+    record = checkpoint.read_expert_index(copy).records["native"]
     path = packed.file_path(copy, 1, "native")
     with open(path, "r+b") as f:
         f.truncate(10 * record.stride + 4096)

@@ -1,4 +1,4 @@
-"""The compiled replay engine (`moejax/cache/fast_replay.py`, `fast_kernel.py`) against the
+"""The compiled replay engine (`moejax/replay/compiled.py`, `kernel.py`) against the
 reference (the policy objects, request by request): identical counters per layer, pass timings,
 per-pass running totals, final residency, prefetch origins and clock — on every shipped trace,
 on the capture grid's settings (waves, prefetchers, both queues) and on random traces
@@ -12,11 +12,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from moejax import bundled, jobs
-from moejax.cache import fast_replay
-from moejax.cache.build import build_cache_for
-from moejax.cache.replay import replay
-from moejax.config import ConfigError
-from moejax.job_config import base_config
+from moejax.cache.from_config import build_cache_for
+from moejax.errors import ConfigError
+from moejax.jobs.schema import base_config
+from moejax.replay import compiled
+from moejax.replay.engine import replay
 from moejax.testing import random_scored_trace
 from moejax.traces.importers import load_traces
 from moejax.traces.requests import as_requests
@@ -157,10 +157,10 @@ def test_what_the_compiled_engine_does_not_cover_runs_on_the_reference():
         for key, value in policies.items():
             c.policies[key] = value
         cache = _cache(c, trace)
-        reason = fast_replay.applicable(cache)
+        reason = compiled.applicable(cache)
         assert reason is not None
         with pytest.raises(ValueError, match="cannot run this cache"):
-            fast_replay.run(cache, [trace])
+            compiled.run(cache, [trace])
         assert replay(_cache(c, trace), [trace]) == "reference"
     with pytest.raises(ConfigError, match="replay_engine='fast' is not one of"):
         replay(_cache(_config("lru", 8, "layer"), trace), [trace], engine="fast")

@@ -12,9 +12,9 @@ from absl import flags
 from ml_collections import config_flags
 
 from moejax import jobs
-from moejax.config import ConfigError
-from moejax.job_config import base_config
+from moejax.errors import ConfigError
 from moejax.jobs import generate
+from moejax.jobs.schema import base_config
 from moejax.model_source import embedded_config
 from moejax.models import stepped
 

@@ -119,7 +119,7 @@ def test_every_cell_builds_its_cache():
     """Each cell's overrides are declared fields and its policy specs, precision levels and
     pools are valid for its model: the cache is built as the quality job builds it (weights
     of the random presets drawn once per model; no forward pass)."""
-    from moejax.cache.build import build_cache_for
+    from moejax.cache.from_config import build_cache_for
     from moejax.model_source import load_model
 
     loaded = {}

@@ -1,4 +1,4 @@
-"""Hardware profiles and the host->device transfer model (moejax/sim/hardware.py, clock.py):
+"""Hardware profiles and the host->device transfer model (moejax/timing/hardware.py, clock.py):
 overrides (0 is a value, None keeps the preset's), validation naming the field, and copy
 engines that share one host link — N concurrent transfers never move more than the link's
 bytes per second, while their fixed latencies overlap."""
@@ -13,12 +13,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from moejax.cache.build import hardware_from
-from moejax.config import ConfigError
-from moejax.job_config import base_config
-from moejax.sim import hardware
-from moejax.sim.clock import VirtualClock, WallClock
+from moejax.cache.from_config import hardware_from
+from moejax.errors import ConfigError
+from moejax.jobs.schema import base_config
 from moejax.testing import config_from_flags
+from moejax.timing import hardware
+from moejax.timing.clock import VirtualClock, WallClock
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MB = 1_000_000

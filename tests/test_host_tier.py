@@ -14,15 +14,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from moejax.cache.build import build_cache_for, build_host_tier
+from moejax.cache.from_config import build_cache_for, build_host_tier
 from moejax.cache.host_tier import HostTier
-from moejax.cache.replay import replay
-from moejax.config import ConfigError
-from moejax.job_config import base_config
+from moejax.errors import ConfigError
+from moejax.jobs.schema import base_config
 from moejax.policies import build, names
-from moejax.sim import storage as storage_lib
-from moejax.sim.storage import Storage, StorageQueue
+from moejax.replay.engine import replay
 from moejax.testing import random_scored_trace
+from moejax.timing import storage as storage_lib
+from moejax.timing.storage import Storage, StorageQueue
 from tests.test_cache_unit import B, E, K, T, make_cache, make_gate, run_layer
 
 DISK = Storage("test", read_gbps=1.0, read_latency_s=10e-6, queue_depth=1)

@@ -12,7 +12,7 @@ import pytest
 
 from moejax.cache import hotlist
 from moejax.cache.hotlist import Hotlist, from_trace, parse_seed, priority
-from moejax.config import ConfigError
+from moejax.errors import ConfigError
 from moejax.policies import build
 from moejax.traces.format import FORMAT, Trace, load
 

@@ -32,7 +32,7 @@ SWEEP_CONFIG = textwrap.dedent('''
 
     import ml_collections
 
-    from moejax.job_config import base_config
+    from moejax.jobs.schema import base_config
 
     SETS = {
         "main": [

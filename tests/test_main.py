@@ -10,11 +10,10 @@ import sys
 import numpy as np
 import pytest
 
-from moejax import jobs
-from moejax.checkpoint import layout
-from moejax.config import ConfigError
+from moejax import checkpoint, jobs
+from moejax.errors import ConfigError
 from moejax.families import preset
-from moejax.job_config import base_config
+from moejax.jobs.schema import base_config
 from moejax.testing import random_model, resident_decoder
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -47,7 +46,7 @@ def test_checkpoint_run_matches_direct_decoding(family, tmp_path):
     """`model.checkpoint=` runs the saved model: same tokens as decoding it directly."""
     cfg = preset(family, "tiny")
     model, gate_up, down = random_model(cfg, seed=3)
-    layout.save_model(str(tmp_path / "ckpt"), model, gate_up, down)
+    checkpoint.save_model(str(tmp_path / "ckpt"), model, gate_up, down)
     c = _config(prompt="Mixture of experts")
     c.model.checkpoint = str(tmp_path / "ckpt")
     results = jobs.run(c, str(tmp_path / "work"))

@@ -17,11 +17,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from moejax.checkpoint import CheckpointError, expert_store, layout, packed
+from moejax import checkpoint
+from moejax.checkpoint import CheckpointError, expert_store, packed
 from moejax.checkpoint.hf_names import dense_sources
 from moejax.checkpoint.params import flat_params
-from moejax.config import ConfigError
 from moejax.convert import convert
+from moejax.errors import ConfigError
 from moejax.families import config_from_hf, get_family, preset
 from moejax.models.decoder import abstract_decoder
 from moejax.models.random_init import random_experts
@@ -35,7 +36,7 @@ def _save(out, cfg, experts, expert_layout, precisions=PRECS, **kw):
     dense = {k: rng.standard_normal(v.shape).astype(v.dtype)
              for k, v in flat_params(abstract_decoder(cfg)).items()}
     gate_up, down = experts
-    layout.save(out, cfg, dense, ((l, gate_up[l], down[l]) for l in cfg.moe_layers),
+    checkpoint.save(out, cfg, dense, ((l, gate_up[l], down[l]) for l in cfg.moe_layers),
                 precisions=precisions, group_size=16, calibration="minmax",
                 expert_layout=expert_layout, **kw)
     return out
@@ -55,12 +56,12 @@ def experts(cfg):
 @pytest.fixture(scope="module")
 def saved(cfg, experts, tmp_path_factory):
     root = tmp_path_factory.mktemp("packed")
-    return {kind: _save(str(root / kind), cfg, experts, kind) for kind in layout.LAYOUTS}
+    return {kind: _save(str(root / kind), cfg, experts, kind) for kind in checkpoint.LAYOUTS}
 
 
 @pytest.fixture(scope="module")
 def loaded(saved):
-    return {kind: layout.load(path) for kind, path in saved.items()}
+    return {kind: checkpoint.load(path) for kind, path in saved.items()}
 
 
 @pytest.fixture
@@ -91,10 +92,10 @@ def _flip(path, at):
 
 def test_files_and_index(cfg, saved):
     path = saved["packed"]
-    assert layout.expert_layout(path) == "packed" and layout.expert_layout(saved["zarr"]) == "zarr"
+    assert checkpoint.expert_layout(path) == "packed" and checkpoint.expert_layout(saved["zarr"]) == "zarr"
     assert "expert_layout" not in _config(saved["zarr"])  # the zarr layout's config is unchanged
-    assert layout.read_config(path) == cfg
-    assert layout.read_precisions(path) == layout.read_precisions(saved["zarr"])
+    assert checkpoint.read_config(path) == cfg
+    assert checkpoint.read_precisions(path) == checkpoint.read_precisions(saved["zarr"])
     assert sorted(os.listdir(os.path.join(path, "experts", "layer_002"))) == [
         f"{p}.packed" for p in sorted(("native", *PRECS))]
 
@@ -122,7 +123,7 @@ def test_files_and_index(cfg, saved):
 
 def test_records_are_raw_bytes(experts, saved):
     """A record is the parts' little-endian bytes at the recorded offsets, zeros elsewhere."""
-    record = layout.read_expert_index(saved["packed"]).records["native"]
+    record = checkpoint.read_expert_index(saved["packed"]).records["native"]
     layer, expert = 1, 5
     with open(packed.file_path(saved["packed"], layer, "native"), "rb") as f:
         f.seek(expert * record.stride)
@@ -133,7 +134,7 @@ def test_records_are_raw_bytes(experts, saved):
     assert raw[down.offset:down.offset + down.nbytes] == experts[1][layer][expert].tobytes()
     assert set(raw[record.used:]) <= {0}
     assert zlib.crc32(raw[:record.used]) == \
-        layout.read_expert_index(saved["packed"]).checksums["native"][layer][expert]
+        checkpoint.read_expert_index(saved["packed"]).checksums["native"][layer][expert]
 
 
 def test_load_is_bit_identical_to_zarr(cfg, experts, loaded):
@@ -145,7 +146,7 @@ def test_load_is_bit_identical_to_zarr(cfg, experts, loaded):
             a, b = np.asarray(host_z[layer]), np.asarray(host_p[layer])
             assert a.dtype == b.dtype == src[layer].dtype and a.shape == b.shape
             assert a.tobytes() == b.tobytes() == src[layer].tobytes()
-            assert host_p[layer].sharding.memory_kind == layout.host_memory_kind()
+            assert host_p[layer].sharding.memory_kind == checkpoint.host_memory_kind()
     for precision in PRECS:
         for qz, qp in zip(z.experts_at(precision), p.experts_at(precision)):
             for layer in cfg.moe_layers:
@@ -157,7 +158,7 @@ def test_load_is_bit_identical_to_zarr(cfg, experts, loaded):
 
 @pytest.mark.parametrize("kind", ["zarr", "packed"])
 def test_load_without_experts_reads_them_on_first_use(cfg, saved, loaded, kind):
-    ck = layout.load(saved[kind], read_experts=False)
+    ck = checkpoint.load(saved[kind], read_experts=False)
     assert ck.host_gate_up is None and ck.host_down is None
     gate_up, down = ck.experts_at("native")
     assert ck.host_gate_up is gate_up and ck.experts_at("native")[1] is down
@@ -167,11 +168,11 @@ def test_load_without_experts_reads_them_on_first_use(cfg, saved, loaded, kind):
 
 
 def test_flipped_byte_names_the_expert(copy):
-    index = layout.read_expert_index(copy)
+    index = checkpoint.read_expert_index(copy)
     record = index.records["int4"]
     path = packed.file_path(copy, 0, "int4")
     _flip(path, 11 * record.stride + record.parts[4].offset)  # down's scale
-    ck = layout.load(copy)  # native experts are fine; the copy is read on demand
+    ck = checkpoint.load(copy)  # native experts are fine; the copy is read on demand
     with pytest.raises(CheckpointError) as info:
         ck.experts_at("int4")
     _assert_names(str(info.value), path, 0, 11, "int4")
@@ -182,27 +183,27 @@ def test_flipped_byte_names_the_expert(copy):
     path = packed.file_path(copy, 2, "native")
     _flip(path, 7 * record.stride + record.parts[1].offset + 3)
     with pytest.raises(CheckpointError) as info:
-        layout.load(copy)
+        checkpoint.load(copy)
     _assert_names(str(info.value), path, 2, 7, "native")
 
 
 def test_flipped_padding_byte_is_harmless(copy, loaded):
     """The padding after a record's last part is not data (nor checksummed)."""
-    record = layout.read_expert_index(copy).records["int8"]
+    record = checkpoint.read_expert_index(copy).records["int8"]
     assert record.stride > record.used
     _flip(packed.file_path(copy, 1, "int8"), 4 * record.stride + record.stride - 1)
-    got = layout.load(copy).experts_at("int8")[0][1]
+    got = checkpoint.load(copy).experts_at("int8")[0][1]
     np.testing.assert_array_equal(np.asarray(got.values),
                                   np.asarray(loaded["packed"].experts_at("int8")[0][1].values))
 
 
 def test_truncated_file_is_named(copy):
-    record = layout.read_expert_index(copy).records["native"]
+    record = checkpoint.read_expert_index(copy).records["native"]
     path = packed.file_path(copy, 3, "native")
     with open(path, "r+b") as f:
         f.truncate(9 * record.stride + 100)
     with pytest.raises(CheckpointError) as info:
-        layout.load(copy)
+        checkpoint.load(copy)
     msg = str(info.value)
     assert "truncated" in msg and str(16 * record.stride) in msg
     _assert_names(msg, path, 3, 9, "native")
@@ -211,7 +212,7 @@ def test_truncated_file_is_named(copy):
 def test_missing_file_is_named(copy):
     path = packed.file_path(copy, 1, "int2")
     os.remove(path)
-    ck = layout.load(copy)  # the native experts are all there
+    ck = checkpoint.load(copy)  # the native experts are all there
     with pytest.raises(CheckpointError) as info:
         ck.experts_at("int2")
     assert path in str(info.value) and "missing" in str(info.value)
@@ -233,7 +234,7 @@ def test_index_disagreeing_with_config(copy, edit, text):
     with open(os.path.join(copy, "config.json"), "w") as f:
         json.dump(d, f)
     with pytest.raises(CheckpointError) as info:
-        layout.load(copy)
+        checkpoint.load(copy)
     assert os.path.join(copy, "config.json") in str(info.value) and text in str(info.value)
 
 
@@ -251,11 +252,11 @@ def test_layout_argument_validation(cfg, experts, tmp_path):
 
 def test_add_precisions_to_packed(cfg, experts, loaded, tmp_path):
     out = _save(str(tmp_path / "ckpt"), cfg, experts, "packed", precisions=("int8",))
-    present = layout.add_precisions(out, "int4,int2", group_size=16, calibration="minmax")
+    present = checkpoint.add_precisions(out, "int4,int2", group_size=16, calibration="minmax")
     assert list(present) == ["native", *PRECS]
     assert set(_config(out)["expert_layout"]["precisions"]) == {"native", *PRECS}
     assert not os.path.exists(os.path.join(out, "experts", "layer_000", "gate_up"))  # no zarr
-    ck = layout.load(out)
+    ck = checkpoint.load(out)
     for precision in PRECS:
         want = loaded["zarr"].experts_at(precision)
         for got_kind, want_kind in zip(ck.experts_at(precision), want):
@@ -265,12 +266,12 @@ def test_add_precisions_to_packed(cfg, experts, loaded, tmp_path):
                                           np.asarray(want_kind[3].zero))
     # Re-adding replaces that precision's records and index entry; the others stay.
     before = _config(out)["expert_layout"]["precisions"]
-    present = layout.add_precisions(out, ["int4"], group_size=8, calibration="absmax")
+    present = checkpoint.add_precisions(out, ["int4"], group_size=8, calibration="absmax")
     after = _config(out)["expert_layout"]["precisions"]
     assert present["int4"]["groups"] == {"gate_up": 8, "down": 8}
     assert after["int4"] != before["int4"] and after["int2"] == before["int2"]
     assert after["native"] == before["native"]
-    assert layout.load(out).experts_at("int4")[0][0].group_size == 8
+    assert checkpoint.load(out).experts_at("int4")[0][0].group_size == 8
 
 
 def test_crc32_combine_and_ranges():
@@ -319,8 +320,8 @@ def test_convert_packed_end_to_end(tmp_path):
     kw = dict(precisions="int4", group_size=16, calibration="minmax")
     convert(hf, str(tmp_path / "zarr"), **kw)
     cfg = convert(hf, str(tmp_path / "packed"), expert_layout="packed", **kw)
-    assert layout.expert_layout(str(tmp_path / "packed")) == "packed"
-    z, p = layout.load(str(tmp_path / "zarr")), layout.load(str(tmp_path / "packed"))
+    assert checkpoint.expert_layout(str(tmp_path / "packed")) == "packed"
+    z, p = checkpoint.load(str(tmp_path / "zarr")), checkpoint.load(str(tmp_path / "packed"))
     for layer in cfg.moe_layers:
         assert np.asarray(z.host_down[layer]).tobytes() == np.asarray(p.host_down[layer]).tobytes()
         a, b = z.experts_at("int4")[0][layer], p.experts_at("int4")[0][layer]

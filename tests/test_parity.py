@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch  # the test extra installs it: a missing torch is a failure, not a skip
 
-from moejax.checkpoint import layout
+from moejax import checkpoint
 from moejax.convert import convert
 from moejax.models.stepped import ResidentExperts, SteppedDecoder
 from moejax.testing import hf_model_from_config_file, save_hf_model
@@ -64,7 +64,7 @@ def _run_case(config_path: str, tmp_path, prompt_len: int):
     hf_dir = save_hf_model(hf_model, str(tmp_path / "hf"))
     out = str(tmp_path / "moejax")
     cfg = convert(hf_dir, out)
-    ckpt = layout.load(out)
+    ckpt = checkpoint.load(out)
     decoder = SteppedDecoder(ckpt.model,
                              ResidentExperts.from_host(ckpt.host_gate_up, ckpt.host_down),
                              max_len=prompt_len + DECODE_STEPS)

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 from moejax import jobs
-from moejax.config import ConfigError
+from moejax.errors import ConfigError
 from moejax.families import preset
-from moejax.job_config import base_config
 from moejax.jobs.perplexity import score
+from moejax.jobs.schema import base_config
 from moejax.testing import random_model, resident_decoder
 
 

@@ -9,8 +9,8 @@ import os
 
 import pytest
 
-from moejax.config import ConfigError
-from moejax.job_config import base_config
+from moejax.errors import ConfigError
+from moejax.jobs.schema import base_config
 from moejax.policies import presets
 from moejax.testing import config_from_flags
 
@@ -79,8 +79,8 @@ def test_sweep_overrides_follow_the_same_rule():
 
 
 def test_the_cache_builds_the_resolved_policies():
-    from moejax.cache.build import build_policies
-    from moejax.cache.cache import CacheShape
+    from moejax.cache.expert_cache import CacheShape
+    from moejax.cache.from_config import build_policies
 
     shape = CacheShape((0, 1), 2, 8, 2, 1000, 6)
     c = base_config()

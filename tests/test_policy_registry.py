@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from moejax.config import ConfigError
+from moejax.errors import ConfigError
 from moejax.policies import build, names, parse
 from moejax.policies.registry import PLANNED
 

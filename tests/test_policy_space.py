@@ -19,15 +19,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from moejax.cache.cache import CacheShape, ExpertCache
 from moejax.cache.capacity import PoolSpec
-from moejax.cache.replay import layer_gates, replay
+from moejax.cache.expert_cache import CacheShape, ExpertCache
 from moejax.policies import build, names
 from moejax.policies.base import KINDS
 from moejax.policies.registry import policy_class
-from moejax.sim import hardware
-from moejax.sim.clock import VirtualClock
+from moejax.replay.engine import replay
+from moejax.replay.gates import layer_gates
 from moejax.testing import random_scored_trace
+from moejax.timing import hardware
+from moejax.timing.clock import VirtualClock
 
 EXPERT_BYTES = 4096
 BYTES_AT = {"native": EXPERT_BYTES, "int8": 2176, "int4": 1152, "int2": 640}

@@ -18,15 +18,18 @@ from hypothesis import strategies as st
 from moejax import jobs
 from moejax.bundled import SCORED_TRACES_DIR, capture_path
 from moejax.cache import capacity
-from moejax.cache.build import build_cache_for
-from moejax.cache.cache import ExpertCache
-from moejax.cache.replay import layer_gates, replay
-from moejax.cache.report import table
-from moejax.config import ConfigError, ModelConfig
+from moejax.cache.expert_cache import ExpertCache
+from moejax.cache.from_config import build_cache_for
+from moejax.cache.summary import table
+from moejax.errors import ConfigError
 from moejax.families import preset
-from moejax.job_config import base_config
+from moejax.jobs.schema import base_config
+from moejax.model_config import ModelConfig
+from moejax.models import sizes
 from moejax.policies import build, names
 from moejax.policies.presets import PRESETS
+from moejax.replay.engine import replay
+from moejax.replay.gates import layer_gates
 from moejax.seam import LayerGate
 from moejax.testing import random_scored_trace
 from moejax.traces.format import load
@@ -72,13 +75,13 @@ def _run(cache, gates, kind="decode"):
 
 def test_model_bytes_match_specmds_table():
     olmoe = preset("olmoe", "olmoe-1b-7b")
-    params = capacity.dense_param_count(olmoe) + olmoe.expert_param_count * olmoe.num_experts \
+    params = sizes.dense_param_count(olmoe) + olmoe.expert_param_count * olmoe.num_experts \
         * olmoe.num_moe_layers
     assert params == pytest.approx(6.92e9, rel=2e-3)
-    assert capacity.model_bytes(olmoe) / GiB == pytest.approx(12.89, abs=0.01)
+    assert sizes.model_bytes(olmoe) / GiB == pytest.approx(12.89, abs=0.01)
     assert olmoe.total_expert_bytes / GiB == 12.0
     mixtral = preset("mixtral", "mixtral-8x7b")
-    assert capacity.model_bytes(mixtral) / GiB == pytest.approx(86.99, abs=0.01)
+    assert sizes.model_bytes(mixtral) / GiB == pytest.approx(86.99, abs=0.01)
 
 
 def test_olmoe_at_five_percent_of_the_model():
@@ -88,7 +91,7 @@ def test_olmoe_at_five_percent_of_the_model():
     assert by["native"] == cfg.expert_bytes == 12 * 2 ** 20
     assert by["int4"] == 3 * 2 ** 20 + 384 * 1024  # packed values + f16 scales and zeros
     common = dict(precision_bytes=by, total_experts=1024, top_k=8, capacity_frac=0.05,
-                  slots=None, model_bytes=capacity.model_bytes(cfg))
+                  slots=None, model_bytes=sizes.model_bytes(cfg))
     model = capacity.pools_for(in_use=("int4",), capacity_of="model", **common)
     assert model.capacity_bytes / GiB == pytest.approx(0.644, abs=1e-3)
     assert model.pools[0].num_slots == 195

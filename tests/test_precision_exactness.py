@@ -11,13 +11,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from moejax.cache.build import build_cached_experts
 from moejax.families import preset
-from moejax.job_config import base_config
+from moejax.jobs.schema import base_config
 from moejax.model_source import in_memory
 from moejax.models.stepped import ResidentExperts, SteppedDecoder
 from moejax.policies import names
 from moejax.quant.formats import QuantizedWeights
+from moejax.serving.build import build_cached_experts
 from moejax.testing import random_model
 
 EVICTIONS = names("eviction", live=True)

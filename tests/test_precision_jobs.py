@@ -12,9 +12,9 @@ import torch
 import transformers
 
 from moejax import bundled, jobs
-from moejax.config import ConfigError
 from moejax.convert import convert
-from moejax.job_config import base_config
+from moejax.errors import ConfigError
+from moejax.jobs.schema import base_config
 
 
 def _hf_dir(tmp_path):
@@ -78,7 +78,7 @@ def test_perplexity_at_each_precision_of_the_embedded_model(tmp_path):
 
 
 def test_resident_run_at_a_precision_the_checkpoint_lacks_is_a_clear_error(tmp_path):
-    from moejax.checkpoint.layout import save_model
+    from moejax.checkpoint import save_model
     from moejax.families import preset
     from moejax.testing import random_model
 

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from moejax.config import ConfigError
+from moejax.errors import ConfigError
 from moejax.policies import build
 from moejax.seam import LayerGate
 

@@ -20,15 +20,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from moejax import jobs
-from moejax.cache.build import build_cached_experts
-from moejax.config import ConfigError
+from moejax.errors import ConfigError
 from moejax.families import preset
-from moejax.job_config import base_config
 from moejax.jobs.quality import greedy_drift, teacher_forced
+from moejax.jobs.schema import base_config
 from moejax.model_source import in_memory
 from moejax.models.stepped import ResidentExperts, SteppedDecoder
 from moejax.policies import names
 from moejax.quality import drift, metrics
+from moejax.serving.build import build_cached_experts
 from moejax.testing import random_model
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -1,7 +1,7 @@
 """Quantizing expert weights (`moejax.quant.quantize`): the packed format round-trips, codes are
 self-consistent with the stored float16 scale / zero point, and the reconstruction error on the
 embedded model's real experts stays within the bounds measured when the defaults were chosen
-(`python -m moejax.quant.quantize` prints the full table)."""
+(`python -m moejax.quant.error_table` prints the full table)."""
 
 from __future__ import annotations
 
@@ -12,17 +12,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from moejax import bundled
-from moejax.checkpoint import layout
-from moejax.config import ConfigError
+from moejax import bundled, checkpoint
+from moejax.errors import ConfigError
 from moejax.quant import formats
-from moejax.quant.quantize import (
-    CALIBRATIONS,
-    DEFAULT_CALIBRATION,
-    QWIX_CALIBRATIONS,
-    quantize,
-    reconstruction_error,
-)
+from moejax.quant.formats import CALIBRATIONS, DEFAULT_CALIBRATION
+from moejax.quant.quantize import QWIX_CALIBRATIONS, quantize, reconstruction_error
 
 # Measured on the embedded model (mean / max over its 16 layer arrays, group_size 64 -> 48):
 # int8 absmax 0.0058 / 0.0059; int4 search 0.0788 / 0.0793 (qwix minmax 0.0865, absmax 0.0989);
@@ -135,7 +129,7 @@ def test_bad_arguments():
 
 @pytest.fixture(scope="module")
 def embedded_experts():
-    ck = layout.load(bundled.EMBEDDED_DIR)
+    ck = checkpoint.load(bundled.EMBEDDED_DIR)
     return ([np.asarray(v) for v in ck.host_gate_up.values()] +
             [np.asarray(v) for v in ck.host_down.values()])
 
@@ -167,7 +161,7 @@ def test_embedded_error_bounds_every_layer(embedded_experts):
 def test_shipped_copies_match_quantize(embedded_experts):
     """The embedded model ships its int8/int4/int2 copies, made by `quantize` with the
     recorded group size and calibration."""
-    ck = layout.load(bundled.EMBEDDED_DIR)
+    ck = checkpoint.load(bundled.EMBEDDED_DIR)
     assert list(ck.precisions) == ["native", "int8", "int4", "int2"]
     layer = ck.cfg.moe_layers[0]
     for precision in formats.QUANTIZED:

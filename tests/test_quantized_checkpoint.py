@@ -12,10 +12,11 @@ import shutil
 import numpy as np
 import pytest
 
-from moejax.checkpoint import CheckpointError, expert_store, layout
-from moejax.config import ConfigError
+from moejax import checkpoint
+from moejax.checkpoint import CheckpointError, expert_store
 from moejax.convert import add_precisions as convert_add_precisions
 from moejax.convert import check_quant_flags, convert
+from moejax.errors import ConfigError
 from moejax.families import preset
 from moejax.models.random_init import random_model
 from moejax.quant import formats
@@ -34,7 +35,7 @@ def tiny():
 def saved(tiny, tmp_path_factory):
     model, gate_up, down = tiny
     out = str(tmp_path_factory.mktemp("q") / "ckpt")
-    layout.save_model(out, model, gate_up, down, precisions=PRECS, group_size=16,
+    checkpoint.save_model(out, model, gate_up, down, precisions=PRECS, group_size=16,
                       calibration={"int2": "hqq"})
     return out
 
@@ -61,10 +62,10 @@ def test_save_with_precisions_reads_back(tiny, saved):
     assert listed["int2"] == {"group_size": 16, "calibration": "hqq",
                               "groups": {"gate_up": 16, "down": 16}}
     assert listed["int8"]["calibration"] == "absmax"
-    assert layout.read_config(saved) == cfg  # the extra key does not upset ModelConfig
-    assert list(layout.read_precisions(saved)) == ["native", *PRECS]
+    assert checkpoint.read_config(saved) == cfg  # the extra key does not upset ModelConfig
+    assert list(checkpoint.read_precisions(saved)) == ["native", *PRECS]
 
-    ck = layout.load(saved)
+    ck = checkpoint.load(saved)
     assert list(ck.precisions) == ["native", *PRECS]
     assert ck.precisions["native"] == {"dtype": cfg.dtype}
     assert ck.experts_at("native") == (ck.host_gate_up, ck.host_down)
@@ -76,7 +77,7 @@ def test_save_with_precisions_reads_back(tiny, saved):
             for kind, host, src in (("gate_up", gu, gate_up), ("down", dn, down)):
                 q = host[layer]
                 assert isinstance(q, formats.QuantizedWeights) and q.bits == formats.BITS[p]
-                assert q.values.sharding.memory_kind == layout.host_memory_kind()
+                assert q.values.sharding.memory_kind == checkpoint.host_memory_kind()
                 want = quantize(np.asarray(src[layer]), p, 16, listed[p]["calibration"])
                 got = q.map(np.asarray)
                 np.testing.assert_array_equal(got.values, want.values)
@@ -90,10 +91,10 @@ def test_save_with_precisions_reads_back(tiny, saved):
 def test_no_precisions_means_native_only(tiny, tmp_path):
     model, gate_up, down = tiny
     out = str(tmp_path / "plain")
-    layout.save_model(out, model, gate_up, down)
+    checkpoint.save_model(out, model, gate_up, down)
     with open(os.path.join(out, "config.json")) as f:
         assert "precisions" not in json.load(f)
-    ck = layout.load(out)
+    ck = checkpoint.load(out)
     assert ck.precisions == {"native": {"dtype": model.cfg.dtype}}
     with pytest.raises(CheckpointError) as info:
         ck.experts_at("int4")
@@ -107,9 +108,9 @@ def test_no_precisions_means_native_only(tiny, tmp_path):
 def test_absent_precision_names_those_present(tiny, tmp_path):
     model, gate_up, down = tiny
     out = str(tmp_path / "int8only")
-    layout.save_model(out, model, gate_up, down, precisions="int8")
+    checkpoint.save_model(out, model, gate_up, down, precisions="int8")
     with pytest.raises(CheckpointError) as info:
-        layout.load(out).experts_at("int2")
+        checkpoint.load(out).experts_at("int2")
     msg = str(info.value)
     assert "no int2 experts" in msg and "['native', 'int8']" in msg
     assert "--precisions=int2" in msg
@@ -127,7 +128,7 @@ def _crc32c(data: bytes) -> int:
 def test_quantized_parts_are_one_shard_each(saved):
     """Each part of a copy is one shard file of every expert; the native arrays keep one file
     per expert."""
-    cfg = layout.read_config(saved)
+    cfg = checkpoint.read_config(saved)
     for kind in expert_store.KINDS:
         for p in PRECS:
             for part in expert_store.PARTS:
@@ -160,7 +161,7 @@ def test_flipped_byte_in_quantized_chunk(copy, layer, kind, precision, part, exp
     shard = expert_store.quant_shard_path(copy, layer, kind, precision, part)
     offset, nbytes = expert_store.shard_entry(shard, expert, 16)
     _flip(shard, offset + nbytes // 2)
-    ck = layout.load(copy)  # native experts are fine; the copy is read on demand
+    ck = checkpoint.load(copy)  # native experts are fine; the copy is read on demand
     with pytest.raises(CheckpointError) as info:
         ck.experts_at(precision)
     msg = str(info.value)
@@ -181,7 +182,7 @@ def test_flipped_byte_in_shard_index(copy):
     shard = expert_store.quant_shard_path(copy, 2, "gate_up", "int4", "scale")
     _flip(shard, os.path.getsize(shard) - 20)  # inside the index, before its crc32c
     with pytest.raises(CheckpointError) as info:
-        layout.load(copy).experts_at("int4")
+        checkpoint.load(copy).experts_at("int4")
     msg = str(info.value)
     assert shard in msg and "corrupt shard index" in msg and re.search(r"\blayer 2\b", msg)
     assert "gate_up" in msg and "int4" in msg and "scale" in msg
@@ -195,7 +196,7 @@ def test_missing_quantized_shard(copy, layer, kind, precision, part):
     shard = expert_store.quant_shard_path(copy, layer, kind, precision, part)
     os.remove(shard)  # zarr would read the fill value: must be an error instead
     with pytest.raises(CheckpointError) as info:
-        layout.load(copy).experts_at(precision)
+        checkpoint.load(copy).experts_at(precision)
     msg = str(info.value)
     assert shard in msg and "missing" in msg and part in msg
     assert re.search(rf"\blayer {layer}\b", msg) and kind in msg and precision in msg
@@ -217,7 +218,7 @@ def test_chunk_missing_from_shard_index(copy):
     with open(shard, "wb") as f:
         f.write(data)
     with pytest.raises(CheckpointError) as info:
-        layout.load(copy).experts_at("int8")
+        checkpoint.load(copy).experts_at("int8")
     msg = str(info.value)
     assert shard in msg and "missing" in msg
     _assert_names(msg, 1, expert, "down", "int8")
@@ -230,7 +231,7 @@ def test_missing_quantized_array(copy):
     path = expert_store.quant_path(copy, 1, "down", "int8", "scale")
     shutil.rmtree(path)
     with pytest.raises(CheckpointError) as info:
-        layout.load(copy).experts_at("int8")
+        checkpoint.load(copy).experts_at("int8")
     msg = str(info.value)
     assert path in msg and "missing" in msg and re.search(r"\blayer 1\b", msg)
 
@@ -243,20 +244,20 @@ def test_group_in_config_disagreeing_with_arrays(copy):
     with open(path, "w") as f:
         json.dump(d, f)
     with pytest.raises(CheckpointError) as info:
-        layout.load(copy).experts_at("int4")
+        checkpoint.load(copy).experts_at("int4")
     assert "down" in str(info.value) and "int4" in str(info.value)
     d["precisions"]["int5"] = d["precisions"].pop("int4")
     with open(path, "w") as f:
         json.dump(d, f)
     with pytest.raises(CheckpointError, match="int5"):
-        layout.load(copy)
+        checkpoint.load(copy)
 
 
 @pytest.mark.slow
 def test_add_precisions_to_existing_checkpoint(tiny, tmp_path):
     model, gate_up, down = tiny
     out = str(tmp_path / "ckpt")
-    layout.save_model(out, model, gate_up, down, compression="blosc")
+    checkpoint.save_model(out, model, gate_up, down, compression="blosc")
     present = convert_add_precisions(out, "int4,int2", group_size=64, calibration="search")
     assert list(present) == ["native", "int4", "int2"]
     # Same compression as the native experts.
@@ -264,20 +265,20 @@ def test_add_precisions_to_existing_checkpoint(tiny, tmp_path):
     with open(os.path.join(expert_store.quant_path(out, 0, "gate_up", "int4", "values"),
                            "zarr.json")) as f:
         assert "blosc" in f.read()
-    ck = layout.load(out)
+    ck = checkpoint.load(out)
     assert ck.precisions["int4"]["groups"] == {"gate_up": 64, "down": 32}
     q = ck.experts_at("int2")[1][2].map(np.asarray)
     want = quantize(np.asarray(down[2]), "int2", 64, "search")
     np.testing.assert_array_equal(q.values, want.values)
     # Adding another keeps the ones present; re-adding replaces.
-    present = layout.add_precisions(out, ["int8"], calibration="minmax")
+    present = checkpoint.add_precisions(out, ["int8"], calibration="minmax")
     assert list(present) == ["native", "int8", "int4", "int2"]
-    present = layout.add_precisions(out, ["int4"], group_size=16, calibration="hqq")
+    present = checkpoint.add_precisions(out, ["int4"], group_size=16, calibration="hqq")
     assert present["int4"]["calibration"] == "hqq"
     assert present["int4"]["groups"] == {"gate_up": 16, "down": 16}
-    layout.load(out).experts_at("int4")
+    checkpoint.load(out).experts_at("int4")
     # Native experts untouched.
-    np.testing.assert_array_equal(np.asarray(layout.load(out).host_gate_up[0]),
+    np.testing.assert_array_equal(np.asarray(checkpoint.load(out).host_gate_up[0]),
                                   np.asarray(gate_up[0]))
 
 
@@ -314,8 +315,8 @@ def test_convert_flag_validation(kwargs, flag, text, tmp_path):
 def test_convert_flag_parsing():
     assert check_quant_flags("int2, int8", 64, None) == ("int8", "int2")
     assert check_quant_flags(None, 64, None) == ()
-    assert layout.resolve_calibrations(("int4", "int2"), "int2=hqq", "c") == {
+    assert checkpoint.resolve_calibrations(("int4", "int2"), "int2=hqq", "c") == {
         "int4": "search", "int2": "hqq"}
-    assert layout.resolve_calibrations(("int8",), "minmax", "c") == {"int8": "minmax"}
+    assert checkpoint.resolve_calibrations(("int8",), "minmax", "c") == {"int8": "minmax"}
     with pytest.raises(ConfigError, match="--add_precisions needs --precisions"):
         convert_add_precisions("/nonexistent", None)

@@ -12,10 +12,11 @@ import numpy as np
 import pytest
 
 from moejax import bundled, jobs
-from moejax.config import ConfigError, ModelConfig
+from moejax.errors import ConfigError
 from moejax.families import FAMILIES, preset
-from moejax.job_config import base_config
 from moejax.jobs.record_traces import check_tokenizer, token_ids
+from moejax.jobs.schema import base_config
+from moejax.model_config import ModelConfig
 from moejax.model_source import embedded_config
 from moejax.tokenizer import ByteTokenizer, HFTokenizer, IdsOnly
 from moejax.traces.format import load

@@ -14,8 +14,8 @@ from reference_cache import lru_hits, min_hits
 
 from moejax import jobs
 from moejax.bundled import CAPTURES_DIR
-from moejax.config import ConfigError
-from moejax.job_config import base_config
+from moejax.errors import ConfigError
+from moejax.jobs.schema import base_config
 from moejax.traces.format import FORMAT, Trace
 
 SHARED = CAPTURES_DIR  # the four real captures (moejax/assets/captures)

@@ -25,10 +25,10 @@ import pytest
 from reference_cache import lru_hits
 
 from moejax import bundled, jobs
-from moejax.cache import report
+from moejax.cache import summary
 from moejax.cache.metrics import CacheMetrics
-from moejax.config import ConfigError
-from moejax.job_config import base_config
+from moejax.errors import ConfigError
+from moejax.jobs.schema import base_config
 from moejax.traces import importers
 from moejax.traces.format import TraceError
 
@@ -352,9 +352,9 @@ def test_vllm_trace_num_experts(tmp_path):
 
 def test_table_prints_none_and_unknown_instead_of_crashing():
     m = CacheMetrics([0, 1])  # nothing ran: every rate and the TTFT are None
-    text = report.table(m, "header")
+    text = summary.table(m, "header")
     assert "TTFT -" in text and "decode -" in text
-    text = report.table(m, "header", bytes_known=False)
+    text = summary.table(m, "header", bytes_known=False)
     assert "TTFT unknown" in text and "H2D unknown" in text
     assert all(line.rstrip().endswith("unknown") for line in text.splitlines()[2:5])
 

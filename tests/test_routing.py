@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from moejax.models.routing import route, softmax_topk, sparsemixer_top2
+from moejax.models.router import route, softmax_topk, sparsemixer_top2
 
 _sparsemixer = jax.jit(sparsemixer_top2, static_argnames=("eps",))
 _softmax_topk = jax.jit(softmax_topk, static_argnames=("k", "renormalize"))

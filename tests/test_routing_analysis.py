@@ -1,4 +1,4 @@
-"""Routing statistics (moejax/analysis/routing.py) on hand-worked traces, on the bundled capture
+"""Routing statistics (moejax/analysis/routing_stats.py) on hand-worked traces, on the bundled capture
 traces (moejax/assets/captures), and as invariants over random routing."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from moejax import bundled
-from moejax.analysis.routing import (
+from moejax.analysis.routing_stats import (
     COLUMNS,
     reuse_rate,
     spec_scores,

@@ -13,7 +13,7 @@ import pytest
 
 from moejax import jobs
 from moejax.families import preset
-from moejax.job_config import base_config
+from moejax.jobs.schema import base_config
 from moejax.testing import random_model, resident_decoder
 from moejax.traces.format import FORMAT, Trace, TraceError, load
 from moejax.traces.recorder import TraceRecorder

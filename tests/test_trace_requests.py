@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from moejax import bundled, jobs
-from moejax.config import ConfigError
-from moejax.job_config import base_config
+from moejax.errors import ConfigError
+from moejax.jobs.schema import base_config
 from moejax.traces.format import load as load_trace
 from moejax.traces.requests import as_requests
 

@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from moejax import jobs
-from moejax.job_config import base_config
+from moejax.jobs.schema import base_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

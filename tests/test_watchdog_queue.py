@@ -15,7 +15,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from moejax.config import ConfigError
+from moejax.errors import ConfigError
 from tests.test_cache_unit import HW, T, make_cache, make_gate, run_layer
 
 SCORES = np.array([0.0, 0.0, 0.5, 0.4, 0.05, 0.05])  # layer 1's top-2: experts 2, 3

@@ -1,1 +1,56 @@
-"""The expert cache: residency, transfers, metrics, and the live runtime."""
+"""The expert cache, numpy only: which experts occupy the device slots and why.
+
+`ExpertCache` (`expert_cache.py`) runs the four policies layer by layer, for the live runtime
+(`moejax.serving`) and for trace replay (`moejax.replay`) alike; `metrics.py` counts what
+DESIGN.md defines; `capacity.py` turns a byte budget into per-precision slot pools;
+`host_tier.py` is the bounded host tier in front of storage; `hotlist.py` the placement a
+trace's request counts give; `from_config.py` builds a cache from a job config; `summary.py`
+prints its table, writes its TensorBoard series and its results.json section.
+"""
+
+from moejax.cache import hotlist, summary
+from moejax.cache.capacity import (
+    CAPACITY_OF,
+    Budget,
+    PoolSpec,
+    parse_shares,
+    pools_for,
+    precision_bytes_of,
+)
+from moejax.cache.expert_cache import (
+    PIN_SCOPES,
+    PREFETCH_QUEUES,
+    CacheShape,
+    ExpertCache,
+    SlotSink,
+    slots_for,
+)
+from moejax.cache.from_config import (
+    CLOCKS,
+    WARM_STARTS,
+    build_cache,
+    build_cache_for,
+    build_host_tier,
+    build_policies,
+    clock_kind,
+    given_precision,
+    hardware_from,
+    host_tier_enabled,
+    model_bytes_of,
+    num_slots,
+    policy_context,
+    seed_cache,
+    storage_from,
+)
+from moejax.cache.host_tier import HostTier
+from moejax.cache.metrics import BYTES, COUNTERS, SECONDS, CacheMetrics, PassTiming, WaveOutcome
+
+__all__ = [
+    "BYTES", "CAPACITY_OF", "CLOCKS", "COUNTERS", "PIN_SCOPES", "PREFETCH_QUEUES", "SECONDS",
+    "WARM_STARTS", "Budget", "CacheMetrics", "CacheShape", "ExpertCache", "HostTier",
+    "PassTiming", "PoolSpec", "SlotSink", "WaveOutcome", "build_cache", "build_cache_for",
+    "build_host_tier", "build_policies", "clock_kind", "given_precision", "hardware_from",
+    "host_tier_enabled", "hotlist", "model_bytes_of", "num_slots", "parse_shares",
+    "policy_context", "pools_for", "precision_bytes_of", "seed_cache", "slots_for",
+    "storage_from", "summary",
+]

@@ -3,7 +3,7 @@
 * **Capacity** `C` in bytes (`cache.capacity_frac`, `cache.capacity_of`):
   `capacity_of="experts"` (the default): a fraction of all routed experts' bytes at native
   precision; `"model"`: a fraction of the whole model's native bytes, dense weights included
-  (SpecMD's meaning: "5% or 0.6 GB" of OLMoE-1B-7B). `model_bytes` computes the latter from
+  (SpecMD's meaning: "5% or 0.6 GB" of OLMoE-1B-7B). `moejax.models.sizes.model_bytes` computes the latter from
   the model's shapes alone (no weights are allocated): OLMoE-1B-7B comes to 6.92e9 parameters,
   12.89 GiB in bfloat16, Mixtral-8x7B to 86.99 GiB (SpecMD's model table).
 * **Pools**: one per precision in use (the miss policy's `levels`, high to low), sharing `C`:
@@ -23,9 +23,8 @@ from __future__ import annotations
 import dataclasses
 import math
 
-import numpy as np
-
-from moejax.config import ConfigError, ModelConfig, dtype_bytes
+from moejax.errors import ConfigError
+from moejax.model_config import ModelConfig, dtype_bytes
 from moejax.quant import formats
 
 CAPACITY_OF = ("experts", "model")
@@ -40,20 +39,6 @@ class PoolSpec:
     num_slots: int
     offset: int
     share: float = 1.0  # of the byte budget
-
-
-def dense_param_count(cfg: ModelConfig) -> int:
-    """Parameters outside the routed experts (embeddings, attention, norms, routers, shared
-    experts, dense MLPs, LM head), from the decoder's abstract shapes: nothing is allocated."""
-    from moejax.checkpoint.params import flat_params
-    from moejax.models.decoder import abstract_decoder
-
-    return sum(int(np.prod(v.shape)) for v in flat_params(abstract_decoder(cfg)).values())
-
-
-def model_bytes(cfg: ModelConfig) -> int:
-    """Bytes of the whole model at native precision: dense parameters plus routed experts."""
-    return dense_param_count(cfg) * dtype_bytes(cfg.dtype) + cfg.total_expert_bytes
 
 
 def precision_bytes_of(cfg: ModelConfig, group_size: int = formats.DEFAULT_GROUP_SIZE

@@ -13,7 +13,7 @@ The tiers are not inclusive: an expert may be on the device and not in host memo
 device copy stays valid; evicted from the device it is read again). The host sees only the
 device tier's fetches, never its hits, so its recency is that of fetches.
 
-Time: reads are booked on a `moejax.sim.storage.StorageQueue`; a transfer waits for its read.
+Time: reads are booked on a `moejax.timing.storage.StorageQueue`; a transfer waits for its read.
 The tier protects the running wave's experts (the host holds at least one layer's experts, so
 a victim always exists) and nothing else. Counting follows DESIGN.md "The disk tier".
 """
@@ -24,7 +24,7 @@ from typing import Callable, Protocol
 
 from moejax.policies.base import EvictionPolicy
 from moejax.seam import Key
-from moejax.sim.storage import StorageQueue
+from moejax.timing.storage import StorageQueue
 
 COUNTERS = ("requests", "hits", "late_hits", "misses", "demand_misses", "read_ahead",
             "storage_reads", "evictions")

@@ -28,7 +28,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from moejax.config import ConfigError
+from moejax.errors import ConfigError
 from moejax.traces.format import Trace, TraceError
 from moejax.traces.importers import import_traces
 

@@ -96,7 +96,7 @@ class CacheMetrics:
         self.c.update({k: [0.0] * n for k in SECONDS})
         self.passes: list[PassTiming] = []
         # Running totals after each pass (TensorBoard series); the compiled replay path
-        # (`moejax/cache/fast_replay.py`) hands over a function that builds them when read.
+        # (`moejax/replay/compiled.py`) hands over a function that builds them when read.
         self._snapshots: list[dict] = []
         self._deferred = None
         # With several pools: counter -> pool index -> per layer (`count_pools`).

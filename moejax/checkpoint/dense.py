@@ -8,7 +8,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from moejax.checkpoint.errors import CheckpointError
+from moejax.errors import CheckpointError
 
 
 def save(path: str, params: dict[str, np.ndarray]) -> None:

@@ -3,7 +3,7 @@
 `ExpertReader.submit(layer, expert, precision)` returns a `concurrent.futures.Future` of that
 expert's `(gate_up, down)` — numpy arrays `[H, 2I]`, `[I, H]` in the model's dtype, or one
 `QuantizedWeights` of numpy arrays each (no leading expert axis) — bit-identical to the
-expert's slice of what `layout.load` / `layout.read_quantized_experts` return.
+expert's slice of what `checkpoint.load` / `checkpoint.read_quantized_experts` return.
 
 Packed layout (`moejax.checkpoint.packed`): an expert is one page-aligned range of its layer's
 file. The read lands in one buffer allocated for it up front; `split` cuts the range into that
@@ -37,12 +37,12 @@ import threading
 
 import numpy as np
 
-from moejax.checkpoint import expert_store, layout, packed
-from moejax.checkpoint.errors import CheckpointError
-from moejax.config import ConfigError, ModelConfig
+from moejax.checkpoint import expert_store, packed
+from moejax.checkpoint.meta import ADD_PRECISIONS_HINT, expert_layout, read_expert_index
+from moejax.errors import CheckpointError, ConfigError
+from moejax.model_config import ModelConfig
 from moejax.quant import formats
 
-LAYOUTS = layout.LAYOUTS
 MAX_SPLIT = 8
 
 
@@ -134,7 +134,7 @@ class _PackedRead:
 
 class ExpertReader:
     """Reads single experts of the checkpoint at `path` (`cfg` its config, `precisions` what
-    `layout.read_precisions(path)` returns) on a persistent pool of `workers` threads; packed
+    `checkpoint.read_precisions(path)` returns) on a persistent pool of `workers` threads; packed
     reads are cut into `split` page-aligned pieces. Thread-safe: any thread may submit."""
 
     def __init__(self, path: str, cfg: ModelConfig, precisions: dict[str, dict], *,
@@ -142,8 +142,8 @@ class ExpertReader:
         self.split, self.workers = check_io(split, workers)
         self.path, self.cfg = path, cfg
         self.precisions = dict(precisions)
-        self.layout: str = layout.expert_layout(path)
-        self._index = layout.read_expert_index(path) if self.layout == "packed" else None
+        self.layout: str = expert_layout(path)
+        self._index = read_expert_index(path) if self.layout == "packed" else None
         if self._index is not None:
             missing = [p for p in self.precisions if p not in self._index.records]
             if missing:
@@ -204,7 +204,7 @@ class ExpertReader:
             raise CheckpointError(
                 f"{os.path.join(self.path, 'config.json')}: the checkpoint has no {precision} "
                 f"experts (precisions present: {present}); " +
-                layout.ADD_PRECISIONS_HINT.format(path=self.path, wanted=precision))
+                ADD_PRECISIONS_HINT.format(path=self.path, wanted=precision))
 
     def _check(self, layer: int, expert: int, precision: str) -> None:
         self._check_precision(precision)

@@ -33,7 +33,7 @@ import os
 import numpy as np
 import tensorstore as ts
 
-from moejax.checkpoint.errors import CheckpointError
+from moejax.errors import CheckpointError
 from moejax.quant.formats import BITS, SCALE_DTYPE, QuantizedWeights
 
 KINDS = ("gate_up", "down")

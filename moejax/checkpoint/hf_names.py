@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from moejax.checkpoint.errors import CheckpointError
 from moejax.checkpoint.safetensors_dir import SafetensorsDir
-from moejax.config import ModelConfig
+from moejax.errors import CheckpointError
 from moejax.families import get_family
+from moejax.model_config import ModelConfig
 
 
 def dense_sources(cfg: ModelConfig) -> dict[str, tuple[str, bool]]:

@@ -14,7 +14,7 @@ stride` with nothing to decode, which a pool of threads can cut into page-aligne
 native expert and six per quantized one, each with a codec pipeline behind it. There is no
 compression: it would make records variable-length and reads non-aligned.
 
-The index is in config.json under "expert_layout" (written by `moejax.checkpoint.layout`)::
+The index is in config.json under "expert_layout" (written by `moejax.checkpoint.meta`)::
 
     {"kind": "packed", "page_bytes": 4096, "precisions": {"int4": {
         "stride": 8192,
@@ -43,8 +43,8 @@ import ml_dtypes
 import numpy as np
 
 from moejax.checkpoint import expert_store
-from moejax.checkpoint.errors import CheckpointError
-from moejax.config import ModelConfig
+from moejax.errors import CheckpointError
+from moejax.model_config import ModelConfig
 from moejax.quant.formats import BITS, SCALE_DTYPE, QuantizedWeights
 
 KIND = "packed"

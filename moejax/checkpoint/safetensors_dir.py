@@ -14,7 +14,7 @@ import struct
 import ml_dtypes
 import numpy as np
 
-from moejax.checkpoint.errors import CheckpointError
+from moejax.errors import CheckpointError
 
 _DTYPES = {
     "F32": np.float32, "F16": np.float16, "BF16": ml_dtypes.bfloat16, "F64": np.float64,

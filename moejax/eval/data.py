@@ -19,7 +19,7 @@ Tasks (`TASKS`):
   `"Question: {question}?\\nAnswer:"`, targets the first answer; any answer counts.
 
 Bad input (a missing file, a line that is not JSON, a missing or ill-typed field) raises
-`moejax.config.ConfigError` naming the file, the line and the field.
+`moejax.errors.ConfigError` naming the file, the line and the field.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import os
 from typing import Any, Iterator
 
 from moejax import bundled
-from moejax.config import ConfigError
+from moejax.errors import ConfigError
 
 TASKS = ("gsm8k", "heldout", "jsonl", "truthfulqa_mc", "nq_open")
 # What the job does with a task's examples: greedy generation scored against the targets,

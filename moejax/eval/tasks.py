@@ -34,7 +34,7 @@ import multiprocessing
 import os
 from typing import TYPE_CHECKING, Callable
 
-from moejax.config import ConfigError
+from moejax.errors import ConfigError
 from moejax.eval import data, scoring
 
 if TYPE_CHECKING:

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from moejax.config import ConfigError, ModelConfig
+from moejax.errors import ConfigError
 from moejax.families import mixtral, olmoe, phimoe, qwen_moe
 from moejax.families.base import Family
+from moejax.model_config import ModelConfig
 
 FAMILIES: dict[str, Family] = {
     f.name: f for f in (olmoe.FAMILY, mixtral.FAMILY, qwen_moe.FAMILY, phimoe.FAMILY)}

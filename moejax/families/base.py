@@ -9,7 +9,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable
 
-from moejax.config import ConfigError, ModelConfig, RopeConfig
+from moejax.errors import ConfigError
+from moejax.model_config import ModelConfig, RopeConfig
 
 
 @dataclasses.dataclass(frozen=True)

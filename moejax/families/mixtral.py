@@ -1,7 +1,7 @@
 """Mixtral (mistralai/Mixtral-8x7B): softmax top-k renormalised over the chosen experts."""
 
-from moejax.config import ModelConfig
 from moejax.families.base import Family, common_fields, hf_int, rope_from_hf, uniform_window
+from moejax.model_config import ModelConfig
 
 
 def config_from_hf(hf: dict) -> ModelConfig:

@@ -1,7 +1,7 @@
 """OLMoE (allenai/OLMoE-1B-7B): q/k RMSNorm, softmax top-k, no renormalisation by default."""
 
-from moejax.config import ModelConfig
 from moejax.families.base import Family, common_fields, hf_int, rope_from_hf
+from moejax.model_config import ModelConfig
 
 
 def config_from_hf(hf: dict) -> ModelConfig:

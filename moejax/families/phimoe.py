@@ -1,8 +1,8 @@
 """Phi-3.5-MoE: sparsemixer top-2 routing, LayerNorm with bias, attention and lm-head biases,
 longrope scaling."""
 
-from moejax.config import ModelConfig
 from moejax.families.base import Family, common_fields, hf_int, rope_from_hf, uniform_window
+from moejax.model_config import ModelConfig
 
 
 def config_from_hf(hf: dict) -> ModelConfig:

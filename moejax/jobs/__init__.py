@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import ml_collections
 
-from moejax.config import ConfigError
-from moejax.job_config import JOBS
+from moejax.errors import ConfigError
+from moejax.jobs.schema import JOBS
 
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict:

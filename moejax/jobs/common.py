@@ -13,15 +13,15 @@ import contextlib
 import ml_collections
 import numpy as np
 
-from moejax.cache import report
-from moejax.cache.build import expert_source, resident_precision
-from moejax.cache.cache import ExpertCache
-from moejax.cache.runtime import CachedExperts
+from moejax.cache import summary
+from moejax.cache.expert_cache import ExpertCache
 from moejax.metrics_writer import MetricsWriter
 from moejax.model_source import LoadedModel
 from moejax.models.stepped import SteppedDecoder
 from moejax.policies import presets
 from moejax.seam import ExpertSource
+from moejax.serving.build import expert_source, resident_precision
+from moejax.serving.runtime import CachedExperts
 from moejax.tokenizer import ByteTokenizer, Tokenizer
 
 
@@ -110,7 +110,7 @@ def report_cache(config: ml_collections.ConfigDict, cache: ExpertCache, workdir:
     cache.finish()
     if config.log.tensorboard:
         writer = MetricsWriter(workdir)
-        report.write_tensorboard(writer, cache.metrics, bytes_known=expert_bytes_known)
+        summary.write_tensorboard(writer, cache.metrics, bytes_known=expert_bytes_known)
         writer.close()
-    return report.cache_results(cache, policies or presets.report(config.policies),
+    return summary.cache_results(cache, policies or presets.report(config.policies),
                                 passes=passes, expert_bytes_known=expert_bytes_known)

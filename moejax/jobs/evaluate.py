@@ -34,8 +34,8 @@ import ml_collections
 import numpy as np
 
 from moejax import bundled
-from moejax.cache import report
-from moejax.config import ConfigError
+from moejax.cache import summary
+from moejax.errors import ConfigError
 from moejax.eval import data
 from moejax.jobs.common import (
     cache_header,
@@ -149,7 +149,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     path = os.path.join(workdir, "results.json")
     write_json_atomic(path, results)
     if cache is not None:
-        print(report.table(cache.metrics, cache_header(config, cache), host=cache.host))
+        print(summary.table(cache.metrics, cache_header(config, cache), host=cache.host))
     print(_summary(results, path))
     return results
 

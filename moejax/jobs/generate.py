@@ -17,8 +17,8 @@ import jax
 import ml_collections
 import numpy as np
 
-from moejax.cache import report
-from moejax.config import ConfigError
+from moejax.cache import summary
+from moejax.errors import ConfigError
 from moejax.jobs.common import (
     cache_header,
     cache_of,
@@ -202,7 +202,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     for r in requests:
         print(f"{r['prompt']}{r['generated_text']}")
     if cache is not None:
-        print(report.table(cache.metrics, cache_header(config, cache), host=cache.host))
+        print(summary.table(cache.metrics, cache_header(config, cache), host=cache.host))
     print(_summary(cfg.family, loaded.source, results, cache is not None,
                    os.path.join(workdir, "results.json")))
     return results

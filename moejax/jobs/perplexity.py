@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from moejax.config import ConfigError
+from moejax.errors import ConfigError
 from moejax.jobs.common import (
     cache_of,
     configured_decoder,

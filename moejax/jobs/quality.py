@@ -33,8 +33,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from moejax.cache import report
-from moejax.config import ConfigError
+from moejax.errors import ConfigError
 from moejax.jobs.common import (
     cache_header,
     cache_of,
@@ -260,7 +259,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
         results["cache"] = report_cache(config, cache, workdir)
     write_json_atomic(os.path.join(workdir, "results.json"), results)
     if cache is not None:
-        print(report.table(cache.metrics, cache_header(config, cache), host=cache.host))
+        print(summary.table(cache.metrics, cache_header(config, cache), host=cache.host))
     print(describe(results, os.path.join(workdir, "results.json")))
     return results
 

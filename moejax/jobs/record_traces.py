@@ -26,7 +26,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from moejax.config import ConfigError
+from moejax.errors import ConfigError
 from moejax.jobs.common import make_decoder
 from moejax.model_source import load_model_for
 from moejax.models.stepped import ResidentExperts

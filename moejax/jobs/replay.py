@@ -6,7 +6,7 @@
 Writes `W/results.json` in the live schema (`cache`: totals, per layer, timing). The model
 shape comes from the trace; expert bytes (and the cost model of the virtual clock) from the
 trace's model config when it has one (moejax traces), else from `model.family`/`model.preset`.
-Precision pools are sized as live ones (`moejax.cache.build.build_cache_for`, the same cache
+Precision pools are sized as live ones (`moejax.cache.build_cache_for`, the same cache
 code), with each quantized expert's bytes computed from that model config and
 `cache.group_size` — no weights are loaded:
 
@@ -24,16 +24,17 @@ import time
 
 import ml_collections
 
-from moejax.cache import report
-from moejax.cache.build import build_cache_for, clock_kind
+from moejax.cache import summary
 from moejax.cache.capacity import precision_bytes_of
-from moejax.cache.replay import replay
-from moejax.config import ConfigError, ModelConfig
+from moejax.cache.from_config import build_cache_for, clock_kind
+from moejax.errors import ConfigError
 from moejax.families import FAMILIES, preset
 from moejax.jobs.common import cache_header, report_cache
+from moejax.model_config import ModelConfig
 from moejax.policies import presets
 from moejax.policies.registry import policy_class
 from moejax.quant import formats
+from moejax.replay.engine import replay
 from moejax.results import write_json_atomic
 from moejax.traces.format import Trace, TraceError
 from moejax.traces.importers import ImportedTraces, import_traces
@@ -189,5 +190,5 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     write_json_atomic(os.path.join(workdir, "results.json"), results)
     if config.log.progress:
         header = f"replay of {config.trace}: {cache_header(config, cache, specs)}"
-        print(report.table(cache.metrics, header, bytes_known=bytes_known, host=cache.host))
+        print(summary.table(cache.metrics, header, bytes_known=bytes_known, host=cache.host))
     return results

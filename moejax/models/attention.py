@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from moejax.config import ModelConfig
+from moejax.model_config import ModelConfig
 from moejax.models import rope as rope_lib
 from moejax.models.layers import Norm, jnp_dtype, linear
 

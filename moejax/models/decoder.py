@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from moejax.config import ModelConfig
+from moejax.model_config import ModelConfig
 from moejax.models.attention import Attention, KVCache
 from moejax.models.layers import MLP, Norm, jnp_dtype, linear
 

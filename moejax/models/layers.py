@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from moejax.config import ModelConfig
+from moejax.model_config import ModelConfig
 
 
 def jnp_dtype(name: str) -> jnp.dtype:

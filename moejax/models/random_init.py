@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 from flax import nnx
 
-from moejax.config import ModelConfig
+from moejax.model_config import ModelConfig
 from moejax.models.decoder import MoEDecoder
 
 

@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from moejax.config import RopeConfig
+from moejax.model_config import RopeConfig
 
 
 def _inv_freq(theta: float, head_dim: int, factors=None) -> np.ndarray:

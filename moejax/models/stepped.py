@@ -33,7 +33,7 @@ from moejax.models.attention import KVCache
 from moejax.models.decoder import MoEDecoder
 from moejax.models.experts import ExpertPool, combine, expert_outputs, moe_ffn, pool_slots
 from moejax.models.layers import norm
-from moejax.models.routing import route
+from moejax.models.router import route
 from moejax.quant.formats import QuantizedWeights
 from moejax.seam import ExpertSource, ExpertWave, GateOutputs
 

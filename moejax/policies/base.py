@@ -60,7 +60,7 @@ class Policy:
             raise TypeError(f"{cls.__name__} needs the future, so it must be replay_only")
 
     def set_future(self, future, cache) -> None:
-        """Replay hands the future routing (`moejax.cache.replay.Future`) and the cache to a
+        """Replay hands the future routing (`moejax.replay.Future`) and the cache to a
         policy that `needs_future`, before the first pass."""
         raise NotImplementedError(f"{type(self).__name__} does not read the future")
 

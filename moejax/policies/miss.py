@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from moejax.config import ConfigError
+from moejax.errors import ConfigError
 from moejax.policies.base import LayerGate, MissDecision, MissPolicy
 from moejax.policies.registry import register
 from moejax.quant import formats

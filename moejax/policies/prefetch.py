@@ -9,7 +9,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from moejax.config import ConfigError
+from moejax.errors import ConfigError
 from moejax.policies.base import LayerGate, PrefetchPolicy
 from moejax.policies.registry import register
 from moejax.seam import requests_in_rank_order

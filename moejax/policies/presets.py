@@ -23,7 +23,7 @@ is not given; SpecMD's Table 2 runs it at 4 bits: `--config.cache.precision=int4
 
 from __future__ import annotations
 
-from moejax.config import ConfigError
+from moejax.errors import ConfigError
 
 FIELDS = ("eviction", "prefetch", "miss", "routing")
 

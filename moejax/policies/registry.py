@@ -14,7 +14,7 @@ import ast
 import inspect
 from typing import Any
 
-from moejax.config import ConfigError
+from moejax.errors import ConfigError
 from moejax.policies.base import KINDS, Policy
 
 _REGISTRIES: dict[str, dict[str, type[Policy]]] = {kind: {} for kind in KINDS}
@@ -24,7 +24,7 @@ _REGISTRIES: dict[str, dict[str, type[Policy]]] = {kind: {} for kind in KINDS}
 PLANNED: dict[tuple[str, str], str] = {}
 
 # Constructor parameters only the cache's context fills, never a spec's argument (built without
-# them, a policy takes its default): the plain precision (`moejax.cache.build.policy_context`).
+# them, a policy takes its default): the plain precision (`moejax.cache.policy_context`).
 CONTEXT_ONLY = frozenset({"cache_precision"})
 
 

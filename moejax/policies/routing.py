@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from moejax.config import ConfigError
+from moejax.errors import ConfigError
 from moejax.policies.base import LayerGate, RoutingPolicy
 from moejax.policies.registry import register
 

@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from moejax.config import ConfigError
+from moejax.errors import ConfigError
 
 # Highest to lowest. "native" is the checkpoint's own dtype (bfloat16, float16 or float32).
 PRECISIONS = ("native", "int8", "int4", "int2")
@@ -31,6 +31,23 @@ QUANTIZED = PRECISIONS[1:]
 BITS = {"int8": 8, "int4": 4, "int2": 2}
 SCALE_DTYPE = np.float16
 DEFAULT_GROUP_SIZE = 64
+# How a group's scale and zero point are chosen (`moejax.quant.quantize`).
+CALIBRATIONS = ("absmax", "minmax", "search", "hqq")
+# Chosen by measurement on the embedded model's experts (docs/findings/precision.md,
+# tests/test_quantize.py): int8 absmax is already ~0.4% error (bitsandbytes-style); at 4 and 2
+# bits the MSE search wins.
+DEFAULT_CALIBRATION = {"int8": "absmax", "int4": "search", "int2": "search"}
+
+
+def check_calibration(precision: str, calibration: str | None, what: str = "calibration") -> str:
+    """The calibration to use for `precision` (its default when None)."""
+    if precision not in QUANTIZED:
+        raise ConfigError(f"precision={precision!r} cannot be quantized; one of {QUANTIZED}")
+    if calibration is None:
+        return DEFAULT_CALIBRATION[precision]
+    if calibration not in CALIBRATIONS:
+        raise ConfigError(f"{what}={calibration!r} is not one of {CALIBRATIONS}")
+    return calibration
 
 
 def rank(precision: str) -> int:

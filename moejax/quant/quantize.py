@@ -36,22 +36,18 @@ import jax.numpy as jnp
 import numpy as np
 import qwix
 
-from moejax.config import ConfigError
+from moejax.errors import ConfigError
 from moejax.quant.formats import (
     BITS,
     DEFAULT_GROUP_SIZE,
-    QUANTIZED,
     SCALE_DTYPE,
     QuantizedWeights,
+    check_calibration,
     dequantize,
     group_size_for,
     pack,
 )
 
-CALIBRATIONS = ("absmax", "minmax", "search", "hqq")
-# Chosen by measurement on the embedded model's experts (WORKSPACE.md, tests/test_quantize.py):
-# int8 absmax is already ~0.4% error (bitsandbytes-style); at 4 and 2 bits the MSE search wins.
-DEFAULT_CALIBRATION = {"int8": "absmax", "int4": "search", "int2": "search"}
 # Where qwix computes the scale / zero point (it refuses asymmetric int2).
 QWIX_QTYPES = {"int8": jnp.int8, "int4": jnp.int4, "int2": jnp.int2}
 QWIX_CALIBRATIONS = {("int8", "absmax"), ("int8", "minmax"), ("int4", "absmax"),
@@ -62,7 +58,7 @@ SLAB_ELEMENTS = 1 << 24
 # search (see `_search`): the coarse grid, per family (shrink towards the midpoint, shrink
 # towards 0, multiple of the Gaussian-optimal step), the refinement steps around each group's
 # best factor, and the alternating least-squares rounds. Chosen by measurement on the embedded
-# model (`python -m moejax.quant.quantize`): 15 passes over the weights, as accurate as the
+# model (`python -m moejax.quant.error_table`): 15 passes over the weights, as accurate as the
 # 10 x 2 grid and 4 two-pass rounds they replaced (int4 0.0788 vs 0.0786, int2 0.3129 vs 0.3140).
 SEARCH_GRID = ((0.7, 0.4), (0.7, 0.4), (1.0,))
 SEARCH_REFINE = (0.15, 0.075)
@@ -74,17 +70,6 @@ HQQ_ITERS, HQQ_LP, HQQ_BETA, HQQ_KAPPA = 20, 0.7, 10.0, 1.01
 
 _F16_TINY = float(np.finfo(np.float16).smallest_subnormal)
 _F16_MAX = float(np.finfo(np.float16).max)
-
-
-def check_calibration(precision: str, calibration: str | None, what: str = "calibration") -> str:
-    """The calibration to use for `precision` (its default when None)."""
-    if precision not in QUANTIZED:
-        raise ConfigError(f"precision={precision!r} cannot be quantized; one of {QUANTIZED}")
-    if calibration is None:
-        return DEFAULT_CALIBRATION[precision]
-    if calibration not in CALIBRATIONS:
-        raise ConfigError(f"{what}={calibration!r} is not one of {CALIBRATIONS}")
-    return calibration
 
 
 def quantize(w: np.ndarray, precision: str, group_size: int = DEFAULT_GROUP_SIZE,
@@ -305,47 +290,3 @@ def _hqq(xg, scale, zero, bits):
         z = jnp.mean(wq - (xg - we) * inv, axis=2, keepdims=True)
         beta *= HQQ_KAPPA
     return scale, best_z
-
-
-def _describe(precision: str, calibration: str) -> str:
-    where = "qwix" if (precision, calibration) in QWIX_CALIBRATIONS else "moejax"
-    return f"{precision}/{calibration} ({where})"
-
-
-def error_table(gate_up: dict, down: dict, group_size: int = DEFAULT_GROUP_SIZE,
-                calibrations=CALIBRATIONS) -> list[tuple[str, str, float, float]]:
-    """`(precision, calibration, mean, max)` relative error over every MoE layer and kind."""
-    rows = []
-    for precision in QUANTIZED:
-        for cal in calibrations:
-            errs = [reconstruction_error(w, quantize(w, precision, group_size, cal))
-                    for d in (gate_up, down) for w in d.values()]
-            rows.append((precision, cal, float(np.mean(errs)), float(np.max(errs))))
-    return rows
-
-
-def main():  # python -m moejax.quant.quantize [CHECKPOINT]  — prints the error table
-    import sys
-    import time
-
-    from moejax import bundled
-    from moejax.checkpoint import layout
-    path = sys.argv[1] if len(sys.argv) > 1 else bundled.EMBEDDED_DIR
-    ck = layout.load(path)
-    gu = {l: np.asarray(v) for l, v in ck.host_gate_up.items()}
-    dn = {l: np.asarray(v) for l, v in ck.host_down.items()}
-    t = time.perf_counter()
-    print(f"{path}: relative Frobenius error of dequantize(quantize(w)) per precision and "
-          f"calibration, group_size={DEFAULT_GROUP_SIZE} (mean / max over "
-          f"{len(gu) + len(dn)} layer arrays)")
-    print("| precision | calibration | numerics | mean | max |")
-    print("|---|---|---|---|---|")
-    for p, c, mean, mx in error_table(gu, dn):
-        where = "qwix" if (p, c) in QWIX_CALIBRATIONS else "moejax"
-        star = " (default)" if DEFAULT_CALIBRATION[p] == c else ""
-        print(f"| {p} | {c}{star} | {where} | {mean:.4f} | {mx:.4f} |")
-    print(f"({time.perf_counter() - t:.1f} s)")
-
-
-if __name__ == "__main__":
-    main()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from moejax.config import ModelConfig
+from moejax.model_config import ModelConfig
 from moejax.models.stepped import GateOutputs
 from moejax.traces.format import FORMAT, Trace
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from moejax.config import ConfigError
+from moejax.errors import ConfigError
 from moejax.traces.format import Trace
 
 

@@ -16,9 +16,9 @@ import orbax.checkpoint as ocp
 from absl import logging
 from flax import nnx
 
-from moejax.checkpoint import layout
+from moejax import checkpoint
 from moejax.checkpoint.params import flat_params
-from moejax.config import ConfigError
+from moejax.errors import ConfigError
 from moejax.families import get_family
 from moejax.metrics_writer import MetricsWriter
 from moejax.models.decoder import MoEDecoder
@@ -84,7 +84,7 @@ def export(model: TrainableMoE, out: str, dtype: str, compression: str | None = 
     gate_up, down = np.asarray(model.gate_up[...]), np.asarray(model.down[...])
     experts = ((l, gate_up[i].astype(target), down[i].astype(target))
                for i, l in enumerate(cfg.moe_layers))
-    layout.save(out, cfg, params, experts, compression=compression)
+    checkpoint.save(out, cfg, params, experts, compression=compression)
 
 
 def _train_state(model: TrainableMoE, optimizer: nnx.Optimizer) -> dict:

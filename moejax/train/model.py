@@ -12,12 +12,12 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from moejax.config import ModelConfig
+from moejax.model_config import ModelConfig
 from moejax.models.attention import KVCache
 from moejax.models.decoder import MoEDecoder
 from moejax.models.experts import moe_ffn
 from moejax.models.layers import jnp_dtype
-from moejax.models.routing import route
+from moejax.models.router import route
 
 
 class TrainableMoE(nnx.Module):

@@ -79,14 +79,14 @@ def base_config() -> ml_collections.ConfigDict:
     # ds4's full-layer placement: every expert of the first N MoE layers resident in slots of
     # their own for the whole run; the other layers share the rest.
     c.cache.full_layers = 0
-    # Replay's engine (moejax/cache/fast_replay.py): "auto" runs what the compiled engine
+    # Replay's engine (moejax/replay/compiled.py): "auto" runs what the compiled engine
     # covers (the evictions lru, fifo, lru_per_layer, lfu, fld, least_stale, belady; any
     # prefetcher, both queues, waves; fetch, standard routing, one pool, no host tier or
     # placement) on it, counter for counter what "reference" (the policy objects, request by
     # request) gives, and everything else on the reference.
     c.cache.replay_engine = "auto"
 
-    # The storage the disk tier reads (moejax/sim/storage.py): a preset, each field
+    # The storage the disk tier reads (moejax/timing/storage.py): a preset, each field
     # overridable (None keeps the preset's).
     c.storage = ml_collections.ConfigDict()
     c.storage.preset = "nvme_gen4"  # nvme_gen4, nvme_gen5, sata_ssd, hdd
@@ -115,7 +115,7 @@ def base_config() -> ml_collections.ConfigDict:
 
     c.hardware = ml_collections.ConfigDict()
     c.hardware.preset = "a100_specmd"  # a100_specmd, h100_pcie, h200, cpu
-    # Overrides of the preset (moejax/sim/hardware.py): None (not given) keeps the preset's
+    # Overrides of the preset (moejax/timing/hardware.py): None (not given) keeps the preset's
     # value; any given value replaces it, 0 included (`--config.hardware.h2d_latency_s=0`).
     c.hardware.h2d_gbps = ml_collections.config_dict.placeholder(float)  # per copy engine, GB/s
     c.hardware.h2d_latency_s = ml_collections.config_dict.placeholder(float)  # per transfer, s

@@ -3,7 +3,7 @@
 One code path for the live runtime and for trace replay (DESIGN.md): both feed `LayerGate`s
 to `ExpertCache.run_layer` pass by pass; only the source of the gates and what a slot load
 does differ (`SlotSink`: the live runtime copies real bytes, replay does nothing). Time comes
-from a clock (`moejax.sim.clock`): virtual (cost model) or wall.
+from a clock (`moejax.timing.clock`): virtual (cost model) or wall.
 
 Per MoE layer of a pass, in the order of SpecMD's gate hook (Algorithm 1):
 routing policy -> miss policy -> requests (hit / late hit / miss; misses demand-fetched, the
@@ -45,10 +45,10 @@ import numpy as np
 from moejax.cache.capacity import PoolSpec
 from moejax.cache.host_tier import HostTier
 from moejax.cache.metrics import CacheMetrics, PassTiming, WaveOutcome
-from moejax.config import ConfigError
+from moejax.errors import ConfigError
 from moejax.policies.base import EvictionPolicy, MissPolicy, PrefetchPolicy, RoutingPolicy
 from moejax.seam import Key, LayerGate, Wave, requests_in_rank_order
-from moejax.sim.cost import CostModel
+from moejax.timing.cost import CostModel
 
 
 @dataclasses.dataclass(frozen=True)

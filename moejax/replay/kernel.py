@@ -1,5 +1,5 @@
 """The compiled replay kernel (numba): `ExpertCache.run_layer` and the eviction policies it
-covers, request by request, on flat integer state. `moejax/cache/fast_replay.py` prepares its
+covers, request by request, on flat integer state. `moejax/replay/compiled.py` prepares its
 inputs and reads its outputs; the module docstring there says what it covers and how it is
 checked against the reference.
 
@@ -37,7 +37,7 @@ import numpy as np
 LRU, FIFO, LRU_PER_LAYER, LFU, FLD, LS_TWO_QUEUE, LS_LEFT_FIRST, LS_CYCLIC, BELADY = range(9)
 NEVER = np.iinfo(np.int64).max
 
-# Counter rows, in `metrics.COUNTERS + BYTES + SECONDS` order (checked by fast_replay).
+# Counter rows, in `metrics.COUNTERS + BYTES + SECONDS` order (checked by compiled.py).
 ROWS = ("requests", "hits", "late_hits", "misses", "collision_misses", "dropped",
         "substituted", "prefetch_issued", "prefetch_used", "recall_served",
         "recall_requests", "evictions", "waves", "upgrades", "served_below_wanted",
@@ -588,7 +588,7 @@ def _begin_pass(I):
 # -- the run ------------------------------------------------------------------------------------
 @jit
 def run(I, F, keys, mult, pass_tokens, pass_pairs, pred, compute, cost):
-    """Replays the pass-layers on the state `(I, F)` of `layout` (fast_replay.run gives the
+    """Replays the pass-layers on the state `(I, F)` of `layout` (compiled.run gives the
     arguments). `keys` / `mult`: each request's key and token-expert pairs, pass-layer after
     pass-layer (their starts are in `I`); `pred`: the predictions `(grp_off, grp_target,
     grp_start, experts)`; `compute`: `(pre_off, pre_vals, begin, end_off, end_vals)`; `cost`:

@@ -4,7 +4,7 @@ be overridden (`--config.hardware.h2d_gbps=16`, `--config.hardware.h2d_latency_s
 override that is not given (None) keeps the preset's value, any given value (0 included)
 replaces it and is validated.
 
-The host->device transfer model (`moejax.sim.clock`):
+The host->device transfer model (`moejax.timing.clock`):
 
 * `copy_engines` DMA engines run transfers FIFO, each transfer on the engine that frees first.
   An engine pays `h2d_latency_s` per transfer, then moves the bytes at up to `h2d_gbps`.
@@ -23,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 import numbers
 
-from moejax.config import ConfigError
+from moejax.errors import ConfigError
 
 
 @dataclasses.dataclass(frozen=True)

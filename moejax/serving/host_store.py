@@ -20,7 +20,7 @@ from concurrent.futures import Future
 import jax
 import numpy as np
 
-from moejax.config import ModelConfig
+from moejax.model_config import ModelConfig
 from moejax.quant.formats import BITS, SCALE_DTYPE, QuantizedWeights
 from moejax.seam import Key
 
@@ -28,7 +28,7 @@ from moejax.seam import Key
 class HostExperts:
     def __init__(self, reader, precision: str, to_host):
         """`reader`: an `ExpertReader`; `precision`: the precision read; `to_host(np.ndarray)`:
-        puts an array in pinned host memory (`moejax.checkpoint.layout.to_host`)."""
+        puts an array in pinned host memory (`moejax.checkpoint.to_host`)."""
         self.reader, self.precision, self.to_host = reader, precision, to_host
         self.pending: dict[Key, Future] = {}
         self.entries: dict[Key, tuple] = {}

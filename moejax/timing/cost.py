@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import functools
 
-from moejax.config import ModelConfig, dtype_bytes
-from moejax.sim.hardware import Hardware
+from moejax.model_config import ModelConfig, dtype_bytes
+from moejax.timing.hardware import Hardware
 
 
 class CostModel:

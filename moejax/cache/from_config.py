@@ -1,11 +1,12 @@
-"""Builds an `ExpertCache` (and, live, its `CachedExperts`) from the job config groups
-`cache`, `policies`, `hardware` and `clock`.
+"""Builds an `ExpertCache` from the job config groups `cache`, `policies`, `hardware`, `clock`
+and `storage` — the one way replay and live runs build their cache (the live runtime around it
+is `moejax.serving.build`).
 
-`build_cache_for` is the one way replay and live runs build their cache: it resolves the
-policies, the plain precision (`cache.precision`, or the first of the miss policy's levels
-when not given), the precision pools and their slots (`moejax/cache/capacity.py`) from the
-bytes of one expert at each precision the source has (`precision_bytes`: a checkpoint's,
-live; `capacity.precision_bytes_of(model config)`, replay).
+`build_cache_for` resolves the policies, the plain precision (`cache.precision`, or the first of
+the miss policy's levels when not given), the precision pools and their slots
+(`moejax/cache/capacity.py`) from the bytes of one expert at each precision the source has
+(`precision_bytes`: a checkpoint's, live; `capacity.precision_bytes_of(model config)`, replay),
+then the clock, the cost model, the host tier and the placement.
 """
 
 from __future__ import annotations
@@ -14,21 +15,19 @@ import functools
 import json
 import math
 
-import jax
 import ml_collections
 
 from moejax.cache import capacity as capacity_lib
-from moejax.cache.cache import CacheShape, ExpertCache, slots_for
+from moejax.cache.expert_cache import CacheShape, ExpertCache, slots_for
 from moejax.cache.host_tier import HostTier
-from moejax.cache.runtime import CachedExperts, SlotPool, SlotPools
-from moejax.config import ConfigError, ModelConfig
-from moejax.models.stepped import ResidentExperts
+from moejax.errors import ConfigError
+from moejax.model_config import ModelConfig
 from moejax.policies import build, presets
 from moejax.quant import formats
-from moejax.sim import hardware as hw_lib
-from moejax.sim import storage as storage_lib
-from moejax.sim.clock import VirtualClock, WallClock
-from moejax.sim.cost import CostModel
+from moejax.timing import hardware as hw_lib
+from moejax.timing import storage as storage_lib
+from moejax.timing.clock import VirtualClock, WallClock
+from moejax.timing.cost import CostModel
 
 CLOCKS = ("auto", "virtual", "wall")
 
@@ -45,6 +44,8 @@ def clock_kind(config: ml_collections.ConfigDict) -> str:
     if kind not in CLOCKS:
         raise ConfigError(f"clock.kind={kind!r} is not one of {CLOCKS}")
     if kind == "auto":  # DESIGN.md: virtual off-GPU (deterministic), wall on a GPU
+        import jax  # (only here: the cache itself is numpy)
+
         return "wall" if jax.default_backend() == "gpu" else "virtual"
     return kind
 
@@ -223,7 +224,9 @@ def given_precision(config: ml_collections.ConfigDict) -> str:
 
 @functools.lru_cache(maxsize=32)
 def _model_bytes(cfg_json: str) -> int:
-    return capacity_lib.model_bytes(ModelConfig.from_dict(json.loads(cfg_json)))
+    from moejax.models import sizes  # the decoder's abstract shapes (flax)
+
+    return sizes.model_bytes(ModelConfig.from_dict(json.loads(cfg_json)))
 
 
 def model_bytes_of(cfg: ModelConfig | None) -> int | None:
@@ -285,57 +288,3 @@ def build_cache_for(config: ml_collections.ConfigDict, model_cfg: ModelConfig | 
     return build_cache(config, shape, model_cfg, renormalize, policies=policies)
 
 
-def build_cached_experts(config: ml_collections.ConfigDict, loaded) -> CachedExperts:
-    """The live cache runtime over `loaded` (a `moejax.model_source.LoadedModel`): the cache
-    sized from the bytes of the precisions the model has, and one device slot pool per
-    precision the cache uses, fed from the host tables at that precision."""
-    if config.cache.pin_scope != "layer":
-        raise ConfigError(f"cache.pin_scope={config.cache.pin_scope!r}: a live run computes a "
-                          "layer's experts as one grouped matmul, so they must be resident "
-                          "together (pin_scope='layer'); 'request' is for replay")
-    cfg = loaded.cfg
-    cache = build_cache_for(config, cfg, loaded.precision_bytes(), cfg.norm_topk_prob)
-    for policy in cache.policies():
-        if policy.replay_only:
-            raise ConfigError(f"{policy.kind} policy {policy.name!r} needs the future routing: "
-                              "it runs in trace replay only (configs/replay.py)")
-    if cache.host is None:
-        return CachedExperts(cache, SlotPools.for_shape(cache.shape, loaded.experts_at),
-                             cfg.num_experts)
-    return _storage_backed(config, cache, loaded)
-
-
-def _storage_backed(config: ml_collections.ConfigDict, cache: ExpertCache,
-                    loaded) -> CachedExperts:
-    """The live runtime of a cache with a host tier: its device pool is fed from a
-    `HostExperts` store that reads experts from the checkpoint on storage as the host tier
-    says (`io.split` range reads over `io.workers` threads)."""
-    from moejax.cache.host_store import HostExperts, expert_templates
-    from moejax.checkpoint import layout
-    from moejax.checkpoint.expert_reader import ExpertReader
-
-    if not loaded.path:
-        raise ConfigError(f"a host tier reads experts from a checkpoint on storage; "
-                          f"{loaded.source} is not one (convert one with python -m "
-                          "moejax.convert, or use the embedded model)")
-    cfg, precision = loaded.cfg, cache.shape.precision
-    reader = ExpertReader(loaded.path, cfg, layout.read_precisions(loaded.path),
-                          split=config.io.split, workers=config.io.workers)
-    store = HostExperts(reader, precision, layout.to_host)
-    gate_up, down = expert_templates(cfg, precision, loaded.groups.get(precision))
-    first = cfg.moe_layers[0]
-    pool = SlotPool(cache.shape.num_slots, {first: gate_up}, {first: down}, store)
-    return CachedExperts(cache, SlotPools([pool]), cfg.num_experts, store)
-
-
-def resident_precision(config: ml_collections.ConfigDict) -> str:
-    """The precision every expert runs at when `cache.enabled` is False."""
-    return given_precision(config) or "native"
-
-
-def expert_source(config: ml_collections.ConfigDict, loaded):
-    """The cache runtime for a loaded model, or every expert on the device (at
-    `cache.precision`) when `cache.enabled` is False."""
-    if not config.cache.enabled:
-        return ResidentExperts.from_host(*loaded.experts_at(resident_precision(config)))
-    return build_cached_experts(config, loaded)

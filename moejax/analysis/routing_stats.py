@@ -1,6 +1,6 @@
 """What routing looks like: the figures behind WORKSPACE.md's routing section.
 
-    python -m moejax.analysis.routing TRACE [TRACE ...]
+    python -m moejax.analysis.routing_stats TRACE [TRACE ...]
 
 Per trace, over its decode steps (single-token passes), averaged over MoE layers:
 
@@ -97,5 +97,5 @@ def table(paths: list[str]) -> str:
 
 if __name__ == "__main__":
     if len(sys.argv) < 2:
-        raise SystemExit("usage: python -m moejax.analysis.routing TRACE [TRACE ...]")
+        raise SystemExit("usage: python -m moejax.analysis.routing_stats TRACE [TRACE ...]")
     print(table(sys.argv[1:]))

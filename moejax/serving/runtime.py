@@ -36,7 +36,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from moejax.cache.cache import ExpertCache
+from moejax.cache.expert_cache import ExpertCache
 from moejax.models.experts import ExpertPool
 from moejax.quant.formats import QuantizedWeights
 from moejax.seam import ExpertWave, GateOutputs, Key, LayerGate, Wave

@@ -1,4 +1,4 @@
-"""The compiled replay engine: trace replay through `moejax/cache/fast_kernel.py` (numba)
+"""The compiled replay engine: trace replay through `moejax/replay/kernel.py` (numba)
 instead of the policy objects, for the configurations grids replay.
 
 **Covers:** eviction lru, fifo, lru_per_layer, lfu, fld, least_stale (its three orders, with
@@ -30,12 +30,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from moejax.cache import fast_kernel as K
-from moejax.cache.cache import ExpertCache
-from moejax.cache.metrics import BYTES, COUNTERS, SECONDS, CacheMetrics, PassTiming
+from moejax.cache import BYTES, COUNTERS, SECONDS, CacheMetrics, ExpertCache, PassTiming
+from moejax.replay import kernel as K
+from moejax.replay.future import future_of_requests
+from moejax.replay.gates import layer_gates
 from moejax.seam import requests_in_rank_order
 
-assert K.ROWS == COUNTERS + BYTES + SECONDS, "fast_kernel.ROWS must follow CacheMetrics"
+assert K.ROWS == COUNTERS + BYTES + SECONDS, "kernel.ROWS must follow CacheMetrics"
 
 EVICTIONS = {"lru": K.LRU, "fifo": K.FIFO, "lru_per_layer": K.LRU_PER_LAYER, "lfu": K.LFU,
              "fld": K.FLD, "belady": K.BELADY}
@@ -105,7 +106,6 @@ def _predictions(cache: ExpertCache, traces, keys: np.ndarray, starts: np.ndarra
     """Every prefetch call's selection, from the policy object, per pass-layer in order:
     groups `(target position, experts)` as CSR arrays (`grp_off` per pass-layer, `grp_start`
     per group into `experts`)."""
-    from moejax.cache.replay import future_of_requests, layer_gates
 
     prefetch = cache.prefetch
     grp_off = np.zeros(len(starts), np.int64)

@@ -31,7 +31,7 @@ from __future__ import annotations
 import time
 from typing import NamedTuple
 
-from moejax.sim.hardware import Hardware
+from moejax.timing.hardware import Hardware
 
 
 class TransferSlot(NamedTuple):

@@ -1,7 +1,7 @@
 """Storage profiles: the device the disk tier reads experts from, as the clocks model it.
 
 A storage read of `b` bytes issued at `t` is booked like a host->device transfer
-(`moejax.sim.clock.Channels`): `queue_depth` reads are in flight at once, each pays
+(`moejax.timing.clock.Channels`): `queue_depth` reads are in flight at once, each pays
 `read_latency_s` (the device's per-command latency, overlapped across the queue), and all share
 `read_gbps` (one read alone can also reach it: large sequential reads saturate an SSD at low
 queue depth). So `end = max(start + latency + b / read_gbps, shared timeline + b / read_gbps)`.
@@ -19,8 +19,8 @@ from __future__ import annotations
 import dataclasses
 import numbers
 
-from moejax.config import ConfigError
-from moejax.sim.clock import Channels
+from moejax.errors import ConfigError
+from moejax.timing.clock import Channels
 
 
 @dataclasses.dataclass(frozen=True)

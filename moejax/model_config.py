@@ -12,15 +12,13 @@ import dataclasses
 import json
 from typing import Any
 
+from moejax.errors import ConfigError
+
 ACTIVATIONS = ("silu", "gelu", "gelu_pytorch_tanh", "relu")
 NORMS = ("rms", "layer")
 ROUTERS = ("softmax_topk", "sparsemixer")
 ROPE_TYPES = ("default", "linear", "longrope")
 DTYPES = ("float32", "bfloat16", "float16")
-
-
-class ConfigError(ValueError):
-    """A model configuration value is missing, unknown or inconsistent."""
 
 
 @dataclasses.dataclass(frozen=True)

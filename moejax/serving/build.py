@@ -1,0 +1,68 @@
+"""The live cache runtime of a loaded model: its `ExpertCache` (`moejax.cache.from_config`) with
+the device slot pools that hold real expert bytes, fed from host memory or, behind a host tier,
+from the checkpoint on storage."""
+
+from __future__ import annotations
+
+import ml_collections
+
+from moejax.cache import ExpertCache, build_cache_for, given_precision
+from moejax.errors import ConfigError
+from moejax.models.stepped import ResidentExperts
+from moejax.serving.runtime import CachedExperts, SlotPool, SlotPools
+
+
+def build_cached_experts(config: ml_collections.ConfigDict, loaded) -> CachedExperts:
+    """The live cache runtime over `loaded` (a `moejax.model_source.LoadedModel`): the cache
+    sized from the bytes of the precisions the model has, and one device slot pool per
+    precision the cache uses, fed from the host tables at that precision."""
+    if config.cache.pin_scope != "layer":
+        raise ConfigError(f"cache.pin_scope={config.cache.pin_scope!r}: a live run computes a "
+                          "layer's experts as one grouped matmul, so they must be resident "
+                          "together (pin_scope='layer'); 'request' is for replay")
+    cfg = loaded.cfg
+    cache = build_cache_for(config, cfg, loaded.precision_bytes(), cfg.norm_topk_prob)
+    for policy in cache.policies():
+        if policy.replay_only:
+            raise ConfigError(f"{policy.kind} policy {policy.name!r} needs the future routing: "
+                              "it runs in trace replay only (configs/replay.py)")
+    if cache.host is None:
+        return CachedExperts(cache, SlotPools.for_shape(cache.shape, loaded.experts_at),
+                             cfg.num_experts)
+    return _storage_backed(config, cache, loaded)
+
+
+def _storage_backed(config: ml_collections.ConfigDict, cache: ExpertCache,
+                    loaded) -> CachedExperts:
+    """The live runtime of a cache with a host tier: its device pool is fed from a
+    `HostExperts` store that reads experts from the checkpoint on storage as the host tier
+    says (`io.split` range reads over `io.workers` threads)."""
+    from moejax import checkpoint
+    from moejax.checkpoint.expert_reader import ExpertReader
+    from moejax.serving.host_store import HostExperts, expert_templates
+
+    if not loaded.path:
+        raise ConfigError(f"a host tier reads experts from a checkpoint on storage; "
+                          f"{loaded.source} is not one (convert one with python -m "
+                          "moejax.convert, or use the embedded model)")
+    cfg, precision = loaded.cfg, cache.shape.precision
+    reader = ExpertReader(loaded.path, cfg, checkpoint.read_precisions(loaded.path),
+                          split=config.io.split, workers=config.io.workers)
+    store = HostExperts(reader, precision, checkpoint.to_host)
+    gate_up, down = expert_templates(cfg, precision, loaded.groups.get(precision))
+    first = cfg.moe_layers[0]
+    pool = SlotPool(cache.shape.num_slots, {first: gate_up}, {first: down}, store)
+    return CachedExperts(cache, SlotPools([pool]), cfg.num_experts, store)
+
+
+def resident_precision(config: ml_collections.ConfigDict) -> str:
+    """The precision every expert runs at when `cache.enabled` is False."""
+    return given_precision(config) or "native"
+
+
+def expert_source(config: ml_collections.ConfigDict, loaded):
+    """The cache runtime for a loaded model, or every expert on the device (at
+    `cache.precision`) when `cache.enabled` is False."""
+    if not config.cache.enabled:
+        return ResidentExperts.from_host(*loaded.experts_at(resident_precision(config)))
+    return build_cached_experts(config, loaded)

@@ -1,1 +1,0 @@
-"""Time: hardware profiles, the compute cost model, and the virtual and wall clocks."""
