@@ -3,8 +3,9 @@
     python -m launch.diff SWEEP_A SWEEP_B [--ignore=replay.seconds,replay.requests_per_s]
 
 For checking that a change to moejax (a refactor, another engine, a new machine) leaves every
-number a sweep reports unchanged. Each finished cell of A is compared with the cell of the same
-name in B, field by field. What may differ between two identical runs is left out: the wall
+number a sweep reports unchanged. Each finished cell of A is compared, field by field, with the
+cell of B that has the same overrides (read from each sweep's sweep.json, paths relative to the
+root it ran from; by directory name when there is no sweep.json). What may differ between two identical runs is left out: the wall
 clock of the replay (`replay.seconds`, `replay.requests_per_s`, by default) and, in paths, the
 checkout each sweep ran from (`--root_a` / `--root_b`, the repository roots, are replaced by
 `<root>` before comparing). Prints the cells that differ with their first differing fields;
@@ -21,16 +22,25 @@ import sys
 DEFAULT_IGNORE = ("replay.seconds", "replay.requests_per_s")
 
 
-def _cells(sweep_dir: str) -> dict[str, dict]:
-    root = os.path.join(sweep_dir, "cells")
-    if not os.path.isdir(root):
+def _cells(sweep_dir: str, root: str) -> dict[str, dict]:
+    """Each finished cell's results, keyed by its overrides (paths under `root` made relative)
+    when the sweep has a sweep.json, else by its directory name."""
+    cells_dir = os.path.join(sweep_dir, "cells")
+    if not os.path.isdir(cells_dir):
         raise SystemExit(f"{sweep_dir}: no cells/ directory (not a sweep directory)")
+    keys = {}
+    manifest = os.path.join(sweep_dir, "sweep.json")
+    if os.path.isfile(manifest):
+        with open(manifest) as f:
+            for cell in json.load(f)["cells"]:
+                keys[cell["name"]] = json.dumps(_normalise(cell["overrides"], root),
+                                                sort_keys=True)
     out = {}
-    for name in sorted(os.listdir(root)):
-        path = os.path.join(root, name, "results.json")
+    for name in sorted(os.listdir(cells_dir)):
+        path = os.path.join(cells_dir, name, "results.json")
         if os.path.isfile(path):
             with open(path) as f:
-                out[name] = json.load(f)
+                out[keys.get(name, name)] = json.load(f)
     return out
 
 
@@ -75,7 +85,7 @@ def differences(a, b, where: str = "") -> list[str]:
 def compare(sweep_a: str, sweep_b: str, ignore=DEFAULT_IGNORE, root_a: str = "",
             root_b: str = "") -> tuple[int, dict[str, list[str]], list[str]]:
     """(cells compared, {cell: differing fields}, cells finished on one side only)."""
-    a, b = _cells(sweep_a), _cells(sweep_b)
+    a, b = _cells(sweep_a, root_a), _cells(sweep_b, root_b)
     one_sided = sorted(set(a) ^ set(b))
     differ = {}
     for name in sorted(set(a) & set(b)):

@@ -15,6 +15,12 @@ Two loops:
 Nothing here skips: the test extra installs everything the tests import, and the data they
 read is committed in the repository (`moejax/assets/`).
 
+Property tests run under a pinned hypothesis profile, so every run (CI's included) draws the
+same examples: `ci` (the default) derandomizes and keeps no example database. A deeper local run
+draws fresh examples, more of them: `HYPOTHESIS_PROFILE=deep MOEJAX_FUZZ_SCALE=20 python -m
+pytest tests/test_compiled_replay.py` (each test's example count is `tests/fuzzing.py`'s
+`examples(n)`, n times the scale).
+
 Most of the suite's time is XLA compiling the tiny models' steps. Compiled executables are kept
 in JAX's persistent compilation cache under pytest's own cache directory
 (`.pytest_cache/d/jax`, ignored by git; `-p no:cacheprovider` turns it off), so a second run of
@@ -24,10 +30,12 @@ computation, the compile options and the JAX/XLA version.
 
 from __future__ import annotations
 
+import os
 import sys
 import types
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 # TensorBoard's event reader (EventAccumulator, used to read back the events the jobs write)
 # imports TensorFlow when it is installed — and the `eval` extra installs it. TensorFlow must not
@@ -36,6 +44,12 @@ import pytest
 # importable `tensorboard.compat.notf` is TensorBoard's documented switch for that.
 sys.modules.setdefault("tensorboard.compat.notf", types.ModuleType("tensorboard.compat.notf"))
 
+
+settings.register_profile("ci", derandomize=True, database=None, deadline=None,
+                          print_blob=True, suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile("deep", deadline=None, print_blob=True,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 # Memory mappings of the test process above which compiled executables are dropped.
 MAX_MAPS = 25_000

@@ -73,10 +73,10 @@ def test_generations_decide_late_with_the_numbers_of_deciding_layer_by_layer(tin
         assert not source._pending
         runs.append((outs, source))
     (outs, late), (refs, inline) = runs
-    for a, b in zip(outs, refs):
+    for a, b in zip(outs, refs, strict=True):
         assert a.generated_ids == b.generated_ids
         np.testing.assert_array_equal(a.prefill_logits, b.prefill_logits)
-        for x, y in zip(a.step_logits, b.step_logits):
+        for x, y in zip(a.step_logits, b.step_logits, strict=True):
             np.testing.assert_array_equal(x, y)
     assert late.deferred_passes == 10 and inline.deferred_passes == 0
     assert _state(late) == _state(inline)
@@ -194,6 +194,7 @@ def test_late_decisions_read_anywhere_equal_layer_by_layer(tiny, eviction, prefe
             else:
                 tokens = np.asarray([[n % cfg_vocab]])
             outs.append([np.asarray(dec.forward(tokens))])
+        assert len(outs[0]) == len(outs[1])
         for x, y in zip(*outs):
             np.testing.assert_array_equal(x, y)
         assert len(late._pending) <= (1 if mode == "pipelined" else 0)

@@ -88,7 +88,7 @@ def test_any_host_capacity_generates_what_everything_in_memory_does(
     out, source = _run(model, paths[kind], config, prompt)
     assert out.generated_ids == ref.generated_ids
     np.testing.assert_array_equal(out.prefill_logits, ref.prefill_logits)
-    for a, b in zip(out.step_logits, ref.step_logits):
+    for a, b in zip(out.step_logits, ref.step_logits, strict=True):
         np.testing.assert_array_equal(a, b)
     host_tier = source.cache.host
     host_tier.check_invariants()
@@ -109,7 +109,7 @@ def test_int4_experts_on_storage_equal_the_resident_int4_model(tiny):
                          max_len=MAX_LEN, lookahead=2).generate(prompt, NEW, keep_logits=True)
     out, source = _run(model, paths["packed"], _config(0.25, 6, precision="int4"), prompt)
     assert out.generated_ids == ref.generated_ids
-    for a, b in zip(out.step_logits, ref.step_logits):
+    for a, b in zip(out.step_logits, ref.step_logits, strict=True):
         np.testing.assert_array_equal(a, b)
     assert source.cache.host.read_bytes == source.cache.shape.expert_bytes  # int4 bytes
 

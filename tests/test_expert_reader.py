@@ -17,8 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from moejax import checkpoint
-from moejax.checkpoint import CheckpointError, expert_store, packed
-from moejax.checkpoint import LAYOUTS
+from moejax.checkpoint import LAYOUTS, CheckpointError, expert_store, packed
 from moejax.checkpoint.expert_reader import MAX_SPLIT, ExpertReader
 from moejax.checkpoint.params import flat_params
 from moejax.errors import ConfigError

@@ -77,6 +77,7 @@ def _run_case(config_path: str, tmp_path, prompt_len: int):
     err = float(np.max(np.abs(ours.prefill_logits - ref_prefill)))
     assert err <= TOL * scale, f"prefill logits differ by {err:.3g} (scale {scale:.3g})"
     assert ours.generated_ids[0] == ref_tokens
+    assert len(ours.step_logits) == len(ref_steps) > 0
     for step, (a, b) in enumerate(zip(ours.step_logits, ref_steps)):
         err = float(np.max(np.abs(a[0] - b)))
         assert err <= TOL * scale, f"decode step {step} logits differ by {err:.3g}"

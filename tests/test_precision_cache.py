@@ -33,6 +33,7 @@ from moejax.replay.gates import layer_gates
 from moejax.seam import LayerGate
 from moejax.testing import random_scored_trace
 from moejax.traces.format import load
+from tests.fuzzing import examples
 
 GiB = 2 ** 30
 BYTES = {"native": 1000, "int8": 500, "int4": 250, "int2": 125}
@@ -304,15 +305,21 @@ MISSES = ["fetch", "drop(keep=1)", "fetch_lowest_bit", "fetch_lowest_bit(levels=
 
 
 class _Checked(ExpertCache):
+    """Checks the budget at every wave (a subclass: replay runs it on the reference engine,
+    which the test asserts)."""
+
+    waves_checked = 0
+
     def run_layer(self, gate):
         for wave in super().run_layer(gate):
             self.check_invariants()
             for e, slot in wave.slot_of.items():
                 assert self.slot_key[slot] == (gate.layer, e)
+            self.waves_checked += 1
             yield wave
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.filter_too_much])
+@settings(max_examples=examples(150), suppress_health_check=[HealthCheck.filter_too_much])
 @given(miss=st.sampled_from(MISSES), eviction=st.sampled_from(names("eviction", live=True)),
        prefetch=st.sampled_from(["none", "topk(overfetch=1.5)"]),
        pin_scope=st.sampled_from(["layer", "request"]), frac=st.floats(0.05, 1.0),
@@ -337,7 +344,8 @@ def test_the_byte_budget_holds_at_every_wave(miss, eviction, prefetch, pin_scope
         assume("below what one decode layer needs" not in str(e))
         raise
     cache = _Checked(plain.shape, *plain.policies(), plain.clock, pin_scope=pin_scope)
-    replay(cache, [trace])
+    assert replay(cache, [trace]).engine == "reference"
+    assert cache.waves_checked == sum(cache.metrics.per_layer["waves"])
     t = cache.metrics.totals()
     assert sum(t["requests_by_precision"].values()) == t["requests"] > 0
     assert sum(t["h2d_bytes_by_precision"].values()) == t["h2d_bytes"]

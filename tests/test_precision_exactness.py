@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 from moejax.families import preset
 from moejax.jobs.schema import base_config
@@ -62,26 +60,36 @@ def _cached(loaded, prompt, precision, slots, eviction, prefetch, miss="fetch"):
     return out, source
 
 
+# Every live eviction at int8 and at int4; the prefetcher, the capacity and the prompt take
+# turns, so every prefetcher and capacity meets both precisions.
+CASES = [(precision, eviction, PREFETCHES[(i + j) % len(PREFETCHES)], (4, 7, 64)[(i + 2 * j) % 3],
+          (5, 23)[(i + j) % 2], i % 2)
+         for j, precision in enumerate(("int8", "int4")) for i, eviction in enumerate(EVICTIONS)]
+
+
 @pytest.mark.slow
-@settings(max_examples=6, deadline=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(precision=st.sampled_from(["int8", "int4"]), eviction=st.sampled_from(EVICTIONS),
-       prefetch=st.sampled_from(PREFETCHES), slots=st.sampled_from([4, 7, 64]),
-       prompt_len=st.sampled_from([5, 23]), seed=st.integers(0, 1))
+@pytest.mark.parametrize("precision,eviction,prefetch,slots,prompt_len,seed", CASES)
 def test_cached_equals_resident_at_the_same_precision(tiny, precision, eviction, prefetch,
                                                       slots, prompt_len, seed):
     prompt, ref = _resident(tiny, precision, prompt_len, seed)
     out, source = _cached(tiny, prompt, precision, slots, eviction, prefetch)
     np.testing.assert_array_equal(out.prefill_logits, ref.prefill_logits)
     assert out.generated_ids == ref.generated_ids
-    for a, b in zip(out.step_logits, ref.step_logits):
+    assert len(out.step_logits) == len(ref.step_logits) == NEW - 1
+    for a, b in zip(out.step_logits, ref.step_logits, strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+def test_the_cases_cover_every_live_eviction_and_prefetcher_at_both_precisions():
+    for precision in ("int8", "int4"):
+        assert {c[1] for c in CASES if c[0] == precision} == set(EVICTIONS)
+        assert {c[2] for c in CASES if c[0] == precision} == set(PREFETCHES)
 
 
 def test_decode_at_int4_is_bit_exact_and_moves_packed_bytes(tiny):
     prompt, ref = _resident(tiny, "int4", 5, 0)
     out, source = _cached(tiny, prompt, "int4", 64, "lru", "none")
-    for a, b in zip(out.step_logits, ref.step_logits):
+    for a, b in zip(out.step_logits, ref.step_logits, strict=True):
         np.testing.assert_array_equal(a, b)
     # The device pool holds packed values: what a load moves is the packed expert.
     pool = source.pool.pools[0]

@@ -48,6 +48,7 @@ from moejax.cache.metrics import CacheMetrics, PassTiming, WaveOutcome
 from moejax.errors import ConfigError
 from moejax.policies.base import EvictionPolicy, MissPolicy, PrefetchPolicy, RoutingPolicy
 from moejax.seam import Key, LayerGate, Wave, requests_in_rank_order
+from moejax.timing import timeline
 from moejax.timing.cost import CostModel
 
 
@@ -152,6 +153,16 @@ class SlotSink(Protocol):
 
 
 @dataclasses.dataclass(slots=True)
+class PlannedWave:
+    """One wave of a layer as planned: its experts in serving order and, with several pools,
+    the pool each is served from and the pool wanted (None with one pool: pool 0 for all)."""
+
+    experts: list[int]
+    targets: list[int] | None = None
+    wants: list[int] | None = None
+
+
+@dataclasses.dataclass(slots=True)
 class PassState:
     """The pass being run: what the cost model needs and how far it has got."""
 
@@ -177,6 +188,10 @@ class ExpertCache:
                  sink: SlotSink | None = None, lookahead_scores: int = 0,
                  pin_scope: str = "layer", prefetch_queue: str = "immediate",
                  host: HostTier | None = None, full_layers: int = 0):
+        # Every constructor argument as given: the compiled replay engine runs a cache only
+        # when it declares each of them (moejax/replay/coverage.py), so a new option runs on
+        # this reference until the kernel learns it.
+        self.options = {k: v for k, v in locals().items() if k != "self"}
         if pin_scope not in PIN_SCOPES:
             raise ConfigError(f"cache.pin_scope={pin_scope!r} is not one of {PIN_SCOPES}")
         if prefetch_queue not in PREFETCH_QUEUES:
@@ -236,6 +251,13 @@ class ExpertCache:
         self.seeding: dict | None = None  # what `cache.seed` placed (build.seed_cache)
         # Profiler annotation around host work (`jax.profiler.TraceAnnotation` when tracing).
         self.annotate = lambda name: contextlib.nullcontext()
+
+    @property
+    def untouched(self) -> bool:
+        """Nothing placed, run or counted yet: the cache as its constructor left it (a seed,
+        a warm start or a pass makes it used)."""
+        return (self.pass_id < 0 and not self.residency and not self.prefetch_origin
+                and not self.queue and not self.metrics.passes and self.seeding is None)
 
     def policies(self) -> tuple[EvictionPolicy, PrefetchPolicy, MissPolicy, RoutingPolicy]:
         return self.eviction, self.prefetch, self.miss, self.routing
@@ -368,7 +390,8 @@ class ExpertCache:
             self.slot_storage[slot] = in_host if in_host > issue_at else 0.0
             issue_at = in_host
         # A slot still being filled by an earlier transfer is reused only after it lands.
-        ready = max(self.clock.transfer(self.slot_bytes[slot], issue_at), self.slot_ready[slot])
+        ready = timeline.landed(self.clock.transfer(self.slot_bytes[slot], issue_at),
+                                self.slot_ready[slot])
         self.residency[key] = slot
         self.slot_key[slot] = key
         self.slot_ready[slot] = ready
@@ -414,81 +437,75 @@ class ExpertCache:
             truth = set(gate.ids.ravel().tolist())
             self.metrics.count_prediction(pos, len(prediction), len(prediction & truth),
                                           len(truth))
-        if self.multi:
-            yield from self._run_pools(gate, layer, pos, ids, weights, active, decision.precision,
-                                       here, had_prediction)
-            return
-        requests = self._requests(layer, ids, active)
 
-        # A reserved full layer is resident whole: one wave.
-        s = self.wave_slots if not self.fixed or (layer, 0) not in self.fixed else len(requests)
-        waves = [requests[i:i + s] for i in range(0, len(requests), s)] or [[]]
-        for w, chunk in enumerate(waves):
+        waves = self._waves(layer, self._requests(layer, ids, active), decision.precision)
+        wave, last = next(waves)
+        only = last
+        w = 0
+        while True:
+            chunk = wave.experts
             now = self.clock.now()
             pinned = self.running_pins = {(layer, e) for e in chunk}
-            outcome = self._serve(layer, pos, chunk, pinned, now, here)
+            outcome, served = self._serve(layer, pos, wave, pinned, now, here)
             if w == 0:
                 self._prefetch(gate, pos, pinned, now)
             outcome.stall = self.clock.wait(outcome.ready)
             p.stall += outcome.stall
             if outcome.storage_ready > now:
                 self.host.count_stall(pos, min(outcome.stall, outcome.storage_ready - now))
-            wave_active = active if len(waves) == 1 else active & np.isin(ids, chunk)
+            wave_active = active if only else active & np.isin(ids, chunk)
             outcome.products = pairs = int(wave_active.sum())
             self.metrics.count_wave(pos, len(chunk), outcome, had_prediction,
                                     self.shape.expert_bytes)
+            if self.multi:
+                self._count_pools(pos, ids, wave_active, chunk, served, outcome.demand_by_pool)
             residency = self.residency
             # (With pin_scope="request" an expert of the wave may already be gone again.)
             yield Wave(layer, {e: residency[(layer, e)] for e in chunk if (layer, e) in residency},
-                       ids, weights, wave_active, first=(w == 0), last=(w == len(waves) - 1))
+                       ids, weights, wave_active, first=(w == 0), last=last)
             if self.cost is not None:
                 self.clock.compute(self.cost.experts(pairs, len(chunk), tokens, shared=(w == 0)))
+            if last:
+                return
+            w += 1
+            wave, last = next(waves)
 
-    # -- several precision pools ---------------------------------------------------------------
-    def _run_pools(self, gate: LayerGate, layer: int, pos: int, ids: np.ndarray,
-                   weights: np.ndarray, active: np.ndarray, wanted: dict[int, str] | None,
-                   here: tuple[int, int], had_prediction: bool) -> Iterator[Wave]:
-        """`run_layer` with several pools: each wave is planned just before it is served (on
-        the residency it finds), so that every pool holds its part of the wave."""
-        p, tokens = self._pass, gate.ids.shape[0]
-        requests = self._requests(layer, ids, active, reorder=False)
+    def _requests(self, layer: int, ids: np.ndarray, active: np.ndarray) -> list[int]:
+        """The layer's distinct experts in router-rank order (rank-major over tokens, first
+        occurrence wins)."""
+        if ids.shape[0] == 1:
+            return [int(e) for e, a in zip(ids[0].tolist(), active[0].tolist()) if a]
+        return requests_in_rank_order(ids, active)
+
+    def _resident_first(self, layer: int, requests: list[int]) -> list[int]:
+        """When a layer needs more than one wave, its resident experts go first, so no wave
+        evicts an expert a later wave of the layer needs only because of ordering."""
+        here = self.in_cache[layer]
+        return [e for e in requests if e in here] + [e for e in requests if e not in here]
+
+    def _waves(self, layer: int, requests: list[int], wanted: dict[int, str] | None
+               ) -> Iterator[tuple["PlannedWave", bool]]:
+        """The layer's waves, each planned just before it is served (on the residency it
+        finds), with whether it is the last. One pool: at most `wave_slots` experts a wave (a
+        reserved full layer is resident whole: one wave). Several pools: `_plan_wave`, so that
+        every pool holds its part of the wave."""
+        if not self.multi:
+            if len(requests) > self.wave_slots:
+                requests = self._resident_first(layer, requests)
+            fixed = self.fixed and (layer, 0) in self.fixed
+            s = len(requests) if fixed else self.wave_slots
+            chunks = [requests[i:i + s] for i in range(0, len(requests), s)] or [[]]
+            for i, chunk in enumerate(chunks):
+                yield PlannedWave(chunk), i == len(chunks) - 1
+            return
         want_of = self._wanted(requests, wanted)
         wave, rest = self._plan_wave(layer, requests, want_of)
         if rest:  # several waves: resident experts first (as with one pool)
-            cached = self.in_cache[layer]
-            requests = ([e for e in requests if e in cached] +
-                        [e for e in requests if e not in cached])
-            wave, rest = self._plan_wave(layer, requests, want_of)
-        w, single = 0, not rest
+            wave, rest = self._plan_wave(layer, self._resident_first(layer, requests), want_of)
         while True:
-            chunk = [e for e, _, _ in wave]
-            now = self.clock.now()
-            pinned = self.running_pins = {(layer, e) for e in chunk}
-            outcome, served, demand = self._serve_pools(layer, pos, wave, pinned, now, here)
-            if w == 0:
-                self._prefetch(gate, pos, pinned, now)
-            outcome.stall = self.clock.wait(outcome.ready)
-            p.stall += outcome.stall
-            wave_active = active if single else active & np.isin(ids, chunk)
-            outcome.products = pairs = int(wave_active.sum())
-            self.metrics.count_wave(pos, len(chunk), outcome, had_prediction,
-                                    self.shape.expert_bytes)
-            requests_by, products_by = [0] * len(self.shape.pools), [0] * len(self.shape.pools)
-            per_expert = (np.bincount(ids[wave_active], minlength=self.shape.num_experts)
-                          if pairs else None)
-            for e, i in zip(chunk, served):
-                requests_by[i] += 1
-                if per_expert is not None:
-                    products_by[i] += int(per_expert[e])
-            self.metrics.count_pools(pos, requests_by, products_by, demand)
-            residency = self.residency
-            yield Wave(layer, {e: residency[(layer, e)] for e in chunk if (layer, e) in residency},
-                       ids, weights, wave_active, first=(w == 0), last=not rest)
-            if self.cost is not None:
-                self.clock.compute(self.cost.experts(pairs, len(chunk), tokens, shared=(w == 0)))
+            yield wave, not rest
             if not rest:
                 return
-            w += 1
             wave, rest = self._plan_wave(layer, rest, want_of)
 
     def _wanted(self, requests: list[int], wanted: dict[int, str] | None) -> dict[int, int]:
@@ -503,18 +520,18 @@ class ExpertCache:
                                  f"outside its levels {self.shape.precisions}") from None
 
     def _plan_wave(self, layer: int, requests: list[int], want_of: dict[int, int]
-                   ) -> tuple[list[tuple[int, int, int]], list[int]]:
-        """The next wave `[(expert, pool it is served from, pool wanted)]` and the requests
-        left for later waves. A pool's room in a wave is its slot count: every key the wave
-        holds in it counts (its hits and fetches, and the low copies an upgrade leaves only when
-        it is served). A fetch whose pool is full falls to the next lower pool with room when
-        the miss policy has `fallback` (an upgrade stays at its resident copy if none above it
-        has room); otherwise the wave ends there."""
+                   ) -> tuple["PlannedWave", list[int]]:
+        """The next wave over several pools (each expert with the pool it is served from and
+        the pool wanted) and the requests left for later waves. A pool's room in a wave is its
+        slot count: every key the wave holds in it counts (its hits and fetches, and the low
+        copies an upgrade leaves only when it is served). A fetch whose pool is full falls to
+        the next lower pool with room when the miss policy has `fallback` (an upgrade stays at
+        its resident copy if none above it has room); otherwise the wave ends there."""
         residency, slot_pool = self.residency, self.slot_pool
         upgrade, fallback = self.miss.upgrade, self.miss.fallback
         room = [p.num_slots for p in self.shape.pools]
         last = len(room)
-        wave: list[tuple[int, int, int]] = []
+        wave = PlannedWave([], [], [])
         for n, e in enumerate(requests):
             want = want_of[e]
             slot = residency.get((layer, e))
@@ -531,28 +548,33 @@ class ExpertCache:
                 if target is None and fallback and r < last:
                     target = r  # no room above: the resident copy serves
             if target is None:
-                if not wave:
+                if not wave.experts:
                     raise AssertionError(f"request {e} of layer {layer} fits no pool")
                 return wave, requests[n:]
             room[target] -= 1
             if r < last and target != r:
                 room[r] -= 1
-            wave.append((e, target, want))
+            wave.experts.append(e)
+            wave.targets.append(target)
+            wave.wants.append(want)
         return wave, []
 
-    def _serve_pools(self, layer: int, pos: int, wave: list[tuple[int, int, int]],
-                     pinned: set[Key], now: float, here: tuple[int, int]
-                     ) -> tuple[WaveOutcome, list[int], list[int]]:
-        """`_serve` over the pools: hits (also below the wanted precision), upgrades, and
-        demand fetches into the planned pool. Returns the outcome, the pool each expert was
-        served from, and the demand bytes per pool."""
-        out = WaveOutcome(ready=now, demand_bytes=0)
+    def _serve(self, layer: int, pos: int, wave: "PlannedWave", pinned: set[Key], now: float,
+               here: tuple[int, int]) -> tuple[WaveOutcome, list[int]]:
+        """Makes the wave's experts resident: hits (a resident copy at or above the pool
+        planned for it; below the wanted precision counted `served_below_wanted`), late hits,
+        and demand fetches of the misses into the planned pool (an upgrade first frees the low
+        copy). Returns the outcome and the pool each expert was served from."""
+        out = WaveOutcome(ready=now, demand_bytes=0, demand_by_pool=[0] * len(self.shape.pools))
         residency, slot_ready, origins = self.residency, self.slot_ready, self.prefetch_origin
-        slot_pool, pools = self.slot_pool, self.shape.pools
-        on_access, tell = self.eviction.on_access, self.tell_precision
+        slot_pool, pools, slot_storage = self.slot_pool, self.shape.pools, self.slot_storage
+        on_access, tell, fixed = self.eviction.on_access, self.tell_precision, self.fixed
         by_layer = self.pin_scope == "layer"
-        served, demand = [], [0] * len(pools)
-        for e, target, want in wave:
+        targets, wants = wave.targets, wave.wants
+        served = []
+        for i, e in enumerate(wave.experts):
+            target = 0 if targets is None else targets[i]
+            want = 0 if wants is None else wants[i]
             key = (layer, e)
             slot = residency.get(key)
             if slot is not None and slot_pool[slot] <= target:
@@ -560,11 +582,17 @@ class ExpertCache:
                 at = slot_ready[slot]
                 if at > now:
                     out.late_hits += 1
-                    out.ready = max(out.ready, at)
+                    if at > out.ready:
+                        out.ready = at
+                    if slot_storage[slot] > out.storage_ready:
+                        out.storage_ready = slot_storage[slot]
                 else:
                     out.hits += 1
                 if slot_pool[slot] > want:
                     out.served_below_wanted += 1
+                if fixed and key in fixed:  # a reserved full layer: the policy never sees it
+                    served.append(slot_pool[slot])
+                    continue
                 if origins and origins.pop(key, None) == here:
                     out.prefetch_used += 1
             else:
@@ -577,75 +605,36 @@ class ExpertCache:
                 if slot is None:
                     raise AssertionError(f"no slot in the {pools[target].precision} pool for a "
                                          "demand fetch although the wave was planned to fit")
-                out.ready = max(out.ready, self._admit(key, slot, now, False, pos))
+                ready = self._admit(key, slot, now, False, pos)
+                if ready > out.ready:
+                    out.ready = ready
                 out.misses += 1
                 nbytes = pools[target].expert_bytes
                 out.demand_bytes += nbytes
-                demand[target] += nbytes
+                out.demand_by_pool[target] += nbytes
                 if target > want:
                     out.served_below_wanted += 1
+                if slot_storage[slot] > out.storage_ready:
+                    out.storage_ready = slot_storage[slot]
             served.append(slot_pool[slot])
             on_access(key, pos)
             if tell:
                 self.eviction.on_use_precision(key, pools[slot_pool[slot]].precision)
-        return out, served, demand
+        return out, served
 
-    def _requests(self, layer: int, ids: np.ndarray, active: np.ndarray,
-                  reorder: bool = True) -> list[int]:
-        """The layer's distinct experts in router-rank order (rank-major over tokens, first
-        occurrence wins). When they need more than one wave, the resident ones go first, so no
-        wave evicts an expert a later wave of the layer needs only because of ordering
-        (`reorder=False`: the caller decides, as several pools do)."""
-        if ids.shape[0] == 1:
-            requests = [int(e) for e, a in zip(ids[0].tolist(), active[0].tolist()) if a]
-        else:
-            requests = requests_in_rank_order(ids, active)
-        if reorder and len(requests) > self.wave_slots:
-            here = self.in_cache[layer]
-            requests = ([e for e in requests if e in here] +
-                        [e for e in requests if e not in here])
-        return requests
-
-    def _serve(self, layer: int, pos: int, chunk: list[int], pinned: set[Key], now: float,
-               here: tuple[int, int]) -> WaveOutcome:
-        """Makes `chunk` resident: hits, late hits, and demand fetches of the misses."""
-        out = WaveOutcome(ready=now)
-        residency, slot_ready, origins = self.residency, self.slot_ready, self.prefetch_origin
-        on_access = self.eviction.on_access
-        by_layer = self.pin_scope == "layer"
-        tell = self.tell_precision
-        fixed = self.fixed
-        slot_storage = self.slot_storage
-        for e in chunk:
-            key = (layer, e)
-            slot = residency.get(key)
-            if slot is not None:
-                at = slot_ready[slot]
-                if at > now:
-                    out.late_hits += 1
-                    out.ready = max(out.ready, at)
-                    if slot_storage[slot] > out.storage_ready:
-                        out.storage_ready = slot_storage[slot]
-                else:
-                    out.hits += 1
-                if fixed and key in fixed:  # a reserved full layer: the policy never sees it
-                    continue
-                if origins and origins.pop(key, None) == here:
-                    out.prefetch_used += 1
-            else:
-                out.collisions += key in self.seen_this_pass
-                slot = self._allocate(pos, pinned if by_layer else {key}, key)
-                if slot is None:
-                    raise AssertionError("no slot for a demand fetch although the wave "
-                                         "fits the cache")
-                out.ready = max(out.ready, self._admit(key, slot, now, False, pos))
-                out.misses += 1
-                if slot_storage[slot] > out.storage_ready:
-                    out.storage_ready = slot_storage[slot]
-            on_access(key, pos)
-            if tell:  # one pool: every use is at the plain precision
-                self.eviction.on_use_precision(key, self.shape.precision)
-        return out
+    def _count_pools(self, pos: int, ids: np.ndarray, wave_active: np.ndarray,
+                     chunk: list[int], served: list[int], demand: list[int]) -> None:
+        """Several pools: a wave's requests and products by the precision that served them,
+        and its demand bytes by pool."""
+        n = len(self.shape.pools)
+        requests_by, products_by = [0] * n, [0] * n
+        per_expert = (np.bincount(ids[wave_active], minlength=self.shape.num_experts)
+                      if wave_active.any() else None)
+        for e, i in zip(chunk, served):
+            requests_by[i] += 1
+            if per_expert is not None:
+                products_by[i] += int(per_expert[e])
+        self.metrics.count_pools(pos, requests_by, products_by, demand)
 
     def _prefetch(self, gate: LayerGate, pos: int, pinned: set[Key], issue_at: float) -> None:
         """Admits the prefetch policy's predictions while a slot is free or evictable. What
@@ -727,9 +716,8 @@ class ExpertCache:
             if key in self.residency:
                 del queue[key]
                 continue
-            engine_at = min(engine_free)
-            issue = queued_at if queued_at > engine_at else engine_at
-            if issue > now or (strict and issue == now):
+            issue = timeline.watchdog_issue_time(queued_at, engine_free)
+            if not timeline.watchdog_may_issue(issue, now, strict):
                 return
             if protected is None:
                 protected = set(self.running_pins)

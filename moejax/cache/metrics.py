@@ -68,6 +68,7 @@ class WaveOutcome:
     served_below_wanted: int = 0  # hits on a copy below the wanted precision
     products: int = 0  # token-expert contributions the wave computes
     demand_bytes: int | None = None  # None: misses x the plain precision's expert bytes
+    demand_by_pool: list[int] | None = None  # the demand bytes of each precision pool
     ready: float = 0.0  # when the last of the wave's experts lands
     # When the last storage read feeding the wave (a demand fetch's, or the one behind a late
     # hit's transfer) lands; 0.0 when none was waited for (or no host tier).

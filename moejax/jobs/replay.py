@@ -165,7 +165,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     start = time.perf_counter()
     try:
         engine = replay(cache, traces, context, bar.update if bar is not None else None,
-               engine=config.cache.get("replay_engine", "auto"))
+                        engine=config.cache.get("replay_engine", "auto"))
     finally:
         if bar is not None:
             bar.close()
@@ -184,7 +184,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
         "cache": report_cache(config, cache, workdir, passes=False,
                               expert_bytes_known=bytes_known, policies=policies),
         "replay": {"seconds": elapsed, "requests_per_s": requests / elapsed if elapsed else None,
-                   "engine": engine},
+                   "engine": engine.engine, "engine_reason": engine.reason},
         "config": config.to_dict(),
     }
     write_json_atomic(os.path.join(workdir, "results.json"), results)

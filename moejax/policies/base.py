@@ -36,6 +36,7 @@ from typing import Callable, ClassVar
 
 import numpy as np
 
+from moejax.policies.declare import Domain, KernelForm
 from moejax.seam import Key, LayerGate
 
 __all__ = ["EvictionPolicy", "Key", "LayerGate", "MissDecision", "MissPolicy", "Policy",
@@ -53,11 +54,26 @@ class Policy:
     needs_future: ClassVar[bool] = False
     replay_only: ClassVar[bool] = False
     needs_precision: ClassVar[bool] = False
+    # The values of each spec argument, and what the compiled replay kernel implements of the
+    # class (`moejax/policies/declare.py`; `KERNEL` is read from the class's own body only).
+    ARGS: ClassVar[dict[str, Domain]] = {}
+    KERNEL: ClassVar[KernelForm | None] = None
+    # Every spec argument's value, defaults included, as the registry built the policy (None
+    # when built without the registry: its compiled form is then unknown).
+    arguments: dict | None = None
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
         if cls.needs_future and not cls.replay_only:
             raise TypeError(f"{cls.__name__} needs the future, so it must be replay_only")
+
+    def kernel_form(self) -> str | None:
+        """The compiled replay kernel's form of this policy, or None when it has none for this
+        class and these arguments (then the reference engine runs)."""
+        declared = type(self).__dict__.get("KERNEL")
+        if declared is None or self.arguments is None:
+            return None
+        return declared.form_of(self, self.arguments)
 
     def set_future(self, future, cache) -> None:
         """Replay hands the future routing (`moejax.replay.Future`) and the cache to a

@@ -16,6 +16,7 @@ from collections import OrderedDict
 import numpy as np
 
 from moejax.policies.base import EvictionPolicy, Key
+from moejax.policies.declare import Choice, KernelForm
 from moejax.policies.registry import register
 
 
@@ -32,11 +33,36 @@ def _first_evictable(order, evictable):
     return None
 
 
+# The orders in which the layered policies look for a victim, as data: the reference's policy
+# objects below and the compiled replay kernel (which reads them as tables) share them, so an
+# order is written once. `pos` is the running MoE layer position, -1 before a pass's first
+# layer (the watchdog issuing at a pass start).
+def least_stale_walk(order: str, pos: int, num_layers: int) -> tuple[int, ...]:
+    """The queues a Least-Stale victim search walks, first to last (`LeastStale`): queue
+    `q < L` is position q's stale queue, `L + q` its current queue."""
+    L = num_layers
+    if order == "two_queue":
+        return tuple(range(2 * L))
+    if order == "left_first":
+        left, right = tuple(range(0, pos + 1)), tuple(range(pos + 1, L))
+        return left + tuple(L + q for q in left) + right + tuple(L + q for q in right)
+    if order == "cyclic":
+        cycle = tuple(range(pos, -1, -1)) + tuple(range(L - 1, pos, -1))
+        return cycle + tuple(L + q for q in cycle)
+    raise ValueError(f"unknown Least-Stale order {order!r}")
+
+
+def farthest_layer_walk(pos: int, num_layers: int) -> tuple[int, ...]:
+    """FLD's layers, farthest from `pos` first, the lower position first among equals."""
+    return tuple(sorted(range(num_layers), key=lambda p: (-abs(p - pos), p)))
+
+
 @register("eviction", "lru")
 class LRU(_Base):
     """Global least-recently-used across all layers (admission counts as a use)."""
 
     name = "lru"
+    KERNEL = KernelForm("lru")
 
     def __init__(self, num_layers: int, num_experts: int):
         super().__init__(num_layers, num_experts)
@@ -63,6 +89,7 @@ class FIFO(LRU):
     """First in, first out: admission order only."""
 
     name = "fifo"
+    KERNEL = KernelForm("fifo")
 
     def on_access(self, key, pos):
         pass
@@ -79,6 +106,7 @@ class LRUPerLayer(_Base):
     deadlocks); global LRU only if no layer is over its share."""
 
     name = "lru_per_layer"
+    KERNEL = KernelForm("lru_per_layer")
 
     def __init__(self, num_layers: int, num_experts: int, num_slots: int):
         super().__init__(num_layers, num_experts)
@@ -126,6 +154,7 @@ class LFU(_Base):
     """Least frequently used over the whole run; ties broken by least recent use."""
 
     name = "lfu"
+    KERNEL = KernelForm("lfu")
 
     def __init__(self, num_layers: int, num_experts: int):
         super().__init__(num_layers, num_experts)
@@ -164,10 +193,12 @@ class FLD(_Base):
     (|layer position - current position|), least recently used first within a layer."""
 
     name = "fld"
+    KERNEL = KernelForm("fld")
 
     def __init__(self, num_layers: int, num_experts: int):
         super().__init__(num_layers, num_experts)
         self.per_layer: list[OrderedDict[Key, None]] = [OrderedDict() for _ in range(num_layers)]
+        self.walks = {p: farthest_layer_walk(p, num_layers) for p in range(-1, num_layers)}
 
     def on_admit(self, key, pos, prefetch):
         self.per_layer[self.pos_of[key[0]]][key] = None
@@ -181,8 +212,7 @@ class FLD(_Base):
         del self.per_layer[self.pos_of[key[0]]][key]
 
     def victim(self, pos, evictable, incoming=None):
-        by_distance = sorted(range(self.num_layers), key=lambda p: (-abs(p - pos), p))
-        for p in by_distance:
+        for p in self.walks[max(-1, min(pos, self.num_layers - 1))]:
             key = _first_evictable(self.per_layer[p], evictable)
             if key is not None:
                 return key
@@ -301,6 +331,9 @@ class LeastStale(_Base):
     name = "least_stale"
     ORDERS = ("two_queue", "left_first", "cyclic")
     PREFETCH_CURRENT = ("pass", "until_target")
+    ARGS = {"order": Choice(ORDERS), "prefetch_current": Choice(PREFETCH_CURRENT)}
+    KERNEL = KernelForm(lambda p: f"least_stale:{p.order}",
+                        {"order": ORDERS, "prefetch_current": ("pass",)})
 
     def __init__(self, num_layers: int, num_experts: int, order: str = "left_first",
                  prefetch_current: str = "pass"):
@@ -318,18 +351,9 @@ class LeastStale(_Base):
         self.reached = -1  # highest running position seen in this pass (until_target)
         # The queues a victim search walks, per running position -1..L-1 (the queue objects
         # are never replaced, only mutated, so the walks stay valid).
-        self.walks = {p: self._walk(p) for p in range(-1, num_layers)}
-
-    def _walk(self, pos: int) -> tuple[OrderedDict, ...]:
-        L, stale, cur = self.num_layers, self.stale, self.current
-        if self.order == "two_queue":
-            return tuple(stale) + tuple(cur)
-        if self.order == "left_first":
-            left, right = range(0, pos + 1), range(pos + 1, L)
-            return (tuple(stale[p] for p in left) + tuple(cur[p] for p in left)
-                    + tuple(stale[p] for p in right) + tuple(cur[p] for p in right))
-        cyc = list(range(pos, -1, -1)) + list(range(L - 1, pos, -1))
-        return tuple(stale[p] for p in cyc) + tuple(cur[p] for p in cyc)
+        queues = self.stale + self.current
+        self.walks = {p: tuple(queues[q] for q in least_stale_walk(order, p, num_layers))
+                      for p in range(-1, num_layers)}
 
     def on_pass_start(self, pass_id):
         for p in range(self.num_layers):
@@ -436,6 +460,7 @@ class Belady(_Base):
     miss (demand fetch)."""
 
     name = "belady"
+    KERNEL = KernelForm("belady")
     needs_future = True
     replay_only = True
 

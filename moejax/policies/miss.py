@@ -36,6 +36,7 @@ import numpy as np
 
 from moejax.errors import ConfigError
 from moejax.policies.base import LayerGate, MissDecision, MissPolicy
+from moejax.policies.declare import Choice, Floats, Ints, KernelForm, Levels
 from moejax.policies.registry import register
 from moejax.quant import formats
 
@@ -90,6 +91,7 @@ def cascade_below(precision: str) -> tuple[str, ...]:
 @register("miss", "fetch")
 class Fetch(MissPolicy):
     name = "fetch"
+    KERNEL = KernelForm("fetch")
 
     def __init__(self, cache_precision: str = ""):
         self._set_levels(cache_precision)
@@ -112,6 +114,7 @@ class Drop(MissPolicy):
     contributions are not renormalised."""
 
     name = "drop"
+    ARGS = {"keep": Ints(1, None, fuzz_hi=4)}
 
     def __init__(self, keep: int = 2, cache_precision: str = ""):
         _check_keep(keep)
@@ -134,6 +137,7 @@ class Substitute(MissPolicy):
     original weight. Otherwise the expert is fetched."""
 
     name = "substitute"
+    ARGS = {"tol": Floats(0.0, 1.0)}
     needs_probs = True
 
     def __init__(self, tol: float = 0.05, cache_precision: str = ""):
@@ -172,6 +176,7 @@ class FetchLowestBit(MissPolicy):
     one). Prefetches move `levels[0]`; a resident copy at a higher precision serves as is."""
 
     name = "fetch_lowest_bit"
+    ARGS = {"levels": Levels(optional=True)}
 
     def __init__(self, levels: str | None = None, cache_precision: str = ""):
         if levels is None:
@@ -215,6 +220,8 @@ class FetchPriority(_Cascade):
     expert wanted above its resident copy's precision is fetched again (see `MissPolicy`)."""
 
     name = "fetch_priority"
+    ARGS = {"levels": Levels(optional=True), "percentile": Floats(0.0, 100.0),
+            "upgrade": Choice((False, True))}
 
     def __init__(self, levels: str | None = None, percentile: float = 60,
                  upgrade: bool = False, cache_precision: str = ""):
@@ -237,6 +244,8 @@ class DropPriorityCascade(_Cascade):
     renormalised (as `drop`)."""
 
     name = "drop_priority_cascade"
+    ARGS = {"levels": Levels(optional=True), "percentile": Floats(0.0, 100.0),
+            "keep": Ints(1, None, fuzz_hi=4), "upgrade": Choice((False, True))}
 
     drop_band = True
 

@@ -2,6 +2,12 @@
 layer's speculative scores (the later layers' gates applied to this layer's hidden state).
 
 With several tokens in a pass (prefill), an expert's score is its mean over the tokens.
+
+Every policy here predicts from the gates (and, replay-only, the trace's future) and never from
+what the cache holds, so the compiled replay engine takes its predictions from the policy
+object itself, pass by pass, before its kernel runs: each declares the kernel form
+`"predictions"` for any argument values. A prefetcher whose predictions read the cache must
+not declare it.
 """
 
 from __future__ import annotations
@@ -11,6 +17,7 @@ import numpy as np
 
 from moejax.errors import ConfigError
 from moejax.policies.base import LayerGate, PrefetchPolicy
+from moejax.policies.declare import ANY, Floats, Ints, KernelForm
 from moejax.policies.registry import register
 from moejax.seam import requests_in_rank_order
 
@@ -40,6 +47,7 @@ class _SpecPrefetch(PrefetchPolicy):
 @register("prefetch", "none")
 class NoPrefetch(PrefetchPolicy):
     name = "none"
+    KERNEL = KernelForm("predictions")
     lookahead = 0
 
     def predict(self, gate: LayerGate):
@@ -52,6 +60,8 @@ class TopKPrefetch(_SpecPrefetch):
     gives 12 for OLMoE's top-8)."""
 
     name = "topk"
+    ARGS = {"overfetch": Floats(0.25, 4.0), "lookahead": Ints(1, None, fuzz_hi=3)}
+    KERNEL = KernelForm("predictions", {"overfetch": ANY, "lookahead": ANY})
 
     def __init__(self, top_k: int, num_experts: int, overfetch: float = 1.0, lookahead: int = 1):
         super().__init__(top_k, num_experts, lookahead)
@@ -77,6 +87,8 @@ class ScorePercentilePrefetch(_SpecPrefetch):
     a histogram with log-spaced bins, so the threshold is exact to a bin (~2.7%)."""
 
     name = "score_percentile"
+    ARGS = {"p": Floats(0.0, 100.0, hi_open=True), "lookahead": Ints(1, None, fuzz_hi=3)}
+    KERNEL = KernelForm("predictions", {"p": ANY, "lookahead": ANY})
 
     def __init__(self, top_k: int, num_experts: int, p: float = 80.0, lookahead: int = 1):
         super().__init__(top_k, num_experts, lookahead)
@@ -133,6 +145,8 @@ class OraclePrefetch(_Lookahead):
     """The true future routing of the next layers (replay only): the prefetch ceiling."""
 
     name = "oracle"
+    ARGS = {"lookahead": Ints(1, None, fuzz_hi=3)}
+    KERNEL = KernelForm("predictions", {"lookahead": ANY})
     needs_future = True
     replay_only = True
 
@@ -158,6 +172,8 @@ class NoisyOraclePrefetch(OraclePrefetch):
     replaced by a random wrong expert of the layer (seeded): prediction quality as a knob."""
 
     name = "noisy_oracle"
+    ARGS = {"precision": Floats(0.0, 1.0), "lookahead": Ints(1, None, fuzz_hi=3)}
+    KERNEL = KernelForm("predictions", {"precision": ANY, "lookahead": ANY})
 
     def __init__(self, num_experts: int, precision: float = 0.8, lookahead: int = 1,
                  seed: int = 0):
@@ -203,6 +219,8 @@ class TemporalPrefetch(_Lookahead):
     id-only traces and live)."""
 
     name = "temporal"
+    ARGS = {"lookahead": Ints(1, None, fuzz_hi=3)}
+    KERNEL = KernelForm("predictions", {"lookahead": ANY})
 
     def __init__(self, lookahead: int = 1):
         super().__init__(lookahead)

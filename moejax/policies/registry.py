@@ -26,6 +26,18 @@ PLANNED: dict[tuple[str, str], str] = {}
 # Constructor parameters only the cache's context fills, never a spec's argument (built without
 # them, a policy takes its default): the plain precision (`moejax.cache.policy_context`).
 CONTEXT_ONLY = frozenset({"cache_precision"})
+# Every constructor parameter the cache's context may fill (`moejax.cache.policy_context`);
+# the others are the policy's spec arguments, each of which must declare its values (`ARGS`).
+CONTEXT = frozenset({"num_layers", "num_experts", "top_k", "num_slots", "seed", "renormalize"}
+                    ) | CONTEXT_ONLY
+
+
+def spec_arguments(cls: type[Policy]) -> dict[str, Any]:
+    """The arguments a spec may give `cls`, with their defaults (`inspect.Parameter.empty`
+    when required), in the constructor's order."""
+    params = inspect.signature(cls).parameters.values()
+    return {p.name: p.default for p in params if p.name not in CONTEXT
+            and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
 
 
 def register(kind: str, name: str):
@@ -38,6 +50,10 @@ def register(kind: str, name: str):
             raise TypeError(f"{kind} policy {name!r} must subclass {KINDS[kind].__name__}")
         if cls.name != name:
             raise TypeError(f"{cls.__name__}.name is {cls.name!r}, registered as {name!r}")
+        undeclared = sorted(set(spec_arguments(cls)) ^ set(cls.ARGS))
+        if undeclared:
+            raise TypeError(f"{kind} policy {name!r}: ARGS must declare exactly its spec "
+                            f"arguments {list(spec_arguments(cls))}; mismatch: {undeclared}")
         _REGISTRIES[kind][name] = cls
         return cls
 
@@ -119,6 +135,9 @@ def build(kind: str, spec: str, **context: Any) -> Any:
         bound[key] = value
     ctx = {k: v for k, v in context.items() if k in params}
     try:
-        return ctor(**bound, **ctx)
+        policy = ctor(**bound, **ctx)
     except (TypeError, ValueError) as e:
         raise ConfigError(f"{kind} policy {spec!r}: {e}") from e
+    policy.arguments = {name: bound.get(name, default)
+                        for name, default in spec_arguments(ctor).items()}
+    return policy

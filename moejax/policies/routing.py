@@ -17,12 +17,14 @@ import numpy as np
 
 from moejax.errors import ConfigError
 from moejax.policies.base import LayerGate, RoutingPolicy
+from moejax.policies.declare import Floats, KernelForm
 from moejax.policies.registry import register
 
 
 @register("routing", "standard")
 class Standard(RoutingPolicy):
     name = "standard"
+    KERNEL = KernelForm("standard")
 
     def select(self, gate, cached):
         return gate.ids, gate.weights
@@ -31,6 +33,7 @@ class Standard(RoutingPolicy):
 @register("routing", "cache_aware")
 class CacheAware(RoutingPolicy):
     name = "cache_aware"
+    ARGS = {"lam": Floats(0.0, 2.0)}
     needs_probs = True
 
     def __init__(self, top_k: int, renormalize: bool, lam: float = 0.3):

@@ -7,8 +7,9 @@ engine (`compiled.py`, its numba kernel `kernel.py`) runs the configurations it 
 that read the future (Belady, the oracles) get it from `future.py`.
 """
 
-from moejax.replay.engine import ENGINES, replay
+from moejax.replay.coverage import ENGINES, Decision
+from moejax.replay.engine import replay
 from moejax.replay.future import Future, future_of, future_of_requests
 from moejax.replay.gates import layer_gates
 
-__all__ = ["ENGINES", "Future", "future_of", "future_of_requests", "layer_gates", "replay"]
+__all__ = ["ENGINES", "Decision", "Future", "future_of", "future_of_requests", "layer_gates", "replay"]

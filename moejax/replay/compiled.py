@@ -1,29 +1,32 @@
-"""The compiled replay engine: trace replay through `moejax/replay/kernel.py` (numba)
-instead of the policy objects, for the configurations grids replay.
+"""The compiled replay engine: trace replay through the numba kernel (`kernel.py`) instead of the
+policy objects, for the configurations it declares (`coverage.py`; everything else runs on the
+reference engine, `engine.py`).
 
-**Covers:** eviction lru, fifo, lru_per_layer, lfu, fld, least_stale (its three orders, with
-`prefetch_current="pass"`) and belady; every prefetch policy (their predictions depend on the
-gates and the future only, never on the cache, so they are taken from the policy object itself
-before the kernel runs, in pass order, exactly as the reference calls it); both prefetch
-queues (immediate, watchdog); both pin scopes; prefill layers in waves; the virtual clock
-with its copy engines and host link and the cost model's compute. Not covered (the reference
-runs): other evictions (score, random, lhu, priority, least_stale until_target), miss
-policies other than fetch, routing other than standard, several precision pools, the host
-tier, full-layer placement, a seeded or already used cache, a slot sink, a wall clock.
+**What it implements.** The evictions with a kernel form (lru, fifo, lru_per_layer, lfu, fld,
+least_stale in its three orders with `prefetch_current="pass"`, belady); every prefetcher
+whose predictions never read the cache (all of them: they are taken from the policy object
+itself, pass by pass, before the kernel runs, exactly as the reference calls it); fetch and
+standard routing; both prefetch queues and pin scopes; prefill layers in waves; the virtual
+clock's copy engines and host link, and the cost model's compute.
 
-**One semantics.** It is a second implementation of `ExpertCache.run_layer` and the policies
-(DESIGN.md "one policy code path"): rank-order requests, free slots lowest first, each policy's
-order and tie-breaks, what a prefetch call and the watchdog protect, collision misses, late
-hits, prefetch origins (used, wasted, evicted before use), the predicted sets, the dropped
-queue entries, and the compute as the same float additions in the same order.
-`tests/test_fast_replay.py` checks it against the reference — counters per layer, pass timings,
-per-pass running totals, final residency, prefetch origins and clock — on every shipped trace
-and on random traces (property tests over policies, queues, pin scopes, waves and engines).
+**What is written once.** The time arithmetic — a transfer's booking, when a slot holds its
+expert, a stall, when the watchdog may issue, the roofline of the experts step — is
+`moejax/timing/timeline.py`, which the reference calls and the kernel compiles. The victim
+orders of FLD and Least-Stale are `farthest_layer_walk` / `least_stale_walk`
+(`moejax/policies/eviction.py`), which the reference's policies use and which are handed to
+the kernel here as tables. The other victim orders (LRU's recency list, LFU's counts, Belady's
+next use), the allocation, admission, collision and wave bookkeeping and the watchdog's queue
+exist twice: as the reference's Python objects and as the kernel's flat integer state
+(docs/DESIGN.md, "Two replay engines" says why). `tests/test_compiled_replay.py` holds the
+two equal — counters per layer, pass timings, per-pass running totals, final residency,
+prefetch origins and clock — by a fuzzer drawn from the policy registry, on every shipped
+trace and on a slice of the capture grid; `tests/reference_cache.py` is a from-scratch oracle
+that shares no code with either.
 
-`replay()` takes it by itself when `applicable` says so; `cache.replay_engine` ("auto",
-"reference") chooses, and results.json `replay.engine` says which ran. The eviction policy
-object is not stepped (its state stays empty); the prefetch policy object is, by the
-predictions taken from it.
+`replay()` (`engine.py`) takes this engine when `coverage.decide` says so; results.json's
+`replay.engine` and `replay.engine_reason` say which ran and why. The eviction policy object is
+not stepped (its state stays empty); the prefetch policy object is, by the predictions taken
+from it.
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ from __future__ import annotations
 import numpy as np
 
 from moejax.cache import BYTES, COUNTERS, SECONDS, CacheMetrics, ExpertCache, PassTiming
+from moejax.policies.eviction import farthest_layer_walk, least_stale_walk
+from moejax.replay import coverage
 from moejax.replay import kernel as K
 from moejax.replay.future import future_of_requests
 from moejax.replay.gates import layer_gates
@@ -38,30 +43,18 @@ from moejax.seam import requests_in_rank_order
 
 assert K.ROWS == COUNTERS + BYTES + SECONDS, "kernel.ROWS must follow CacheMetrics"
 
-EVICTIONS = {"lru": K.LRU, "fifo": K.FIFO, "lru_per_layer": K.LRU_PER_LAYER, "lfu": K.LFU,
-             "fld": K.FLD, "belady": K.BELADY}
-LEAST_STALE = {"two_queue": K.LS_TWO_QUEUE, "left_first": K.LS_LEFT_FIRST,
-               "cyclic": K.LS_CYCLIC}
 
-
-def _policy_code(eviction) -> int | None:
-    if eviction.name == "least_stale":
-        return None if eviction.until_target else LEAST_STALE[eviction.order]
-    return EVICTIONS.get(eviction.name)
-
-
-def applicable(cache: ExpertCache) -> str | None:
-    """None when the compiled engine can run `cache`, else why not (one line)."""
-    if _policy_code(cache.eviction) is None:
-        return f"eviction {cache.eviction.name} has no compiled form"
-    if cache.miss.name != "fetch" or cache.routing.name != "standard":
-        return "a miss policy other than fetch or routing other than standard"
-    if cache.clock.kind != "virtual":
-        return "a wall clock"
-    if cache.multi or cache.host is not None or cache.fixed or cache.residency or \
-            cache.pass_id >= 0 or cache.sink is not None:
-        return "several pools, a host tier, placement, a used cache or a sink"
-    return None
+def _walks(form: str, n_layers: int) -> np.ndarray:
+    """The victim walk of a layered eviction per running position -1..L-1, as the table the
+    kernel reads (`[L + 1, width]`: row `pos + 1`); empty for the others."""
+    if form == "fld":
+        return np.asarray([farthest_layer_walk(p, n_layers) for p in range(-1, n_layers)],
+                          np.int64)
+    if form.startswith("least_stale:"):
+        order = form.split(":", 1)[1]
+        return np.asarray([least_stale_walk(order, p, n_layers) for p in range(-1, n_layers)],
+                          np.int64)
+    return np.zeros((n_layers + 1, 0), np.int64)
 
 
 def _requests(traces, n_experts: int):
@@ -190,20 +183,19 @@ def _compute_plan(cache: ExpertCache, passes: list, context_start: list[int] | N
 
 
 def _cost_params(cache: ExpertCache) -> tuple:
-    """What `CostModel.experts` reads, for the kernel (zeros without a cost model)."""
-    cost = cache.cost
-    if cost is None:
-        return False, 0, 0, 0.0, 1.0, 1.0, 0.0  # (has_cost False: never read)
-    cfg, hw = cost.cfg, cost.hw
-    return (True, int(cfg.expert_param_count),
-            int(3 * cfg.hidden_size * cfg.shared_expert_intermediate_size), float(cost.b),
-            hw.peak_tflops * 1e12, hw.hbm_gbps * 1e9, float(hw.launch_s))
+    """What `timeline.experts_step` reads besides a wave's counts, for the kernel (with
+    `has_cost` False, and never read, without a cost model)."""
+    if cache.cost is None:
+        return False, 0, 0, 0.0, 1.0, 1.0, 0.0
+    per_expert, shared, dtype_b, peak, hbm, launch = cache.cost.experts_terms()
+    return True, int(per_expert), int(shared), float(dtype_b), float(peak), float(hbm), \
+        float(launch)
 
 
 def run(cache: ExpertCache, traces, context_start: list[int] | None = None) -> None:
-    """Replays `traces` through `cache` on the compiled engine (`applicable(cache)` is None),
-    filling its metrics and leaving its state as `replay` would."""
-    reason = applicable(cache)
+    """Replays `traces` through `cache` on the compiled engine (`coverage.uncovered(cache)` is
+    None), filling its metrics and leaving its state as the reference would."""
+    reason = coverage.uncovered(cache)
     if reason is not None:
         raise ValueError(f"the compiled replay engine cannot run this cache: {reason}")
     shape = cache.shape
@@ -213,16 +205,17 @@ def run(cache: ExpertCache, traces, context_start: list[int] | None = None) -> N
     n_pl = len(starts) - 1
     assert n_pl == len(passes) * n_layers
     grp_off, grp_target, grp_start, pred_experts = _predictions(cache, traces, keys, starts)
-    policy = _policy_code(cache.eviction)
+    form = cache.eviction.kernel_form()
+    policy = K.EVICTIONS[form]
     uses_off, uses = (_uses(keys, n_keys) if policy == K.BELADY
                       else (np.zeros(n_keys + 1, np.int64), np.zeros(0, np.int64)))
     quota = np.asarray(getattr(cache.eviction, "quota", [0] * n_layers), np.int64)
     clock = cache.clock
     I, F = K.layout(policy, shape.num_slots, n_experts, n_layers, cache.watchdog,
                     cache.pin_scope == "layer", len(clock.engine_free), quota, starts,
-                    uses_off, uses,
-                    (float(shape.expert_bytes), clock.hw.h2d_latency_s, clock._engine_bps,
-                     clock._link_bps))
+                    uses_off, uses, _walks(form, n_layers),
+                    (float(shape.expert_bytes), clock.latency_s, clock.engine_bps,
+                     clock.link_bps))
     timings, running, pins = K.run(
         I, F, keys, mult, np.asarray([t for _, t, _ in passes], np.int64),
         np.asarray([pairs for _, _, pairs in passes], np.int64),

@@ -1,5 +1,7 @@
-"""Trace replay: drives the very same `ExpertCache`, policies and clock the live runtime uses
-from recorded gate outputs instead of a model (DESIGN.md: one policy code path).
+"""Trace replay, the reference engine: drives the very same `ExpertCache`, policies and clock the
+live runtime uses from recorded gate outputs instead of a model (DESIGN.md: one policy code
+path); `replay` hands a cache to the compiled engine instead only where `coverage.decide` says
+it implements all of it.
 
 Passes are replayed in order; a trace's first `prefill_passes` passes are prefill, the rest
 decode steps. A file holding several sequences (a vLLM log's problems) is replayed sequence
@@ -12,28 +14,28 @@ from __future__ import annotations
 
 from moejax.cache import ExpertCache
 from moejax.errors import ConfigError
-from moejax.replay import compiled
+from moejax.replay import compiled, coverage
+from moejax.replay.coverage import ENGINES, Decision
 from moejax.replay.future import future_of
 from moejax.replay.gates import layer_gates
 from moejax.traces.format import Trace
 
-ENGINES = ("auto", "reference")
-
 
 def replay(cache: ExpertCache, traces: list[Trace], context_start: list[int] | None = None,
-           progress=None, engine: str = "auto") -> str:
+           progress=None, engine: str = "auto") -> Decision:
     """Replays `traces` through `cache` (then `cache.finish()`). `context_start[i]`: tokens
     already in context before sequence i's first pass (capture traces start after a prompt
-    that is not in the file). `engine`: "auto" takes the compiled path
-    (`moejax/cache/compiled.py`) where it applies, "reference" always runs the policy
-    objects request by request. Returns the engine that ran: "compiled" or "reference"."""
+    that is not in the file). `engine`: "auto" takes the compiled engine where everything the
+    cache is has a compiled form (`coverage.decide`), "reference" always runs the policy
+    objects request by request. Returns which engine ran and why."""
     if engine not in ENGINES:
         raise ConfigError(f"cache.replay_engine={engine!r} is not one of {ENGINES}")
-    if engine == "auto" and compiled.applicable(cache) is None:
+    decision = coverage.decide(cache, engine)
+    if decision.engine == "compiled":
         compiled.run(cache, traces, context_start)
         if progress is not None:
             progress(sum(t.num_passes for t in traces))
-        return "compiled"
+        return decision
     future = None
     for policy in (cache.eviction, cache.prefetch, cache.miss, cache.routing):
         if policy.needs_future:
@@ -54,4 +56,4 @@ def replay(cache: ExpertCache, traces: list[Trace], context_start: list[int] | N
             if progress is not None:
                 progress(1)
     cache.finish()
-    return "reference"
+    return decision

@@ -30,11 +30,21 @@ prefetch call's selection) are stamps: key `g` is protected while its stamp is t
 
 from __future__ import annotations
 
+import glob
+import hashlib
+import inspect
+import os
+
 import numba
 import numpy as np
 
-# Eviction policy codes.
+from moejax.timing import timeline
+
+# Eviction policy codes, and the policies' kernel forms they implement (`KernelForm`).
 LRU, FIFO, LRU_PER_LAYER, LFU, FLD, LS_TWO_QUEUE, LS_LEFT_FIRST, LS_CYCLIC, BELADY = range(9)
+EVICTIONS = {"lru": LRU, "fifo": FIFO, "lru_per_layer": LRU_PER_LAYER, "lfu": LFU, "fld": FLD,
+             "least_stale:two_queue": LS_TWO_QUEUE, "least_stale:left_first": LS_LEFT_FIRST,
+             "least_stale:cyclic": LS_CYCLIC, "belady": BELADY}
 NEVER = np.iinfo(np.int64).max
 
 # Counter rows, in `metrics.COUNTERS + BYTES + SECONDS` order (checked by compiled.py).
@@ -59,31 +69,58 @@ QUOTA, PSET, PCOUNT = range(3)
 
 # The head of I: settings, scalars, and the blocks' offsets.
 (POLICY, N_SLOTS, N_EXPERTS, N_LAYERS, N_KEYS, N_LISTS, WATCHDOG, PIN_LAYER, ENGINES,
- STAMP, FREE_N, TICK, BEL_PASS, BEL_POS, BEL_DONE,
- O_KEYS, O_SLOTS, O_LISTS, O_POS, O_STARTS, O_UOFF, O_USES,
- O_SR, O_T, O_C, O_QT, O_FC) = range(27)
-HEAD_SIZE = 27
+ STAMP, FREE_N, TICK, BEL_PASS, BEL_POS, BEL_DONE, WALK_W,
+ O_KEYS, O_SLOTS, O_LISTS, O_POS, O_STARTS, O_UOFF, O_USES, O_WALK,
+ O_SR, O_T, O_C, O_QT, O_FC) = range(29)
+HEAD_SIZE = 29
 # The head of F: expert bytes, transfer latency, one engine's and the link's bytes/s.
 F_BYTES, F_LATENCY, F_ENGINE_BPS, F_LINK_BPS = range(4)
 
+
+
+def _drop_stale_cache() -> None:
+    """numba's on-disk cache of this kernel is checked against this file's timestamp only, not
+    against `moejax/timing/timeline.py`, whose functions it compiles in: when that file's
+    source changes, the cached kernel is dropped so that it is compiled again."""
+    cache_dir = os.path.join(os.path.dirname(os.path.abspath(__file__)), "__pycache__")
+    digest = hashlib.sha256(inspect.getsource(timeline).encode()).hexdigest()
+    stamp = os.path.join(cache_dir, "kernel.timeline.sha256")
+    try:
+        with open(stamp) as f:
+            if f.read() == digest:
+                return
+    except OSError:
+        pass
+    try:
+        for path in glob.glob(os.path.join(cache_dir, "kernel.*.nb[ci]")):
+            os.remove(path)
+        os.makedirs(cache_dir, exist_ok=True)
+        with open(stamp, "w") as f:
+            f.write(digest)
+    except OSError:  # a read-only install: numba caches elsewhere, or compiles each time
+        pass
+
+
+_drop_stale_cache()
 jit = numba.njit(cache=True)
 
 
 # -- layout ---------------------------------------------------------------------------------
 def layout(policy: int, n_slots: int, n_experts: int, n_layers: int, watchdog: bool,
            pin_layer: bool, engines: int, quota: np.ndarray, starts: np.ndarray,
-           uses_off: np.ndarray, uses: np.ndarray,
+           uses_off: np.ndarray, uses: np.ndarray, walks: np.ndarray,
            fc: tuple[float, float, float, float]) -> tuple[np.ndarray, np.ndarray]:
-    """The initial `(I, F)` of an empty cache."""
+    """The initial `(I, F)` of an empty cache. `walks`: the victim walk of a layered eviction
+    (FLD's layers, Least-Stale's queues) per running position -1..L-1, `[L + 1, width]`."""
     n_keys = n_layers * n_experts
     n_lists = 2 * n_layers + 1
     sizes = {O_KEYS: N_KEY_ROWS * n_keys, O_SLOTS: 2 * n_slots, O_LISTS: 3 * n_lists,
              O_POS: 3 * n_layers, O_STARTS: len(starts),
-             O_UOFF: len(uses_off), O_USES: len(uses)}
+             O_UOFF: len(uses_off), O_USES: len(uses), O_WALK: walks.size}
     head = np.zeros(HEAD_SIZE, np.int64)
     head[[POLICY, N_SLOTS, N_EXPERTS, N_LAYERS, N_KEYS, N_LISTS, WATCHDOG, PIN_LAYER,
-          ENGINES]] = [policy, n_slots, n_experts, n_layers, n_keys, n_lists, int(watchdog),
-                       int(pin_layer), engines]
+          ENGINES, WALK_W]] = [policy, n_slots, n_experts, n_layers, n_keys, n_lists,
+                               int(watchdog), int(pin_layer), engines, walks.shape[1]]
     at = HEAD_SIZE
     for block, size in sizes.items():
         head[block] = at
@@ -98,7 +135,7 @@ def layout(policy: int, n_slots: int, n_experts: int, n_layers: int, watchdog: b
     I[head[O_LISTS] + LEN * n_lists:head[O_LISTS] + 3 * n_lists] = 0
     I[head[O_POS] + QUOTA * n_layers:head[O_POS] + (QUOTA + 1) * n_layers] = quota
     for block, values in ((O_STARTS, starts), (O_UOFF, uses_off),
-                          (O_USES, uses)):
+                          (O_USES, uses), (O_WALK, walks.reshape(-1))):
         I[head[block]:head[block] + len(values)] = values
     I[FREE_N] = n_slots
     I[BEL_PASS] = I[BEL_POS] = -1
@@ -287,19 +324,15 @@ def _victim(I, pos, st, incoming, p):
     L = I[N_LAYERS]
     if policy == LRU or policy == FIFO:
         return _first_free(I, 0, st)
-    if policy == FLD:  # farthest layer first (ties: lower position), LRU within it
-        far = pos if pos > L - 1 - pos else L - 1 - pos
-        for d in range(far, -1, -1):
-            q = pos - d
-            if 0 <= q < L:
-                k = _first_free(I, q, st)
-                if k >= 0:
-                    return k
-            q = pos + d
-            if d > 0 and 0 <= q < L:
-                k = _first_free(I, q, st)
-                if k >= 0:
-                    return k
+    if policy == FLD or _is_ls(policy):  # the policy's walk (moejax/policies/eviction.py)
+        q0 = pos if pos < L - 1 else L - 1
+        if q0 < -1:
+            q0 = -1
+        row = I[O_WALK] + (q0 + 1) * I[WALK_W]
+        for j in range(I[WALK_W]):
+            k = _first_free(I, I[row + j], st)
+            if k >= 0:
+                return k
         return -1
     if policy == LRU_PER_LAYER:
         own = incoming // I[N_EXPERTS]
@@ -355,64 +388,25 @@ def _victim(I, pos, st, incoming, p):
                 far = nu
                 best = k
         return best
-    # Least-Stale: the walk of its order at the running position.
-    q0 = pos if pos < L - 1 else L - 1
-    if q0 < -1:
-        q0 = -1
-    if policy == LS_TWO_QUEUE:
-        for w in range(2 * L):
-            k = _first_free(I, w, st)
-            if k >= 0:
-                return k
-        return -1
-    if policy == LS_LEFT_FIRST:
-        for side in range(4):  # stale-left, current-left, stale-right, current-right
-            base = L if side % 2 else 0
-            lo = 0 if side < 2 else q0 + 1
-            hi = q0 + 1 if side < 2 else L
-            for q in range(lo, hi):
-                k = _first_free(I, base + q, st)
-                if k >= 0:
-                    return k
-        return -1
-    for base in (0, L):  # cyclic: q0, q0 - 1, ..., 0, then L - 1, ..., q0 + 1
-        for j in range(L):
-            q = q0 - j
-            if q < 0:
-                q += L
-            k = _first_free(I, base + q, st)
-            if k >= 0:
-                return k
     return -1
 
 
 # -- the cache's steps --------------------------------------------------------------------------
 @jit
 def _book(I, F, issue_at):
-    """`Channels._book` of one expert issued at `issue_at`: when it lands."""
+    """`Channels._book` of one expert issued at `issue_at` (`timeline.book`): when it lands."""
     t = I[O_T]
-    e = t + 2
-    for j in range(t + 3, t + 2 + I[ENGINES]):
-        if F[j] < F[e]:
-            e = j
-    st = issue_at if issue_at > F[e] else F[e]
-    data_start = st + _fc(I, F, F_LATENCY)
-    link_start = data_start if data_start > F[t + 1] else F[t + 1]
-    nbytes = _fc(I, F, F_BYTES)
-    link_end = link_start + nbytes / _fc(I, F, F_LINK_BPS)
-    end = data_start + nbytes / _fc(I, F, F_ENGINE_BPS)
-    if link_end > end:
-        end = link_end
-    F[e] = end
-    F[t + 1] = link_end
-    return end
+    booked = timeline.book(F[t + 2:t + 2 + I[ENGINES]], F[t + 1], _fc(I, F, F_BYTES), issue_at,
+                           _fc(I, F, F_LATENCY), _fc(I, F, F_ENGINE_BPS),
+                           _fc(I, F, F_LINK_BPS))
+    F[t + 1] = booked[3]
+    return booked[4]
 
 
 @jit
 def _admit(I, F, k, s, issue_at, prefetch):
-    end = _book(I, F, issue_at)
     sr = I[O_SR] + s
-    r = end if end > F[sr] else F[sr]
+    r = timeline.landed(_book(I, F, issue_at), F[sr])
     I[_k(I, SLOT, k)] = s
     I[_s(I, KEY_OF, s)] = k
     F[sr] = r
@@ -528,13 +522,8 @@ def _watchdog(I, F, pins, n_pins, now, strict, p, running_pos):
         if I[_k(I, SLOT, k)] >= 0:
             _remove(I, QL, k)
             continue
-        engine_at = F[t + 2]
-        for j in range(t + 3, t + 2 + I[ENGINES]):
-            if F[j] < engine_at:
-                engine_at = F[j]
-        queued = F[I[O_QT] + k]
-        issue = queued if queued > engine_at else engine_at
-        if issue > now or (strict and issue == now):
+        issue = timeline.watchdog_issue_time(F[I[O_QT] + k], F[t + 2:t + 2 + I[ENGINES]])
+        if not timeline.watchdog_may_issue(issue, now, strict):
             return
         if st < 0:
             I[STAMP] += 1
@@ -718,7 +707,7 @@ def run(I, F, keys, mult, pass_tokens, pass_pairs, pred, compute, cost):
                     else:
                         _prefetch(I, F, pred, pins, n_pins, pl, pos, now, p, next_set)
                     next_set += grp_off[pl + 1] - grp_off[pl]
-                stall = ready - F[t] if ready - F[t] > 0.0 else 0.0
+                stall = timeline.stall(ready, F[t])
                 F[t] += stall
                 pass_stall += stall
                 if n_waves == 1:
@@ -737,12 +726,9 @@ def run(I, F, keys, mult, pass_tokens, pass_pairs, pred, compute, cost):
                 F[_c(I, R_WAVES, pos)] += 1
                 F[_c(I, R_STALL, pos)] += stall
                 if has_cost:  # CostModel.experts, with the shared expert on the first wave
-                    shared = shared_params if w == 0 else 0
-                    flops = 2 * pairs * per_expert + 2 * tokens * shared
-                    nbytes = ((w1 - w0) * per_expert + shared) * dtype_b
-                    x = flops / peak_flops
-                    y = nbytes / hbm_bps
-                    F[t] += (x if x > y else y) + launch
+                    F[t] += timeline.experts_step(pairs, w1 - w0, tokens, per_expert,
+                                                  shared_params if w == 0 else 0, dtype_b,
+                                                  peak_flops, hbm_bps, launch)
         if I[_h(I, LEN, queue)] > 0:  # every target of this pass has started: the rest drop
             _drop_queued(I, F, n_layers)
         for i in range(end_off[p], end_off[p + 1]):

@@ -1,22 +1,14 @@
 """The two clocks, one timeline code (DESIGN.md "Clocks and the hardware model").
 
 Both model host->device transfers the same way (`_TransferFIFO`), so the emulated bandwidth is
-enforced in wall mode too. A transfer of `b` bytes issued at `t`:
-
-    e          = the copy engine that frees first
-    start      = max(t, engine_free[e])
-    data_start = start + h2d_latency_s                   (the engine's fixed cost)
-    link_start = max(data_start, link_free)              (the shared host link, FIFO)
-    end        = max(data_start + b / h2d_gbps,          (one engine's rate)
-                     link_start + b / link_gbps)         (the link's rate, shared)
-    engine_free[e] = end;  link_free = link_start + b / link_gbps
-
-The host link is one byte timeline for all engines: transfers hold it back to back, in issue
-order, for `b / link_gbps` each, so N concurrent transfers never move more than `link_gbps`
-bytes per second together. Several engines overlap the transfers' fixed latencies (one
-engine's latency runs while another's bytes cross the link); they add no bandwidth. With one
-engine and `link_gbps = h2d_gbps` this is `start + latency + b / h2d_gbps` on a FIFO (the
-link is never behind the engine), bit for bit.
+enforced in wall mode too. A transfer is booked by `timeline.book` (the formula is in
+`moejax/timing/timeline.py`, which the compiled replay kernel compiles too): on the copy engine
+that frees first, paying its latency, its bytes moving at one engine's rate and, in issue
+order, over the one host link all engines share. So N concurrent transfers never move more
+than `link_gbps` bytes per second together; several engines overlap the transfers' fixed
+latencies (one engine's latency runs while another's bytes cross the link) and add no
+bandwidth. With one engine and `link_gbps = h2d_gbps` this is `start + latency + b / h2d_gbps`
+on a FIFO (the link is never behind the engine), bit for bit.
 
 They differ in compute:
 
@@ -31,6 +23,7 @@ from __future__ import annotations
 import time
 from typing import NamedTuple
 
+from moejax.timing import timeline
 from moejax.timing.hardware import Hardware
 
 
@@ -53,25 +46,17 @@ class Channels:
     def __init__(self, channels: int, rate_gbps: float, latency_s: float, shared_gbps: float):
         self.engine_free = [0.0] * channels
         self.link_free = 0.0  # the shared timeline has moved every byte issued so far
-        self._engine_bps = rate_gbps * 1e9
-        self._link_bps = shared_gbps * 1e9
-        self._latency = latency_s
+        self.latency_s = latency_s
+        self.engine_bps = rate_gbps * 1e9  # one channel's bytes per second
+        self.link_bps = shared_gbps * 1e9  # all channels' together
 
     def _book(self, nbytes: int, issue_at: float) -> tuple[int, float, float, float, float]:
-        """Books an operation issued at `issue_at` (formula in the module docstring); returns
-        (engine, start, link_start, link_end, end). The replay hot path: plain floats."""
-        free = self.engine_free
-        e = 0 if len(free) == 1 else min(range(len(free)), key=free.__getitem__)
-        start = issue_at if issue_at > free[e] else free[e]
-        data_start = start + self._latency
-        link_start = data_start if data_start > self.link_free else self.link_free
-        link_end = link_start + nbytes / self._link_bps
-        end = data_start + nbytes / self._engine_bps
-        if link_end > end:
-            end = link_end
-        free[e] = end
-        self.link_free = link_end
-        return e, start, link_start, link_end, end
+        """Books an operation issued at `issue_at` (`timeline.book`); returns (engine, start,
+        link_start, link_end, end)."""
+        booked = timeline.book(self.engine_free, self.link_free, nbytes, issue_at,
+                               self.latency_s, self.engine_bps, self.link_bps)
+        self.link_free = booked[3]
+        return booked
 
     def schedule(self, nbytes: int, issue_at: float) -> TransferSlot:
         """Books an operation issued at `issue_at`; where and when it ran."""
@@ -105,7 +90,7 @@ class VirtualClock(_TransferFIFO):
 
     def wait(self, ready_at: float) -> float:
         """Compute waits for a transfer; returns the stall."""
-        stall = max(0.0, ready_at - self.t)
+        stall = timeline.stall(ready_at, self.t)
         self.t += stall
         return stall
 

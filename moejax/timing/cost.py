@@ -1,11 +1,14 @@
 """Compute cost model of the virtual clock: each compiled step takes
-`max(FLOPs / peak, bytes / HBM bandwidth) + launch` (a roofline), from the model's shapes."""
+`max(FLOPs / peak, bytes / HBM bandwidth) + launch` (a roofline, `timeline.roofline`), from the
+model's shapes. The experts step's terms (`experts_terms`) are what the compiled replay kernel
+charges with the same `timeline.experts_step`."""
 
 from __future__ import annotations
 
 import functools
 
 from moejax.model_config import ModelConfig, dtype_bytes
+from moejax.timing import timeline
 from moejax.timing.hardware import Hardware
 
 
@@ -16,6 +19,10 @@ class CostModel:
         h, hd = cfg.hidden_size, cfg.head_dim
         self.attn_params = h * hd * (2 * cfg.num_heads + 2 * cfg.num_kv_heads)
         self.router_params = h * cfg.num_experts
+        self.peak_flops = hw.peak_tflops * 1e12
+        self.hbm_bps = hw.hbm_gbps * 1e9
+        self.per_expert = cfg.expert_param_count
+        self.shared_params = 3 * cfg.hidden_size * cfg.shared_expert_intermediate_size
         # Pure functions of their arguments, asked every layer of every pass with few distinct
         # arguments (the live runtime decides on the host between device steps): memoised per
         # instance.
@@ -23,8 +30,13 @@ class CostModel:
             setattr(self, name, functools.lru_cache(maxsize=4096)(getattr(self, name)))
 
     def _step(self, flops: float, nbytes: float) -> float:
-        return max(flops / (self.hw.peak_tflops * 1e12), nbytes / (self.hw.hbm_gbps * 1e9)) \
-            + self.hw.launch_s
+        return timeline.roofline(flops, nbytes, self.peak_flops, self.hbm_bps, self.hw.launch_s)
+
+    def experts_terms(self) -> tuple[int, int, float, float, float, float]:
+        """`(per_expert, shared_params, dtype_bytes, peak_flops, hbm_bps, launch_s)`: what
+        `timeline.experts_step` takes besides a wave's counts."""
+        return (self.per_expert, self.shared_params, self.b, self.peak_flops, self.hbm_bps,
+                self.hw.launch_s)
 
     def attention_router(self, tokens: int, context: int, lookahead: int) -> float:
         cfg = self.cfg
@@ -44,12 +56,9 @@ class CostModel:
 
     def experts(self, token_expert_pairs: int, unique_experts: int, tokens: int,
                 shared: bool) -> float:
-        cfg = self.cfg
-        per_expert = cfg.expert_param_count
-        shared_params = 3 * cfg.hidden_size * cfg.shared_expert_intermediate_size if shared else 0
-        flops = 2 * token_expert_pairs * per_expert + 2 * tokens * shared_params
-        nbytes = (unique_experts * per_expert + shared_params) * self.b
-        return self._step(flops, nbytes)
+        return timeline.experts_step(token_expert_pairs, unique_experts, tokens,
+                                     self.per_expert, self.shared_params if shared else 0,
+                                     self.b, self.peak_flops, self.hbm_bps, self.hw.launch_s)
 
     def embed_and_logits(self, tokens: int) -> float:
         cfg = self.cfg

@@ -1,0 +1,105 @@
+"""What a policy class declares about itself besides its code.
+
+* `ARGS` — the values each of its spec arguments takes (`Choice`, `Ints`, `Floats`,
+  `Levels`): the registry checks that every constructor argument a spec can give has one, the
+  docs list them, and the equality fuzzer (`tests/test_compiled_replay.py`) draws every
+  policy's arguments from them, so a new argument is fuzzed the day it is added.
+* `KERNEL` — what the compiled replay kernel (`moejax/replay/kernel.py`) implements of it: a
+  `KernelForm` naming the kernel's form of the policy and, for each spec argument, the values
+  the kernel handles. Fail closed: a class that declares no `KERNEL` in its own body (a
+  subclass inherits nothing), a spec argument the form does not name, a value outside the
+  named ones, or a policy built without the registry (its arguments unknown) all run on the
+  reference engine (`moejax/replay/coverage.py` says which and why).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Mapping
+
+
+class Domain:
+    """The values a policy argument takes."""
+
+    def contains(self, value: Any) -> bool:
+        raise NotImplementedError
+
+
+@dataclasses.dataclass(frozen=True)
+class Choice(Domain):
+    values: tuple
+
+    def contains(self, value):
+        return any(value == v and type(value) is type(v) for v in self.values)
+
+
+@dataclasses.dataclass(frozen=True)
+class Ints(Domain):
+    """Integers in `[lo, hi]` (`hi` None: unbounded; the fuzzer draws up to `fuzz_hi`)."""
+
+    lo: int
+    hi: int | None = None
+    fuzz_hi: int = 4
+
+    def contains(self, value):
+        return (isinstance(value, int) and not isinstance(value, bool) and value >= self.lo
+                and (self.hi is None or value <= self.hi))
+
+
+@dataclasses.dataclass(frozen=True)
+class Floats(Domain):
+    """Numbers in `[lo, hi]` (`hi_open`: `[lo, hi)`)."""
+
+    lo: float
+    hi: float
+    hi_open: bool = False
+
+    def contains(self, value):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return False
+        return self.lo <= value and (value < self.hi if self.hi_open else value <= self.hi)
+
+
+@dataclasses.dataclass(frozen=True)
+class Levels(Domain):
+    """Precision levels, high to low, `"int8:int4"`: at least `min_len` of `pool` in order
+    (`optional`: or None, the policy's default levels)."""
+
+    pool: tuple[str, ...] = ("native", "int8", "int4", "int2")
+    min_len: int = 1
+    optional: bool = False
+
+    def contains(self, value):
+        if value is None:
+            return self.optional
+        if not isinstance(value, str):
+            return False
+        items = value.split(":")
+        ranks = [self.pool.index(p) for p in items if p in self.pool]
+        return (len(ranks) == len(items) >= self.min_len
+                and all(a < b for a, b in zip(ranks, ranks[1:])))
+
+
+ANY = None  # a KernelForm argument the kernel handles whatever its value
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelForm:
+    """What the compiled replay kernel implements of a policy class: its `form` (the kernel's
+    name for it, or a function of the built policy giving one) for argument values in `args`
+    (argument -> the values handled, or `ANY`). An argument the class takes that is not a key
+    of `args` makes every policy of the class uncovered."""
+
+    form: str | Callable[[Any], str]
+    args: Mapping[str, tuple | None] = dataclasses.field(default_factory=dict)
+
+    def form_of(self, policy, arguments: Mapping[str, Any]) -> str | None:
+        """The kernel form of `policy` built with `arguments` (every spec argument with its
+        value, defaults included), or None where this declaration does not cover them."""
+        if set(arguments) != set(self.args):
+            return None
+        for name, allowed in self.args.items():
+            if allowed is not ANY and not any(arguments[name] == v and
+                                              type(arguments[name]) is type(v) for v in allowed):
+                return None
+        return self.form(policy) if callable(self.form) else self.form

@@ -1,0 +1,92 @@
+"""Which engine replays a cache, and why: the compiled one only where it declares everything.
+
+The compiled kernel (`kernel.py`) is a second implementation of `ExpertCache` and of some
+policies. It runs a cache only when every part of it is declared here or by the policy itself,
+and fails closed: anything not declared — a policy class or argument value without a kernel
+form (`Policy.kernel_form`, `moejax/policies/declare.py`), a constructor option of
+`ExpertCache` this module does not list, a subclass of `ExpertCache`, a cache that was already
+used — runs on the reference engine, which is the live runtime's own code. `decide` returns the
+engine and the reason, which results.json records (`replay.engine`, `replay.engine_reason`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from moejax.cache import ExpertCache
+from moejax.replay import kernel
+from moejax.timing import CostModel, VirtualClock
+
+ENGINES = ("auto", "reference")
+
+POLICIES = ("eviction", "prefetch", "miss", "routing")
+# The kernel form each policy kind must have (eviction: one the kernel has a code for).
+FORMS = {"eviction": tuple(kernel.EVICTIONS), "prefetch": ("predictions",),
+         "miss": ("fetch",), "routing": ("standard",)}
+# What the kernel implements of the other options of `ExpertCache.__init__`: a test of the
+# value, and what a value that fails it is. An option missing here (a new one) is not
+# covered, whatever its value.
+OPTIONS = {
+    "shape": (lambda s: len(s.pools) == 1,
+              lambda s: f"several precision pools {list(s.precisions)}"),
+    "clock": (lambda c: type(c) is VirtualClock, lambda c: f"a {type(c).__name__}"),
+    "cost": (lambda c: c is None or type(c) is CostModel, lambda c: f"a {type(c).__name__}"),
+    "sink": (lambda s: s is None, lambda s: "a slot sink (a live runtime)"),
+    "lookahead_scores": (lambda n: isinstance(n, int), lambda n: f"lookahead_scores={n!r}"),
+    "pin_scope": (lambda s: s in ("layer", "request"), lambda s: f"pin_scope={s!r}"),
+    "prefetch_queue": (lambda q: q in ("immediate", "watchdog"),
+                       lambda q: f"prefetch_queue={q!r}"),
+    "host": (lambda h: h is None, lambda h: "a host tier"),
+    "full_layers": (lambda n: n == 0, lambda n: f"full-layer placement (full_layers={n})"),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Decision:
+    engine: str  # "compiled" or "reference"
+    reason: str  # one line: what made the choice
+
+
+def _policy_text(policy) -> str:
+    """`eviction least_stale(order='cyclic', prefetch_current='pass')`: the policy as built."""
+    args = ", ".join(f"{k}={v!r}" for k, v in (policy.arguments or {}).items())
+    return f"{policy.kind} {policy.name}({args})"
+
+
+def uncovered(cache: ExpertCache) -> str | None:
+    """None when the compiled engine implements everything `cache` is, else what it does not
+    (one line)."""
+    if type(cache) is not ExpertCache:
+        return (f"{type(cache).__name__} is a subclass of ExpertCache, whose changes the kernel "
+                "does not know")
+    options = getattr(cache, "options", None)
+    if options is None:
+        return "the cache does not record its options"
+    for kind in POLICIES:
+        policy = options[kind]
+        form = policy.kernel_form()
+        if form not in FORMS[kind]:
+            return (f"{_policy_text(policy)} has no compiled form"
+                    + (f" (its form {form!r} is not the kernel's)" if form else ""))
+    for name, value in options.items():
+        if name in POLICIES:
+            continue
+        if name not in OPTIONS:
+            return f"cache option {name}={value!r} is not declared by the compiled engine"
+        test, describe = OPTIONS[name]
+        if not test(value):
+            return f"{describe(value)}: the compiled engine has none"
+    if not cache.untouched:
+        return "the cache was already used (seeded, warm-started or run)"
+    return None
+
+
+def decide(cache: ExpertCache, engine: str = "auto") -> Decision:
+    """The engine that replays `cache` under `cache.replay_engine=engine`, and why."""
+    if engine == "reference":
+        return Decision("reference", "cache.replay_engine=reference")
+    why = uncovered(cache)
+    if why is not None:
+        return Decision("reference", why)
+    policies = ", ".join(_policy_text(p) for p in cache.policies())
+    return Decision("compiled", f"every policy and option has a compiled form ({policies})")

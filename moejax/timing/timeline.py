@@ -1,0 +1,104 @@
+"""The arithmetic of time, written once for both replay engines.
+
+The reference engine (the clocks in `clock.py`, the cost model in `cost.py`, the watchdog in
+`moejax/cache/expert_cache.py`) calls these functions from Python; the compiled replay kernel
+(`moejax/replay/kernel.py`) compiles the very same functions with numba
+(`register_jitable`: a plain Python function to Python, inlined into the jitted code that
+calls it). So the two engines book a transfer, charge a compiled step and decide when the
+watchdog may issue with one formula, and the same floating-point operations in the same order:
+there is nothing to keep in step by hand. Each function is plain Python over scalars and one
+indexable sequence (a list in the reference, an array view in the kernel).
+
+The transfer booking (DESIGN.md "Clocks and the hardware model"): a transfer of `nbytes`
+issued at `issue_at`
+
+    e          = the copy engine that frees first (the lowest index among equals)
+    start      = max(issue_at, engine_free[e])
+    data_start = start + latency_s                         (the engine's fixed cost)
+    link_start = max(data_start, link_free)                (the shared host link, FIFO)
+    end        = max(data_start + nbytes / engine_bps,     (one engine's rate)
+                     link_start + nbytes / link_bps)       (the link's rate, shared)
+    engine_free[e] = end;  link_free = link_start + nbytes / link_bps
+"""
+
+from __future__ import annotations
+
+from numba.extending import register_jitable
+
+
+@register_jitable
+def earliest(free) -> int:
+    """The index of the smallest entry of `free` (the lowest index among equals): the copy
+    engine (or storage queue slot) that frees first."""
+    e = 0
+    for j in range(1, len(free)):
+        if free[j] < free[e]:
+            e = j
+    return e
+
+
+@register_jitable
+def book(engine_free, link_free: float, nbytes: float, issue_at: float, latency_s: float,
+         engine_bps: float, link_bps: float) -> tuple[int, float, float, float, float]:
+    """Books one transfer (module docstring): sets `engine_free[e]` to its end and returns
+    `(e, start, link_start, link_end, end)`; the caller keeps `link_end` as the link's new
+    free time."""
+    e = earliest(engine_free)
+    free = engine_free[e]
+    start = issue_at if issue_at > free else free
+    data_start = start + latency_s
+    link_start = data_start if data_start > link_free else link_free
+    link_end = link_start + nbytes / link_bps
+    end = data_start + nbytes / engine_bps
+    if link_end > end:
+        end = link_end
+    engine_free[e] = end
+    return e, start, link_start, link_end, end
+
+
+@register_jitable
+def landed(transfer_end: float, slot_ready: float) -> float:
+    """When a slot holds its new expert: a slot still being filled by an earlier transfer is
+    reused only after that one lands."""
+    return transfer_end if transfer_end > slot_ready else slot_ready
+
+
+@register_jitable
+def stall(ready: float, now: float) -> float:
+    """How long compute at `now` waits for what lands at `ready` (never negative)."""
+    wait = ready - now
+    return wait if wait > 0.0 else 0.0
+
+
+@register_jitable
+def watchdog_issue_time(queued_at: float, engine_free) -> float:
+    """When the watchdog's queue head would go: once it is queued and a copy engine is free."""
+    free = engine_free[earliest(engine_free)]
+    return queued_at if queued_at > free else free
+
+
+@register_jitable
+def watchdog_may_issue(issue: float, now: float, strict: bool) -> bool:
+    """Whether a transfer the watchdog would start at `issue` goes now: no later than `now`, or
+    strictly before it when a demand fetch booked at `now` must go first."""
+    return issue < now or (issue == now and not strict)
+
+
+@register_jitable
+def roofline(flops: float, nbytes: float, peak_flops: float, hbm_bps: float,
+             launch_s: float) -> float:
+    """One compiled step: `max(FLOPs / peak, bytes / HBM bandwidth) + launch`."""
+    compute = flops / peak_flops
+    memory = nbytes / hbm_bps
+    return (compute if compute > memory else memory) + launch_s
+
+
+@register_jitable
+def experts_step(pairs: int, unique: int, tokens: int, per_expert: int, shared_params: int,
+                 dtype_bytes: float, peak_flops: float, hbm_bps: float,
+                 launch_s: float) -> float:
+    """The experts step of one wave: `pairs` token-expert products over `unique` experts'
+    weights, plus the shared expert (`shared_params`, 0 when the wave has none) over `tokens`."""
+    flops = 2 * pairs * per_expert + 2 * tokens * shared_params
+    nbytes = (unique * per_expert + shared_params) * dtype_bytes
+    return roofline(flops, nbytes, peak_flops, hbm_bps, launch_s)

@@ -1,0 +1,412 @@
+"""The compiled replay engine (`moejax/replay/compiled.py`, `kernel.py`) against the reference
+(the policy objects, request by request): identical counters per layer, pass timings, per-pass
+running totals, final residency, prefetch origins and clock.
+
+* on every shipped trace (captures, scored, long, families), each under another policy;
+* on real traces cut into requests with prefills, under the configurations of the issue that
+  asked for the engine to fail closed;
+* by a fuzzer drawn from the policy registry (every registered policy, each argument from its
+  declared values) over random traces with dense-layer gaps, lookaheads 1-3, with and without
+  scores, prefills and several sequences, with and without the cost model; whatever the
+  kernel does not implement must run on the reference, so `auto` equals `reference` always;
+* on a slice of the capture grid (slow);
+and the coverage decision itself: what each declaration makes compiled, and that everything
+not declared — a subclass, a policy built outside the registry, an unknown option, an
+argument value — runs on the reference, saying why.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import os
+
+import numpy as np
+import pytest
+from hypothesis import given, note, reject, settings
+from hypothesis import strategies as st
+
+from moejax import bundled, jobs
+from moejax.cache import ExpertCache
+from moejax.cache.from_config import build_cache_for
+from moejax.errors import ConfigError
+from moejax.families import preset
+from moejax.jobs.schema import base_config
+from moejax.policies import build
+from moejax.policies.eviction import LRU
+from moejax.policies.registry import names, policy_class
+from moejax.replay import compiled, coverage
+from moejax.replay.engine import replay
+from moejax.testing import random_scored_trace
+from moejax.traces.importers import load_traces
+from tests import cache_checks
+from tests.fuzzing import examples
+from tests.policy_strategies import any_spec
+from tests.replay_cells import run_replay_cell
+
+# Bytes of one expert at each precision (a precision-aware miss policy gets one pool each).
+BYTES_AT = {"native": 4096, "int8": 2176, "int4": 1152, "int2": 640}
+
+
+def _config(eviction="lru", prefetch="none", miss="fetch", routing="standard", slots=0,
+            pin="layer", **cache):
+    c = base_config()
+    c.cache.slots, c.cache.pin_scope = slots, pin
+    c.policies.eviction, c.policies.prefetch = eviction, prefetch
+    c.policies.miss, c.policies.routing = miss, routing
+    c.clock.kind = "virtual"
+    for k, v in cache.items():
+        c.cache[k] = v
+    return c
+
+
+def _cache(config, trace, hardware=None, model_cfg=None, expert_bytes=None):
+    for k, v in (hardware or {}).items():
+        config.hardware[k] = v
+    sizes = dict(BYTES_AT) if expert_bytes is None else {"native": expert_bytes}
+    return build_cache_for(config, model_cfg, sizes, False, layers=tuple(trace.layers),
+                           num_layers=(model_cfg.num_layers if model_cfg else
+                                       max(trace.layers) + 1),
+                           num_experts=trace.num_experts, top_k=trace.top_k)
+
+
+def _both(config, traces, context=None, **kw):
+    """The same cache replayed on each engine; the auto one's decision."""
+    ref, fast = _cache(config, traces[0], **kw), _cache(config, traces[0], **kw)
+    assert replay(ref, traces, context, engine="reference").engine == "reference"
+    decision = replay(fast, traces, context)
+    return ref, fast, decision
+
+
+def _assert_same(ref, fast):
+    assert fast.metrics.to_dict() == ref.metrics.to_dict()
+    assert fast.metrics.snapshots == ref.metrics.snapshots
+    assert fast.residency == ref.residency and fast.slot_ready == ref.slot_ready
+    assert fast.prefetch_origin == ref.prefetch_origin and not fast.queue and not ref.queue
+    assert fast.running_pins == ref.running_pins
+    assert (fast.clock.t, fast.clock.link_free, fast.clock.engine_free) == \
+        (ref.clock.t, ref.clock.link_free, ref.clock.engine_free)
+    assert sorted(fast.free) == sorted(ref.free)
+
+
+# -- every shipped trace ----------------------------------------------------------------------
+
+CAPTURES = bundled.capture_files()
+NPZ_TRACES = (bundled.scored_trace_files() + bundled.long_trace_files()
+              + bundled.family_trace_files())
+COMPILED_EVICTIONS = [n for n in names("eviction")
+                      if build("eviction", n, num_layers=2, num_experts=4, top_k=1,
+                               num_slots=2, seed=0).kernel_form() is not None] + [
+    "least_stale(order=two_queue)", "least_stale(order=cyclic)"]
+
+
+def test_the_shipped_trace_lists_name_every_shipped_trace():
+    on_disk = sorted(glob.glob(os.path.join(bundled.ASSETS, "traces", "**", "*.npz"),
+                               recursive=True))
+    assert sorted(NPZ_TRACES) == on_disk and len(on_disk) == 21
+    assert sorted(CAPTURES) == sorted(glob.glob(os.path.join(bundled.CAPTURES_DIR, "*.jsonl")))
+
+
+@pytest.mark.parametrize("path", CAPTURES)
+@pytest.mark.parametrize("eviction", ["lru", "belady"])
+def test_every_real_capture_gives_the_reference_numbers(path, eviction):
+    (trace,) = load_traces(path)
+    slots = len(trace.layers) * trace.num_experts // 20  # 5%
+    for pin in ("request", "layer"):
+        ref, fast, decision = _both(_config(eviction, slots=slots, pin=pin), [trace],
+                                    expert_bytes=1000)
+        assert decision.engine == "compiled"
+        _assert_same(ref, fast)
+
+
+@pytest.mark.parametrize("n,path", list(enumerate(NPZ_TRACES)))
+def test_every_recorded_trace_through_the_replay_job_with_the_cost_model(n, path, tmp_path):
+    """The recorded traces carry their model's config, so the virtual clock charges the cost
+    model's compute, which the compiled engine adds in the reference's order. Each trace runs
+    another compiled eviction, prefetcher and queue."""
+    out = {}
+    eviction = COMPILED_EVICTIONS[n % len(COMPILED_EVICTIONS)]
+    prefetch = ("score_percentile(p=80)", "topk(overfetch=1.5, lookahead=2)", "none",
+                "temporal")[n % 4]
+    for engine in ("reference", "auto"):
+        c = _config(eviction, prefetch, slots=40, replay_engine=engine,
+                    prefetch_queue=("immediate", "watchdog")[n % 2])
+        c.job, c.trace, c.model.preset = "replay", path, ""
+        c.log.progress = c.log.tensorboard = False
+        out[engine] = jobs.run(c, str(tmp_path / engine))
+    assert out["auto"]["replay"]["engine"] == "compiled", out["auto"]["replay"]
+    assert out["reference"]["replay"]["engine_reason"] == "cache.replay_engine=reference"
+    assert out["auto"]["cache"] == out["reference"]["cache"]
+    assert out["auto"]["cache"]["timing"]["decode_s"] > 0
+
+
+# The configurations the fail-closed issue named, on real traces cut into requests with
+# prefills (the capture grid's 128-token requests with 32-token prefills).
+NAMED = [
+    ("least_stale(order=cyclic)", "noisy_oracle(precision=0.6, lookahead=2)", "watchdog",
+     "layer"),
+    ("lfu", "temporal(lookahead=2)", "immediate", "layer"),
+    ("lru_per_layer", "oracle", "immediate", "layer"),
+    ("fld", "temporal", "immediate", "request"),
+]
+
+
+@pytest.mark.parametrize("path", CAPTURES[:2])
+@pytest.mark.parametrize("eviction,prefetch,queue,pin", NAMED)
+def test_the_named_configurations_run_compiled_with_the_reference_numbers(
+        path, eviction, prefetch, queue, pin, tmp_path):
+    family, model = bundled.capture_model(path)
+    out = {}
+    for engine in ("reference", "auto"):
+        out[engine] = run_replay_cell(str(tmp_path / engine), {
+            "trace": path, "model.family": family, "model.preset": model,
+            "trace_request_tokens": 128, "trace_prefill_tokens": 32,
+            "cache.capacity_frac": 0.05, "cache.capacity_of": "model",
+            "cache.precision": "int4", "cache.prefetch_queue": queue, "cache.pin_scope": pin,
+            "policies.eviction": eviction, "policies.prefetch": prefetch,
+            "cache.replay_engine": engine})
+    assert out["auto"]["replay"]["engine"] == "compiled", out["auto"]["replay"]
+    assert out["auto"]["cache"] == out["reference"]["cache"]
+    total = out["auto"]["cache"]["total"]
+    assert total["prefetch_issued"] > 0 and total["evictions"] > 0
+    assert out["auto"]["cache"]["timing"]["ttft_per_request_s"][3] > 0  # four requests
+
+
+# -- the registry fuzzer ----------------------------------------------------------------------
+
+def _model_cfg(layer_ids: list[int], num_layers: int, experts: int, k: int, shared: int):
+    """A tiny model of the trace's layer structure, for the cost model's compute."""
+    return dataclasses.replace(preset("olmoe", "tiny"), num_layers=num_layers,
+                               moe_layers=tuple(layer_ids), num_experts=experts, top_k=k,
+                               dense_intermediate_size=48, shared_expert_intermediate_size=shared,
+                               sliding_window=())
+
+
+@st.composite
+def _traces(draw, scored: bool):
+    """1-2 random sequences of one model: MoE layers with dense layers between them, several
+    lookaheads, leading prefill passes of several tokens, then decode steps."""
+    layers = draw(st.integers(2, 4))
+    num_layers = layers + draw(st.integers(0, 3))
+    layer_ids = sorted(draw(st.permutations(range(num_layers)))[:layers])
+    experts, k = draw(st.integers(4, 10)), 2
+    lookahead = draw(st.integers(1, 3))
+    seed = draw(st.integers(0, 2 ** 16))
+    rng = np.random.default_rng(seed)
+    traces = []
+    for _ in range(draw(st.integers(1, 2))):
+        prefill = draw(st.integers(0, 2))
+        passes = ([draw(st.integers(2, 6)) for _ in range(prefill)]
+                  + [1] * draw(st.integers(1, 6)))
+        traces.append(random_scored_trace(rng, layers, experts, k, passes, BYTES_AT["native"],
+                                          layer_ids=layer_ids, lookahead=lookahead,
+                                          scores=scored, prefill_passes=prefill))
+    return traces, num_layers
+
+
+def _usable(scored: bool):
+    """On an id-only trace, only policies that need neither probabilities nor scores."""
+    return (lambda cls: True) if scored else (
+        lambda cls: not (cls.needs_probs or cls.needs_spec))
+
+
+@settings(max_examples=examples(300))
+@given(data=st.data())
+def test_any_registered_policies_give_the_same_numbers_on_both_engines(data):
+    """Every registered policy of every kind, its arguments drawn from its declared values
+    (miss and routing half the time the kernel's fetch and standard, so that the compiled
+    engine runs often); where the kernel does not implement a policy the reference runs, so
+    the two must agree whatever is drawn."""
+    scored = data.draw(st.booleans(), label="scored")
+    traces, num_layers = data.draw(_traces(scored))
+    trace = traces[0]
+    usable = _usable(scored)
+    eviction = data.draw(any_spec("eviction", usable), label="eviction")
+    prefetch = data.draw(any_spec("prefetch", usable), label="prefetch")
+    miss = data.draw(st.one_of(st.just("fetch"), any_spec("miss", usable)), label="miss")
+    routing = data.draw(st.one_of(st.just("standard"), any_spec("routing", usable)),
+                        label="routing")
+    if policy_class("eviction", eviction).needs_future:  # MIN's future: the router's choice
+        miss, routing = "fetch", "standard"
+    config = _config(eviction, prefetch, miss, routing,
+                     pin=data.draw(st.sampled_from(["layer", "request"]), label="pin"),
+                     prefetch_queue=data.draw(st.sampled_from(["immediate", "watchdog"]),
+                                              label="queue"),
+                     capacity_frac=data.draw(st.sampled_from([0.05, 0.15, 0.3, 0.6, 1.0]),
+                                             label="capacity"),
+                     min_slots=trace.top_k)
+    engines = data.draw(st.integers(1, 3), label="copy engines")
+    hardware = {"copy_engines": engines, "link_gbps": data.draw(
+        st.sampled_from([2.0, 5.0 * engines]), label="link")}
+    model_cfg = None
+    if data.draw(st.booleans(), label="cost model"):
+        model_cfg = _model_cfg(trace.layers, num_layers, trace.num_experts, trace.top_k,
+                               data.draw(st.sampled_from([0, 32]), label="shared expert"))
+    context = [data.draw(st.integers(0, 40), label="context") for _ in traces]
+    try:
+        ref, fast, decision = _both(config, traces, context, hardware=hardware,
+                                    model_cfg=model_cfg)
+    except ConfigError as e:  # a capacity below top-k in some pool, levels it cannot have
+        note(str(e))
+        reject()
+    note(f"{decision.engine}: {decision.reason}")
+    _assert_same(ref, fast)
+    assert fast.metrics.totals()["requests"] > 0
+
+
+def test_the_fuzzer_runs_the_compiled_engine_for_every_compiled_form():
+    """Each kernel form the registry declares runs compiled under its default arguments
+    (so the fuzzer above compares engines for each), and each policy without one does not."""
+    rng = np.random.default_rng(0)
+    trace = random_scored_trace(rng, 3, 6, 2, [3, 1, 1], BYTES_AT["native"])
+    for kind, default in (("eviction", "lru"), ("prefetch", "none"), ("miss", "fetch"),
+                          ("routing", "standard")):
+        for name in names(kind):
+            specs = {"eviction": "lru", "prefetch": "none", "miss": "fetch",
+                     "routing": "standard", kind: name}
+            cache = _cache(_config(**specs, capacity_frac=0.5, min_slots=2), trace)
+            declared = "KERNEL" in vars(policy_class(kind, name))
+            decision = coverage.decide(cache)
+            assert (decision.engine == "compiled") == declared, (kind, name, decision)
+            if not declared:
+                assert f"{kind} {name}(" in decision.reason
+
+
+# -- failing closed ---------------------------------------------------------------------------
+
+def _capture_cache(**kw):
+    (trace,) = load_traces(CAPTURES[0])
+    return trace, _cache(_config(slots=200, **kw), trace, expert_bytes=1000)
+
+
+def test_a_subclass_of_the_cache_runs_on_the_reference():
+    trace, plain = _capture_cache()
+
+    class Checked(ExpertCache):
+        pass
+
+    cache = Checked(plain.shape, *plain.policies(), plain.clock)
+    decision = replay(cache, [trace])
+    assert decision.engine == "reference" and "subclass" in decision.reason
+
+
+def test_an_option_the_kernel_does_not_declare_runs_on_the_reference():
+    trace, cache = _capture_cache()
+    cache.options["a_new_option"] = 1  # as if ExpertCache had grown an argument
+    decision = coverage.decide(cache)
+    assert decision.engine == "reference"
+    assert "a_new_option=1 is not declared" in decision.reason
+    with pytest.raises(ValueError, match="cannot run this cache"):
+        compiled.run(cache, [trace])
+
+
+def test_a_policy_argument_the_kernel_does_not_declare_runs_on_the_reference():
+    """A covered policy class given an argument its `KernelForm` does not name (as when a new
+    argument is added to it), or a value outside the named ones, or built without the
+    registry, is not covered."""
+    trace, cache = _capture_cache(eviction="least_stale(prefetch_current=until_target)")
+    assert "prefetch_current='until_target'" in coverage.decide(cache).reason
+
+    class LRUWithAKnob(LRU):  # a subclass inherits no kernel form: fifo, say, must declare one
+        def __init__(self, num_layers, num_experts, knob=0):
+            super().__init__(num_layers, num_experts)
+
+    policy = LRUWithAKnob(2, 4)
+    policy.arguments = {"knob": 0}
+    assert policy.kernel_form() is None
+    lru = LRU(2, 4)  # not built by the registry: its arguments are unknown
+    assert lru.kernel_form() is None
+    lru.arguments = {}
+    assert lru.kernel_form() == "lru"
+    lru.arguments = {"knob": 1}  # an argument LRU's KernelForm does not name
+    assert lru.kernel_form() is None
+
+
+@pytest.mark.parametrize("cache_args,policies,why", [
+    ({"host_capacity_frac": 0.5}, {}, "a host tier"),
+    ({"full_layers": 1}, {}, "full-layer placement"),
+    ({"warm_start": "all"}, {}, "already used"),
+    ({}, {"eviction": "random"}, "eviction random("),
+    ({}, {"eviction": "lhu"}, "eviction lhu("),
+    ({}, {"miss": "drop(keep=2)"}, "miss drop(keep=2)"),
+])
+def test_what_the_compiled_engine_does_not_cover_runs_on_the_reference(cache_args, policies,
+                                                                       why, tmp_path):
+    (trace,) = load_traces(CAPTURES[0])
+    c = _config(slots=200, **cache_args)
+    for key, value in policies.items():
+        c.policies[key] = value
+    cache = _cache(c, trace, expert_bytes=1000)
+    decision = coverage.decide(cache)
+    assert decision.engine == "reference" and why in decision.reason, decision
+    with pytest.raises(ValueError, match="cannot run this cache"):
+        compiled.run(cache, [trace])
+    assert replay(_cache(c, trace, expert_bytes=1000), [trace]).engine == "reference"
+
+
+def test_an_unknown_engine_is_a_clear_error():
+    trace, cache = _capture_cache()
+    with pytest.raises(ConfigError, match="replay_engine='fast' is not one of"):
+        replay(cache, [trace], engine="fast")
+
+
+# -- the kernel's outputs keep the invariants -------------------------------------------------
+
+@settings(max_examples=examples(100))
+@given(data=st.data())
+def test_the_compiled_engine_keeps_the_invariants(data):
+    """The invariants the reference is checked against after every pass (tests/cache_checks.py),
+    over the compiled engine's outputs: its per-pass running totals, final counters per layer,
+    and final slot bookkeeping."""
+    traces, _ = data.draw(_traces(scored=True))
+    trace = traces[0]
+    eviction = data.draw(st.sampled_from(COMPILED_EVICTIONS), label="eviction")
+    prefetch = data.draw(any_spec("prefetch"), label="prefetch")
+    config = _config(eviction, prefetch,
+                     pin=data.draw(st.sampled_from(["layer", "request"])),
+                     prefetch_queue=data.draw(st.sampled_from(["immediate", "watchdog"])),
+                     slots=data.draw(st.integers(trace.top_k, 3 * trace.num_experts)))
+    cache = _cache(config, trace)
+    assert replay(cache, traces).engine == "compiled"
+    cache_checks.check_final(cache)
+    previous = None
+    for snap in cache.metrics.snapshots:
+        cache_checks.check_totals(snap, cache.shape.expert_bytes)
+        if previous is not None:
+            for name in ("requests", "hits", "misses", "evictions", "prefetch_issued"):
+                assert snap[name] >= previous[name], name
+        previous = snap
+
+
+# -- a slice of the capture grid --------------------------------------------------------------
+
+GRID = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs",
+                    "grid_specmd.py")
+
+
+@pytest.mark.slow
+def test_a_slice_of_the_capture_grid_gives_the_reference_numbers(tmp_path):
+    """Every 29th cell of the 768-cell capture grid (`configs/grid_specmd.py:traces=captures`;
+    a stride that every eviction, prefetcher, queue, capacity and trace meets among the 27) on
+    both engines,
+    as a sweep worker runs them: identical results.json `cache` sections
+    (`benchmarks/replay_grid_engines.py` runs all 768)."""
+    from launch.cells import load_config_module
+    from launch.worker import apply_overrides
+
+    grid = load_config_module(GRID)
+    cells = []
+    grid.sweep(lambda **o: cells.append(o), "traces=captures")
+    assert len(cells) == 768
+    sample = cells[::29]
+    for field in ("policies.eviction", "policies.prefetch", "cache.prefetch_queue",
+                  "cache.capacity_frac", "trace"):
+        assert {c[field] for c in sample} == {c[field] for c in cells}, field
+    for i, overrides in enumerate(sample):
+        out = {}
+        for engine in ("reference", "auto"):
+            config = grid.get_config(f"traces=captures,engine={engine}")
+            apply_overrides(config, overrides)
+            out[engine] = jobs.run(config, str(tmp_path / f"{i}_{engine}"))
+        assert out["auto"]["replay"]["engine"] == "compiled", overrides
+        assert out["auto"]["cache"] == out["reference"]["cache"], overrides
