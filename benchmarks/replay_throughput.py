@@ -39,7 +39,7 @@ def _run(eviction: str, prefetch: str, queue: str, engine: str) -> dict:
     c.cache.prefetch_queue, c.cache.replay_engine = queue, engine
     c.policies.eviction, c.policies.prefetch = eviction, prefetch
     c.log.progress = c.log.tensorboard = False
-    prefetch_policies._NOISY_MEMO.clear()  # each run draws noisy_oracle's predictions itself
+    prefetch_policies.NOISY_MEMO.clear()  # each run draws noisy_oracle's predictions itself
     with tempfile.TemporaryDirectory() as work:
         return jobs.run(c, work)
 

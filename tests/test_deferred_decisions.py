@@ -70,7 +70,7 @@ def test_generations_decide_late_with_the_numbers_of_deciding_layer_by_layer(tin
     for m in (mode, "inline"):
         source, dec = _decoder(tiny, m)
         outs = [dec.generate(_prompt(cfg, n, n), 5, keep_logits=True) for n in (5, 11)]
-        assert not source._pending
+        assert source.pending_passes == 0
         runs.append((outs, source))
     (outs, late), (refs, inline) = runs
     for a, b in zip(outs, refs, strict=True):
@@ -92,13 +92,13 @@ def test_pipelined_passes_wait_one_pass_and_are_taken_on_read(tiny):
     source, dec = _decoder(tiny, "pipelined")
     dec.reset()
     dec.forward(_prompt(cfg, 5))
-    assert len(source._pending) == 1 and source._cache.pass_id == 0  # begun, not ended
-    assert source._cache.metrics.passes == []
+    assert source.pending_passes == 1 and source.cache_unsynced.pass_id == 0  # begun, not ended
+    assert source.cache_unsynced.metrics.passes == []
     for t in range(3):
         dec.forward(np.asarray([[t]]))
-        assert len(source._pending) == 1
-    assert len(source._cache.metrics.passes) == 3
-    assert len(source.cache.metrics.passes) == 4 and not source._pending
+        assert source.pending_passes == 1
+    assert len(source.cache_unsynced.metrics.passes) == 3
+    assert len(source.cache.metrics.passes) == 4 and source.pending_passes == 0
     assert source.deferred_passes == 4
 
 
@@ -113,12 +113,12 @@ def test_the_jobs_settle_a_cache_they_took_before_the_passes(tiny, tmp_path):
         dec.reset()
         dec.forward(_prompt(cfg, 7))
         dec.forward(np.asarray([[3]]))
-        assert bool(source._pending) == (mode == "pipelined")
-        assert settle(cache) is cache and not source._pending
+        assert bool(source.pending_passes) == (mode == "pipelined")
+        assert settle(cache) is cache and source.pending_passes == 0
         dec.forward(np.asarray([[4]]))
         c = base_config()
         results.append(report_cache(c, cache, str(tmp_path)))
-        assert not source._pending
+        assert source.pending_passes == 0
     assert results[0] == results[1]
 
 
@@ -130,16 +130,16 @@ def test_the_wall_clock_decides_each_pass_at_its_end(tiny):
     dec.reset()
     for tokens in (_prompt(cfg, 5), np.asarray([[1]]), np.asarray([[2]])):
         dec.forward(tokens)
-        assert not source._pending
+        assert source.pending_passes == 0
     assert source.deferred_passes == 3
-    assert len(source._cache.metrics.passes) == 3
+    assert len(source.cache_unsynced.metrics.passes) == 3
 
 
 def test_a_cache_that_is_not_complete_decides_layer_by_layer(tiny):
     cfg = tiny[0]
     source, dec = _decoder(tiny, "pipelined", capacity=0.5, warm="none")
     dec.generate(_prompt(cfg, 5), 4)
-    assert source.deferred_passes == 0 and not source._pending
+    assert source.deferred_passes == 0 and source.pending_passes == 0
 
 
 def test_turning_deferral_off_takes_the_pending_pass_first(tiny):
@@ -152,7 +152,7 @@ def test_turning_deferral_off_takes_the_pending_pass_first(tiny):
         dec.forward(np.asarray([[1]]))
         source.defer_complete = False
         dec.forward(np.asarray([[2]]))  # decided layer by layer, after the pending pass
-        assert not source._pending
+        assert source.pending_passes == 0
         states.append(_state(source))
     assert states[0] == states[1]
 
@@ -197,6 +197,6 @@ def test_late_decisions_read_anywhere_equal_layer_by_layer(tiny, eviction, prefe
         assert len(outs[0]) == len(outs[1])
         for x, y in zip(*outs):
             np.testing.assert_array_equal(x, y)
-        assert len(late._pending) <= (1 if mode == "pipelined" else 0)
+        assert late.pending_passes <= (1 if mode == "pipelined" else 0)
     assert _state(late) == _state(inline)
     assert late.deferred_passes == inline.cache.pass_id + 1

@@ -66,10 +66,10 @@ def test_committed_math_text_is_held_out():
     """The committed math excerpt is GSM8K problems of the held-out split, verbatim (prose and
     code excerpts depend on the CPython version they were taken from, so only math is
     re-derivable on any install)."""
-    docs = corpus._math_docs(bundled.GSM8K)
+    docs = corpus.math_docs(bundled.GSM8K)
     text = _heldout("math").decode()
     chosen = [n for n, d in docs.items() if d in text]
-    assert len(chosen) >= 10 and all(corpus._heldout(n) for n in chosen)
+    assert len(chosen) >= 10 and all(corpus.is_heldout(n) for n in chosen)
     assert text == "\n\n".join(docs[n] for n in chosen)
 
 

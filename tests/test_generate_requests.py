@@ -56,13 +56,13 @@ def test_requests_match_single_prompt_runs(single, tmp_path, monkeypatch):
     outputs, and each request starts a fresh sequence), and after the warm-up no request
     compiles anything (every prompt length was warmed up)."""
     after_warmup = {}
-    warm_up = generate._warm_up
+    warm_up = generate.warm_up
 
     def spy(*args, **kwargs):
         warm_up(*args, **kwargs)
         after_warmup.update(_jit_entries())
 
-    monkeypatch.setattr(generate, "_warm_up", spy)
+    monkeypatch.setattr(generate, "warm_up", spy)
     prompts = PROMPTS + PROMPTS[:1]
     results = jobs.run(_config(prompts=prompts, warmup=True), str(tmp_path))
     assert after_warmup and _jit_entries() == after_warmup

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from moejax.seam import LayerGate
 from tests.test_cache_unit import make_cache, make_gate, run_layer
 
 
@@ -58,22 +59,29 @@ def test_prediction_precision_and_recall_are_of_the_predicted_sets():
 
 
 def test_a_prefetch_evicted_before_its_layer_ran_is_counted():
-    # Three slots: layer 0 takes two ({0, 1}, pinned while it runs), its prefetch puts expert
-    # 2 of layer 1 in the third. Before layer 1 runs, a fetch that may not evict layer 0's
-    # experts (as a deeper lookahead's prefetch would need) can only take expert 2's slot.
-    cache = make_cache(slots=3, prefetch="topk(overfetch=0.5)")
-    scores = np.array([0.0, 0.0, 0.9, 0.05, 0.03, 0.02])
+    # Four slots, LFU (fewest uses, then least recent). Layer 0 fetches {0, 1} (one use each)
+    # and prefetches one expert for each of the next two layers: expert 2 of layer 1 and
+    # expert 4 of layer 2 (no uses yet). Layer 1 uses its prefetched 2 and misses 3: the
+    # victim is the fewest-used, layer 2's expert 4, whose layer has not run yet.
+    cache = make_cache(slots=4, eviction="lfu", prefetch="topk(overfetch=0.5, lookahead=2)")
+    spec = np.zeros((2, 1, 6), np.float32)
+    spec[0, 0, 2], spec[1, 0, 4] = 0.9, 0.9
     cache.begin_pass("decode", 1, 10)
-    run_layer(cache, make_gate(0, [[0, 1]], 1, scores))
-    assert cache.prefetch_origin == {(1, 2): (0, 1)}
-    slot = cache._allocate(0, {(0, 0), (0, 1)}, (2, 5))
-    assert slot is not None
-    cache.free.append(slot)  # (not admitted: give the slot back)
+    gate = make_gate(0, [[0, 1]])
+    run_layer(cache, LayerGate(0, gate.ids, gate.weights, gate.probs, spec, (1, 2)))
+    assert cache.prefetch_origin == {(1, 2): (0, 1), (2, 4): (0, 2)}
+    run_layer(cache, make_gate(1, [[2, 3]]))
     t = cache.metrics.totals()
-    assert t["evicted_before_use"] == 1 and t["wasted_prefetch_bytes"] > 0
-    # Once its layer has run, an unused prefetch that goes is a misprediction, not "before use".
-    run_layer(cache, make_gate(1, [[3, 4]]))
-    assert cache.metrics.totals()["evicted_before_use"] == 1
+    assert t["evicted_before_use"] == 1 and t["evictions"] == 1
+    assert t["wasted_prefetch_bytes"] == cache.shape.expert_bytes
+    assert (2, 4) not in cache.residency and t["prefetch_used"] == 1
+    # Once its layer has run, an unused prefetch that goes is a misprediction, not "before
+    # use": layer 2 routes to {0, 5}, so the next pass's misses evict what is left.
+    run_layer(cache, make_gate(2, [[0, 5]]))
+    cache.end_pass()
+    before = cache.metrics.totals()["evicted_before_use"]
+    _pass(cache, [[3, 4], [0, 1], [4, 5]])
+    assert cache.metrics.totals()["evicted_before_use"] == before
 
 
 def test_results_carry_the_paper_metrics():

@@ -130,13 +130,13 @@ def test_score_percentile_hand_examples():
 
 def _percentile_numpy(hist, scores, p):
     """score_percentile's selection written with numpy's own searchsorted and cumsum (the
-    compiled `_above_percentile` must give the same, histogram included)."""
-    from moejax.policies.prefetch import _EDGES
+    compiled `above_percentile` must give the same, histogram included)."""
+    from moejax.policies.prefetch import SCORE_BINS
 
-    hist += np.bincount(np.searchsorted(_EDGES, scores, side="right") - 1, minlength=len(hist))
+    hist += np.bincount(np.searchsorted(SCORE_BINS, scores, side="right") - 1, minlength=len(hist))
     cum = np.cumsum(hist)
     b = int(np.searchsorted(cum, p / 100 * cum[-1], side="left"))
-    threshold = _EDGES[b + 1] if b + 1 < len(_EDGES) - 1 else _EDGES[-2]
+    threshold = SCORE_BINS[b + 1] if b + 1 < len(SCORE_BINS) - 1 else SCORE_BINS[-2]
     above = np.flatnonzero(scores > threshold)
     return above[np.argsort(-scores[above], kind="stable")].tolist()
 
@@ -146,17 +146,17 @@ def _percentile_numpy(hist, scores, p):
        experts=st.integers(1, 64), calls=st.integers(1, 6), ties=st.booleans())
 def test_score_percentile_compiled_selection_is_the_numpy_formula(seed, p, experts, calls,
                                                                   ties):
-    from moejax.policies.prefetch import _EDGES, _above_percentile
+    from moejax.policies.prefetch import SCORE_BINS, above_percentile
 
     rng = np.random.default_rng(seed)
-    ours = np.zeros(len(_EDGES) - 1, np.int64)
+    ours = np.zeros(len(SCORE_BINS) - 1, np.int64)
     theirs = ours.copy()
     for _ in range(calls):
         scores = rng.dirichlet(np.full(experts, 0.3))
         if ties:  # equal scores, zeros and ones: the bin edges and the stable order
             scores = np.round(scores, 2)
             scores[rng.integers(experts)] = 1.0
-        assert _above_percentile(ours, scores, p, _EDGES).tolist() == \
+        assert above_percentile(ours, scores, p, SCORE_BINS).tolist() == \
             _percentile_numpy(theirs, scores, p)
         assert np.array_equal(ours, theirs)
 

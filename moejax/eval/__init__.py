@@ -6,3 +6,7 @@
 * `tasks`: the same examples as seqio Tasks (the `eval` extra). seqio and TensorFlow load
   only in a spawned worker (`tasks.Isolated`, `tasks.load`), never beside JAX.
 """
+
+from moejax.eval import data, scoring
+
+__all__ = ["data", "scoring"]  # `tasks` imports seqio: `from moejax.eval import tasks`

@@ -1,4 +1,6 @@
-"""Registry of model families: `get_family(name)`, `family_for_hf(hf_config)`."""
+"""The model families moejax converts and runs (OLMoE, Mixtral, Qwen1.5/Qwen2-MoE, Phi-3.5-MoE):
+each maps a Hugging Face config to a `ModelConfig` and has presets of published (and tiny)
+dimensions. `get_family(name)`, `family_for_hf(hf_config)`, `preset(family, name)`."""
 
 from __future__ import annotations
 
@@ -8,6 +10,8 @@ from moejax.errors import ConfigError
 from moejax.families import mixtral, olmoe, phimoe, qwen_moe
 from moejax.families.base import Family
 from moejax.model_config import ModelConfig
+
+__all__ = ["FAMILIES", "Family", "config_from_hf", "family_for_hf", "get_family", "preset"]
 
 FAMILIES: dict[str, Family] = {
     f.name: f for f in (olmoe.FAMILY, mixtral.FAMILY, qwen_moe.FAMILY, phimoe.FAMILY)}

@@ -1,11 +1,16 @@
-"""Jobs the main entry point runs, by `config.job`."""
+"""The jobs `python -m moejax.main` runs, by `config.job` (each a library function
+`run(config, workdir)`): generate, perplexity, quality, eval, record_traces, replay and train.
+`schema.py` declares every field a job config has (`base_config`); `common.py` is what the jobs
+share (the decoder over the configured expert source, the cache report)."""
 
 from __future__ import annotations
 
 import ml_collections
 
 from moejax.errors import ConfigError
-from moejax.jobs.schema import JOBS
+from moejax.jobs.schema import JOBS, base_config
+
+__all__ = ["JOBS", "base_config", "run"]
 
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict:

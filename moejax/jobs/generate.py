@@ -91,7 +91,7 @@ def _batch(ids: list[int], batch: int) -> np.ndarray:
     return np.tile(np.asarray(ids, np.int32)[None], (batch, 1))
 
 
-def _warm_up(config: ml_collections.ConfigDict, loaded: LoadedModel, reqs: list[Request], *,
+def warm_up(config: ml_collections.ConfigDict, loaded: LoadedModel, reqs: list[Request], *,
              max_len: int, batch: int) -> None:
     """Compiles every step shape the timed requests use on a throwaway cache and decoder (same
     `max_len`, so the same KV cache shapes): the prefill of each distinct prompt length, and
@@ -129,7 +129,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     eos = cfg.eos_token_id if config.run.stop_at_eos else None
 
     if config.run.warmup:  # compile every step shape on a throwaway cache
-        _warm_up(config, loaded, reqs, max_len=max_len, batch=batch)
+        warm_up(config, loaded, reqs, max_len=max_len, batch=batch)
 
     if config.tracing.record:  # attached after warm-up, so the trace holds the timed run only
         recorder = TraceRecorder(cfg, config.model.lookahead, loaded.source,

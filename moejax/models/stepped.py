@@ -95,7 +95,7 @@ class Static:
     decoder, jit's own cache) refers to it, and nothing here keeps a decoder alive. Values must
     not refer to a decoder or its arrays (a graphdef or a config, not a bound method)."""
 
-    __slots__ = ("value", "_hash", "__weakref__")
+    __slots__ = ("value", "hash_value", "__weakref__")
     _interned: "weakref.WeakValueDictionary" = weakref.WeakValueDictionary()
 
     def __new__(cls, value):
@@ -103,12 +103,13 @@ class Static:
         inst = cls._interned.get(key)
         if inst is None:
             inst = super().__new__(cls)
-            inst.value, inst._hash = value, hash(key)
+            inst.value = value
+            inst.hash_value = hash(key)
             cls._interned[key] = inst
         return inst
 
     def __hash__(self) -> int:
-        return self._hash
+        return self.hash_value
 
     def __eq__(self, other) -> bool:
         return self is other or (isinstance(other, Static) and self.value == other.value)

@@ -1,6 +1,21 @@
-"""Eviction, prefetch, miss and routing policies, chosen by spec strings (see `registry`)."""
+"""The four policy kinds of the expert cache (SpecMD §3), chosen by spec strings
+(`"least_stale(order=cyclic)"`) from one registry: eviction, prefetch, miss, routing
+(`eviction.py` ... `routing.py`), their base classes and capabilities (`base.py`), what each
+class declares about its arguments and its compiled form (`declare.py`), and SpecMD's Table 2
+combinations (`presets.py`)."""
 
-from moejax.policies import eviction, miss, prefetch, routing  # noqa: F401  (registration)
-from moejax.policies.registry import build, names, parse
+from moejax.policies import eviction, miss, prefetch, presets, routing  # noqa: F401 (registration)
+from moejax.policies.base import (
+    KINDS,
+    EvictionPolicy,
+    MissDecision,
+    MissPolicy,
+    Policy,
+    PrefetchPolicy,
+    RoutingPolicy,
+)
+from moejax.policies.registry import build, names, parse, policy_class, register, spec_arguments
 
-__all__ = ["build", "names", "parse"]
+__all__ = ["KINDS", "EvictionPolicy", "MissDecision", "MissPolicy", "Policy", "PrefetchPolicy",
+           "RoutingPolicy", "build", "names", "parse", "policy_class", "presets", "register",
+           "spec_arguments"]

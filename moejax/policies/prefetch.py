@@ -74,7 +74,7 @@ class TopKPrefetch(_SpecPrefetch):
 
 
 # Log-spaced score bins of the running score distribution (1e-9 .. 1, ~2.7% wide).
-_EDGES = np.concatenate([[0.0], np.logspace(-9, 0, 768), [np.inf]])
+SCORE_BINS = np.concatenate([[0.0], np.logspace(-9, 0, 768), [np.inf]])
 
 
 @register("prefetch", "score_percentile")
@@ -102,13 +102,13 @@ class ScorePercentilePrefetch(_SpecPrefetch):
         for layer, scores in self._scores(gate):
             hist = self.hist.get(layer)
             if hist is None:
-                hist = self.hist[layer] = np.zeros(len(_EDGES) - 1, np.int64)
-            out.append((layer, _above_percentile(hist, scores, self.p, _EDGES).tolist()))
+                hist = self.hist[layer] = np.zeros(len(SCORE_BINS) - 1, np.int64)
+            out.append((layer, above_percentile(hist, scores, self.p, SCORE_BINS).tolist()))
         return out
 
 
 @numba.njit(cache=True)
-def _above_percentile(hist, scores, p, edges):
+def above_percentile(hist, scores, p, edges):
     """Adds `scores` to the running histogram `hist` (bin i holds scores in [edges[i],
     edges[i+1])), then returns the experts scored above the p-th percentile level of it, best
     first (ties: lower expert first). One compiled call: the live runtime decides every layer
@@ -188,11 +188,11 @@ class NoisyOraclePrefetch(OraclePrefetch):
         # seeding a generator per call is most of a replay's time on the compiled engine.
         memo = (self.num_experts, self.precision, self.seed, self.cache.pass_id, target,
                 tuple(true))
-        out = _NOISY_MEMO.get(memo)
+        out = NOISY_MEMO.get(memo)
         if out is None:
-            if len(_NOISY_MEMO) >= _NOISY_MEMO_SIZE:
-                _NOISY_MEMO.clear()
-            out = _NOISY_MEMO[memo] = self._perturb(true, target)
+            if len(NOISY_MEMO) >= NOISY_MEMO_SIZE:
+                NOISY_MEMO.clear()
+            out = NOISY_MEMO[memo] = self._perturb(true, target)
         return list(out)
 
     def _perturb(self, true: list[int], target: int) -> tuple[int, ...]:
@@ -209,8 +209,8 @@ class NoisyOraclePrefetch(OraclePrefetch):
 
 
 # noisy_oracle's predictions by (experts, precision, seed, pass, target, true experts).
-_NOISY_MEMO: dict[tuple, tuple[int, ...]] = {}
-_NOISY_MEMO_SIZE = 1 << 18
+NOISY_MEMO: dict[tuple, tuple[int, ...]] = {}
+NOISY_MEMO_SIZE = 1 << 18
 
 
 @register("prefetch", "temporal")

@@ -192,6 +192,17 @@ class CachedExperts:
             self.sync()
         return self._cache
 
+    @property
+    def pending_passes(self) -> int:
+        """Passes run whose decisions are not taken yet (a complete cache decides late)."""
+        return len(self._pending)
+
+    @property
+    def cache_unsynced(self) -> ExpertCache:
+        """The expert cache as it is, without taking the pending decisions first (to see what
+        a pass has not decided yet; `cache` is what every reader should use)."""
+        return self._cache
+
     def sync(self) -> None:
         """Takes the decisions of the passes still pending, in order. Called at the end of a
         generation (`SteppedDecoder.generate`, so its wall time includes them), by `cache`, and

@@ -30,7 +30,7 @@ HELDOUT_FRACTION = 0.1
 DEFAULT_GSM8K = bundled.GSM8K
 
 
-def _heldout(name: str) -> bool:
+def is_heldout(name: str) -> bool:
     digest = hashlib.sha256(name.encode()).digest()
     return int.from_bytes(digest[:4], "little") / 2**32 < HELDOUT_FRACTION
 
@@ -55,7 +55,7 @@ def _code_docs() -> dict[str, str]:
     return docs
 
 
-def _math_docs(gsm8k_path: str) -> dict[str, str]:
+def math_docs(gsm8k_path: str) -> dict[str, str]:
     if not os.path.exists(gsm8k_path):
         raise FileNotFoundError(f"{gsm8k_path}: GSM8K split not found (set data.gsm8k_path)")
     docs = {}
@@ -77,8 +77,8 @@ class Split:
 
 def load_domain(domain: str, heldout: bool, gsm8k_path: str = DEFAULT_GSM8K) -> Split:
     docs = {"prose": _prose_docs, "code": _code_docs,
-            "math": lambda: _math_docs(gsm8k_path)}[domain]()
-    names = [n for n in docs if _heldout(n) == heldout]
+            "math": lambda: math_docs(gsm8k_path)}[domain]()
+    names = [n for n in docs if is_heldout(n) == heldout]
     text = "\n\n".join(docs[n] for n in names)
     return Split(domain, np.frombuffer(text.encode("utf-8"), np.uint8).copy(), names)
 
