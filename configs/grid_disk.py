@@ -31,7 +31,7 @@ from moejax.jobs.schema import base_config, parse_args
 
 HOST_FRACS = (0.15, 0.3, 0.6)
 EVICTIONS = ("lru", "lru_per_layer", "least_stale", "least_stale(order=cyclic)")
-# `python benchmarks/storage_read.py --reps 7` on this machine (WORKSPACE.md "The disk tier"):
+# `python benchmarks/storage_read.py --reps 7` on this machine (benchmarks/README.md, storage_read.py):
 # the best cold one-expert rate of the packed layout (split 4), the median cold 4 KiB read at
 # queue depth 1, and the reader's 8 workers as the queue depth.
 THIS_DISK = {"storage.preset": "nvme_gen4", "storage.read_gbps": 1.05,

@@ -50,7 +50,7 @@ in all three, so 12 + 8 + 6 = 26 distinct; `cross` 6 x 5 = 30 on the embedded mo
 them new. Total: 5 x 26 + 20 = 150 cells (`models=embedded`: 46, `models=families`: 104;
 `parts=miss`: 60, `parts=routing`: 50, `parts=precision`: 40, `parts=cross`: 30). On a 2-core
 CPU a cell takes about 5-20 s in a worker that has run its model before (the first cell of a
-model in a worker compiles: 30-45 s); the whole grid took 853 s with `--workers=2` (WORKSPACE.md).
+model in a worker compiles: 30-45 s); the whole grid took 853 s with `--workers=2` (docs/findings/quality.md).
 
 The report (`python -m moejax.analysis.report`) draws `fig_quality_frontier.png` (one panel
 per model and capacity: x decode tok/s, y KL mean, the Pareto frontier as a step line) and

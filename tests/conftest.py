@@ -40,7 +40,7 @@ from hypothesis import HealthCheck, settings
 # TensorBoard's event reader (EventAccumulator, used to read back the events the jobs write)
 # imports TensorFlow when it is installed — and the `eval` extra installs it. TensorFlow must not
 # share a process with JAX's compilations (it segfaulted the suite inside the persistent
-# compilation cache; WORKSPACE.md, issue 11), so the reader gets TensorBoard's own stub: an
+# compilation cache; docs/findings/quality.md, issue 11), so the reader gets TensorBoard's own stub: an
 # importable `tensorboard.compat.notf` is TensorBoard's documented switch for that.
 sys.modules.setdefault("tensorboard.compat.notf", types.ModuleType("tensorboard.compat.notf"))
 
@@ -69,7 +69,7 @@ def _free_compiled_steps():
     MAX_MAPS memory mappings. An XLA CPU executable keeps mappings of its code until it is
     freed, and the suite compiles thousands (every tiny model, shape and policy path): kept
     for the whole run they passed Linux's `vm.max_map_count` (65530), and the failed mmap
-    surfaced as a segfault inside XLA (WORKSPACE.md, issue 11). A later module that needs a
+    surfaced as a segfault inside XLA (docs/findings/quality.md, issue 11). A later module that needs a
     step again reads it back from the persistent cache below."""
     yield
     if _maps() > MAX_MAPS:

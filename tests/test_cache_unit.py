@@ -262,23 +262,14 @@ def test_collision_miss_of_an_expert_admitted_in_the_same_pass():
     assert cache.resident_keys() == {(1, 2), (1, 3), (2, 4), (2, 5)}
 
 
-_OWN_BATCH_REASON = (
-    "moejax bug (cache/expert_cache.py ExpertCache._prefetch, the _allocate call): a prefetch batch "
-    "may evict the batch's own earlier, higher-priority experts — still in flight — to admit "
-    "lower-priority ones, because _allocate's evictable is only `k not in pinned` (base.py's "
-    "victim contract says in-flight keys are not evictable). Under LFU a just-prefetched "
-    "expert has count 0, so with a full cache every prefetch batch collapses to its last "
-    "expert and the rest is wasted bandwidth; with little room (3 slots, LRU) the same happens "
-    "and the evicted prefetch becomes a collision miss.")
-
-
 def test_prefetch_batch_does_not_evict_its_own_prefetches_lfu():
     cache = make_cache(4, eviction="lfu", prefetch="topk")
     cache.begin_pass("decode", 1, 1)
     run_layer(cache, make_gate(0, [[0, 1]], 1, [0, 0, .5, .4, 0, 0]))  # fills the 4 slots
     # Layer 1 uses (1,2) (1,3) (count 1 each) and prefetches [4, 5] for layer 2. The unpinned
     # keys are (0,0) and (0,1), both used once this pass: they are the ones to make room.
-    # Today: (2,4) evicts (0,0), then (2,5) evicts (2,4) (count 0 < 1).
+    # The bug this guards against: (2,4) evicts (0,0), then (2,5) evicts the in-flight (2,4)
+    # (count 0 < 1), so the batch collapses to its last expert.
     run_layer(cache, make_gate(1, [[2, 3]], 2, [0, 0, 0, 0, .5, .4]))
     assert {(2, 4), (2, 5)} <= cache.resident_keys()
     assert cache.metrics.totals()["wasted_prefetch_bytes"] == 0
@@ -286,9 +277,9 @@ def test_prefetch_batch_does_not_evict_its_own_prefetches_lfu():
 
 def test_prefetch_batch_does_not_evict_its_own_prefetches_lru():
     # 3 slots. Layer 0 fetches (0,0) (0,1), then prefetches [2, 3] for layer 1: (1,2), the
-    # best-scored, takes the last free slot. Today, for (1,3) the only unpinned key is (1,2),
-    # so the prefetcher evicts its own better prediction (wasted) and layer 1 then misses it
-    # (a collision miss). Expected: the prefetch stops when no room is left.
+    # best-scored, takes the last free slot. For (1,3) the only unpinned key is (1,2), still in
+    # flight: the prefetch must stop there, not evict its own better prediction (wasted bytes,
+    # then a collision miss when layer 1 needs it).
     cache = make_cache(3, prefetch="topk")
     cache.begin_pass("decode", 1, 1)
     run_layer(cache, make_gate(0, [[0, 1]], 1, [0, 0, .5, .4, 0, 0]))

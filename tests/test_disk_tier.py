@@ -3,7 +3,8 @@ its experts on storage behind a host tier of every size — real reads (TensorSt
 packed range reads), real pinned-host entries, real slot loads.
 
 * exactness: the generated tokens and logits equal the resident model's for any host size,
-  policy, layout and read split (property test), and at int4;
+  policy, layout and read split (every live eviction, host eviction and live prefetch of the
+  registry at least once, rotating beside the others), and at int4;
 * only experts that are needed are read, each read counted by the host tier;
 * a corrupt expert stops the run naming the file, layer and expert;
 * the generate job as a user runs it, and replay equivalence of its recorded trace.
@@ -18,8 +19,6 @@ import shutil
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 from moejax import checkpoint, jobs
 from moejax.checkpoint import CheckpointError
@@ -28,6 +27,7 @@ from moejax.jobs.schema import base_config
 from moejax.model_source import load_model
 from moejax.models.random_init import random_model
 from moejax.models.stepped import SteppedDecoder
+from moejax.policies import names, policy_class
 from moejax.serving.build import build_cached_experts
 from moejax.testing import resident_decoder
 
@@ -74,13 +74,25 @@ def _run(model, path, config, prompt):
     return out, source
 
 
-@settings(max_examples=8, deadline=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(kind=st.sampled_from(LAYOUTS), host=st.sampled_from(HOST_FRACS),
-       eviction=st.sampled_from(["lru", "least_stale", "priority", "lru_per_layer"]),
-       host_eviction=st.sampled_from(["lru", "fifo", "least_stale"]),
-       prefetch=st.sampled_from(["none", "score_percentile(p=80)", "topk(overfetch=1.5)"]),
-       split=st.integers(1, 8), slots=st.sampled_from([4, 9, 30]))
+def _exactness_cases() -> list:
+    """Every live device eviction, every host eviction (the registry's, but those reading the
+    future or the router's probabilities, which the host tier refuses) and every live prefetch
+    at least once, rotating beside the layouts, host sizes, read splits and slot counts."""
+    device = names("eviction", live=True)
+    host = [n for n in names("eviction") if not (policy_class("eviction", n).needs_future
+                                                 or policy_class("eviction", n).needs_probs)]
+    prefetch = names("prefetch", live=True)
+    cases = []
+    for i in range(max(len(device), len(host), len(prefetch))):
+        case = (LAYOUTS[i % 2], HOST_FRACS[i % 3], device[i % len(device)],
+                host[(i + 4) % len(host)], prefetch[i % len(prefetch)], 1 + 3 * i % 8,
+                (4, 9, 30)[i // 2 % 3])
+        cases.append(pytest.param(*case, id="-".join(map(str, case))))
+    return cases
+
+
+@pytest.mark.parametrize("kind, host, eviction, host_eviction, prefetch, split, slots",
+                         _exactness_cases())
 def test_any_host_capacity_generates_what_everything_in_memory_does(
         tiny, kind, host, eviction, host_eviction, prefetch, split, slots):
     model, paths, prompt, ref = tiny

@@ -63,8 +63,34 @@ def test_gsm8k_from_a_file_of_its_format(seqio_worker, tmp_path):
     assert name.startswith("moejax_gsm8k_") and name.endswith("_1shot")
 
 
-def test_tensorflow_stays_off_the_gpus_and_out_of_the_plain_modules(seqio_worker):
-    assert seqio_worker.run(tasks.tensorflow_gpus) == 0
+def _gpu_hiding_calls() -> list:
+    """In a fresh seqio worker: every tf.config.set_visible_devices call made while
+    moejax.eval.tasks loads seqio (the original still runs), as (devices, device type)."""
+    import tensorflow as tf
+
+    assert "seqio" not in sys.modules  # a fresh worker: nothing configured TensorFlow yet
+    calls = []
+    original = tf.config.set_visible_devices
+
+    def record(devices, device_type=None):
+        calls.append((list(devices), device_type))
+        return original(devices, device_type)
+
+    tf.config.set_visible_devices = record
+    try:
+        tasks.seqio_module.cache_clear()
+        tasks.seqio_module()
+    finally:
+        tf.config.set_visible_devices = original
+    return calls
+
+
+def test_tensorflow_stays_off_the_gpus_and_out_of_the_plain_modules():
+    # On a machine without GPUs TensorFlow sees none whatever tasks.py does, so the test
+    # watches the call that hides them, in a worker of its own (never this JAX process).
+    with tasks.Isolated() as worker:
+        assert worker.run(_gpu_hiding_calls) == [([], "GPU")]
+        assert worker.run(tasks.tensorflow_gpus) == 0
     # The plain reader, the scoring and the job modules import neither seqio nor TensorFlow.
     code = ("import sys, moejax.eval.data, moejax.eval.scoring, moejax.eval.tasks, "
             "moejax.jobs.evaluate; "

@@ -10,6 +10,10 @@ space"), driving the policy objects directly through the hook sequence `ExpertCa
 
 Layer indices deliberately differ from layer positions (MoE layers 1, 3, 5, ... as in a model
 with dense layers in between), so a policy mixing up the two is caught.
+
+`priority` has its own module (tests/test_priority_eviction.py, on this module's `Driver`);
+`belady` (replay only) reads the trace's future, handed over as a `Future` with the `Driver`
+as the cache whose `pass_id` it reads.
 """
 
 from __future__ import annotations
@@ -17,7 +21,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from moejax.policies import build
+from moejax.policies import build, names
+from moejax.replay.future import Future
 
 # MoE layer index -> position in the pass (0..L-1).
 POS3 = {1: 0, 3: 1, 5: 2}
@@ -707,3 +712,99 @@ def test_lhu_evicts_the_fewest_high_precision_uses_then_lru():
     lhu.on_use_precision(c, "int8")  # ties with a (two each): the least recent goes
     assert lhu.victim(0, anything) == a
     assert lhu.victim(0, lambda k: False) is None
+
+
+# ---------------------------------------------------------------------------------------------
+# belady
+
+
+def _belady(pos_of: dict[int, int], passes: list[list[list[int]]]) -> Driver:
+    """Belady driven through the hooks, its future `passes` ([pass][layer position] ->
+    experts in router-rank order) and the Driver as the cache whose `pass_id` it reads."""
+    d = Driver("belady", pos_of, num_slots=2)
+    d.policy.set_future(Future(passes, list(pos_of)), d)
+    return d
+
+
+def test_belady_evicts_the_furthest_next_use_then_the_smallest_key():
+    """One MoE layer (index 1, position 0), top-1, 2 slots. The requests, one per pass, on the
+    global request clock t:
+
+        t:       0  1  2  3  4  5
+        expert:  0  1  2  0  2  1
+
+    t=0, t=1: misses fill the two slots with (1,0) and (1,1).
+    t=2: (1,2) misses; next uses: (1,0) at t=3, (1,1) at t=5 -> evict (1,1), the furthest
+         (LRU would evict (1,0), the least recent).
+    t=3: (1,0) hits; t=4: (1,2) hits.
+    t=5: (1,1) misses; neither (1,0) nor (1,2) is used again (both "infinitely" far): the
+         tie goes to the smallest key, (1,0).
+    """
+    d = _belady({1: 0}, [[[0]], [[1]], [[2]], [[0]], [[2]], [[1]]])
+    d.start_pass()
+    d.fetch((1, 0))
+    d.start_pass()
+    d.fetch((1, 1))
+    d.start_pass()
+    assert d.victim(0, pinned={(1, 1)}) == (1, 0)  # the furthest is pinned: the other goes
+    assert d.victim(0, pinned={(1, 0), (1, 1)}) is None
+    assert d.evict_victim(0) == (1, 1)
+    d.fetch((1, 2))
+    d.start_pass()
+    d.hit((1, 0))
+    d.start_pass()
+    d.hit((1, 2))
+    d.start_pass()
+    assert d.evict_victim(0) == (1, 0)
+    d.fetch((1, 1))
+    assert d.resident == {(1, 1), (1, 2)}
+
+
+def test_belady_counts_the_clock_per_layer_position_and_request():
+    """MoE layers 3 and 7 at positions 0 and 1, top-2 at layer 3 and top-1 at layer 7, 2 slots.
+    The global clock counts requests pass by pass, layer by layer, in router-rank order:
+
+        pass 0: layer 3 -> 4 (t=0), 5 (t=1);  layer 7 -> 4 (t=2)
+        pass 1: layer 3 -> 5 (t=3), 6 (t=4);  layer 7 -> 4 (t=5)
+
+    Pass 0: (3,4) and (3,5) fill the slots. At layer 7 (position 1, t=2) (7,4) misses: (3,4)
+    is never used again, (3,5) at t=3 -> evict (3,4).
+    Pass 1, layer 3: (3,5) hits (t=3); then (3,6) misses at t=4, nothing pinned: (3,5)'s use
+    at t=3 is past, so it is never used again, while (7,4) is used at t=5 -> evict (3,5).
+    (A clock that did not count the hit, t=3, would keep (3,5) and evict (7,4).)
+    At layer 7 (t=5) (7,4) hits.
+    """
+    d = _belady({3: 0, 7: 1}, [[[4, 5], [4]], [[5, 6], [4]]])
+    d.start_pass()
+    d.fetch((3, 4))
+    d.fetch((3, 5))
+    assert d.evict_victim(1) == (3, 4)
+    d.fetch((7, 4))
+    d.start_pass()
+    d.hit((3, 5))
+    assert d.evict_victim(0) == (3, 5)
+    d.fetch((3, 6))
+    d.hit((7, 4))
+    assert d.resident == {(3, 6), (7, 4)}
+
+
+def test_belady_without_its_future_refuses():
+    policy = Driver("belady", {1: 0}).policy
+    policy.on_admit((1, 0), 0, False)
+    with pytest.raises(RuntimeError, match="needs the future"):
+        policy.victim(0, lambda k: True)
+
+
+def test_every_registered_eviction_policy_has_hand_worked_tests():
+    """The registry's evictions against the ones this module (and priority's own) work by
+    hand: a new policy needs its tests."""
+    import inspect
+    import sys
+
+    tests = [n for n, f in inspect.getmembers(sys.modules[__name__], inspect.isfunction)
+             if n.startswith("test_")]
+    worked = {"priority"}  # tests/test_priority_eviction.py
+    for name in names("eviction"):
+        if any(t.startswith(f"test_{name}_") for t in tests):
+            worked.add(name)
+    assert worked == set(names("eviction"))

@@ -18,11 +18,12 @@ from moejax.cache.from_config import build_cache_for, build_host_tier
 from moejax.cache.host_tier import HostTier
 from moejax.errors import ConfigError
 from moejax.jobs.schema import base_config
-from moejax.policies import build, names
+from moejax.policies import build, names, policy_class
 from moejax.replay.engine import replay
 from moejax.testing import random_scored_trace
 from moejax.timing import storage as storage_lib
 from moejax.timing.storage import Storage, StorageQueue
+from tests.fuzzing import examples
 from tests.test_cache_unit import B, E, K, T, make_cache, make_gate, run_layer
 
 DISK = Storage("test", read_gbps=1.0, read_latency_s=10e-6, queue_depth=1)
@@ -113,17 +114,44 @@ def test_a_watchdog_queue_entry_is_read_ahead_while_it_waits():
     assert cache.host.totals()["read_ahead"] == 2
 
 
-@settings(max_examples=25, deadline=None)
-@given(eviction=st.sampled_from(names("eviction", live=True)),
-       host_eviction=st.sampled_from(["lru", "fifo", "lfu", "least_stale", "lru_per_layer"]),
-       slots=st.integers(2, 12), capacity=st.integers(E + 1, 18), seed=st.integers(0, 1000),
+def _host_evictions() -> list[str]:
+    """Every eviction policy the host tier accepts: the registry's, but those that read the
+    future routing or the router's probabilities (the host tier has neither)."""
+    return [n for n in names("eviction") if not (policy_class("eviction", n).needs_future
+                                                 or policy_class("eviction", n).needs_probs)]
+
+
+def _pairs() -> list[tuple[str, str]]:
+    """(device eviction, host eviction): every live device eviction and every host eviction at
+    least once, rotating (offset: not the same policy in both tiers every time)."""
+    device, host = names("eviction", live=True), _host_evictions()
+    return [(device[i % len(device)], host[(i + 4) % len(host)])
+            for i in range(max(len(device), len(host)))]
+
+
+def test_the_host_tier_takes_every_policy_but_those_reading_the_future_or_scores():
+    accepted = _host_evictions()
+    assert "lru" in accepted and "belady" not in accepted and "score" not in accepted
+    for n in names("eviction"):
+        config = _config(slots=4, host_capacity_frac=0.5, host_eviction=n)
+        if n in accepted:
+            assert _shape_cache(config).host.policy.name == n
+        else:
+            with pytest.raises(ConfigError, match=rf"host_eviction='{n}' reads"):
+                _shape_cache(config)
+
+
+@pytest.mark.parametrize("eviction, host_eviction", _pairs())
+@settings(max_examples=examples(5))
+@given(slots=st.integers(2, 12), capacity=st.integers(E + 1, 18), seed=st.integers(0, 1000),
        prefetch=st.sampled_from(["none", "topk(overfetch=1.0)", "score_percentile(p=80)"]))
 def test_the_host_tier_changes_timings_not_device_residency(eviction, host_eviction, slots,
                                                             capacity, seed, prefetch):
     """With the immediate queue the device tier's decisions do not depend on time, so a host
     tier larger than one layer's experts (a prefetch then always finds a host slot the running
-    wave does not hold), of any policy, leaves every device counter but the ready/late split as
-    it was; and its own counters add up."""
+    wave does not hold), of any policy (every host eviction of the registry, each beside a
+    device eviction, every live one at least once), leaves every device counter but the
+    ready/late split as it was; and its own counters add up."""
     rng = np.random.default_rng(seed)
     trace = random_scored_trace(rng, layers=3, experts=E, k=K, passes=[4, 1, 1, 1, 1],
                                 expert_bytes=B)

@@ -12,7 +12,7 @@ import pytest
 
 from moejax import checkpoint, jobs
 from moejax.errors import ConfigError
-from moejax.families import preset
+from moejax.families import FAMILIES, preset
 from moejax.jobs.schema import base_config
 from moejax.testing import random_model, resident_decoder
 
@@ -41,7 +41,7 @@ def test_default_config_generates_and_writes_results(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("family", ["olmoe", "mixtral", "qwen2_moe", "phimoe"])
+@pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_checkpoint_run_matches_direct_decoding(family, tmp_path):
     """`model.checkpoint=` runs the saved model: same tokens as decoding it directly."""
     cfg = preset(family, "tiny")

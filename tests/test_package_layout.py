@@ -187,7 +187,7 @@ def test_the_readme_layout_names_every_package():
     layout = layout[:layout.index("\n## ", 1)] if "\n## " in layout[1:] else layout
     packages = sorted({n.split(".")[1] for n in MODULES if n.count(".") == 1
                        and MODULES[n].endswith("__init__.py")})
-    missing = [p for p in packages if f"`{p}/`" not in layout]
+    missing = [p for p in packages if f"`moejax/{p}/`" not in layout]
     assert missing == [], f"README's layout lacks {missing}"
     for top in ("configs", "launch", "benchmarks", "tests", "docs"):
         assert f"`{top}/`" in layout, top

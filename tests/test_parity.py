@@ -18,6 +18,7 @@ import torch  # the test extra installs it: a missing torch is a failure, not a 
 
 from moejax import checkpoint
 from moejax.convert import convert
+from moejax.families import FAMILIES, family_for_hf
 from moejax.models.stepped import ResidentExperts, SteppedDecoder
 from moejax.testing import hf_model_from_config_file, save_hf_model
 
@@ -107,5 +108,5 @@ def test_parity_longrope_decode_crosses_original_length(config_path, tmp_path):
 
 
 def test_parity_cases_cover_every_family():
-    families = {json.load(open(p))["model_type"] for p in CASES}
-    assert {"olmoe", "mixtral", "qwen2_moe", "phimoe"} <= families
+    families = {family_for_hf(json.load(open(p))).name for p in CASES}
+    assert families == set(FAMILIES)

@@ -16,8 +16,6 @@ import sys
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 from moejax import jobs
 from moejax.errors import ConfigError
@@ -61,11 +59,27 @@ def _tokens(cfg, seed, n):
     return np.random.default_rng(seed).integers(0, cfg.vocab_size, n).astype(np.int32)
 
 
-@settings(max_examples=6, deadline=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(eviction=st.sampled_from(EVICTIONS), prefetch=st.sampled_from(PREFETCHES),
-       slots=st.sampled_from([4, 7, 16, 64]), queue=st.sampled_from(["immediate", "watchdog"]),
-       mode=st.sampled_from(["decode", "prefill"]), seed=st.integers(0, 3))
+def _exact_cases() -> list:
+    """Every live eviction once, beside a rotating live prefetch, slot count, prefetch queue,
+    teacher-forcing mode and seed: every prefetch, queue and mode appear too (the queue and
+    the mode rotate with different periods, so each queue meets each mode)."""
+    cases = []
+    for i, eviction in enumerate(EVICTIONS):
+        case = (eviction, PREFETCHES[i % len(PREFETCHES)], (4, 7, 16, 64)[i * 3 % 4],
+                ("immediate", "watchdog")[i % 2], ("decode", "prefill")[i // 2 % 2], i % 4)
+        cases.append(pytest.param(*case, id="-".join(map(str, case))))
+    return cases
+
+
+def test_the_exact_cases_cover_every_policy_queue_and_mode():
+    cases = [p.values for p in _exact_cases()]
+    assert [c[0] for c in cases] == EVICTIONS
+    assert {c[1] for c in cases} == set(PREFETCHES)
+    assert {(c[3], c[4]) for c in cases} == {(q, m) for q in ("immediate", "watchdog")
+                                             for m in ("decode", "prefill")}
+
+
+@pytest.mark.parametrize("eviction, prefetch, slots, queue, mode, seed", _exact_cases())
 def test_exact_configurations_have_no_drift(tiny, eviction, prefetch, slots, queue, mode, seed):
     cfg, _, _, reference = tiny
     cached = _cached(tiny, slots, eviction, prefetch, queue)

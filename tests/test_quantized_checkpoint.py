@@ -83,9 +83,12 @@ def test_save_with_precisions_reads_back(tiny, saved):
                 np.testing.assert_array_equal(got.values, want.values)
                 np.testing.assert_array_equal(got.scale, want.scale)
                 np.testing.assert_array_equal(got.zero, want.zero)
-                one = expert_store.read_quantized_expert(saved, layer, kind, p, 3)
-                np.testing.assert_array_equal(one.values, want.values[3])
-                np.testing.assert_array_equal(one.zero, want.zero[3])
+                for expert in range(cfg.num_experts):
+                    one = expert_store.read_quantized_expert(saved, layer, kind, p, expert)
+                    assert one.bits == want.bits
+                    for part in expert_store.PARTS:
+                        np.testing.assert_array_equal(getattr(one, part),
+                                                      getattr(want, part)[expert])
 
 
 def test_no_precisions_means_native_only(tiny, tmp_path):
@@ -267,19 +270,35 @@ def test_add_precisions_to_existing_checkpoint(tiny, tmp_path):
         assert "blosc" in f.read()
     ck = checkpoint.load(out)
     assert ck.precisions["int4"]["groups"] == {"gate_up": 64, "down": 32}
-    q = ck.experts_at("int2")[1][2].map(np.asarray)
-    want = quantize(np.asarray(down[2]), "int2", 64, "search")
-    np.testing.assert_array_equal(q.values, want.values)
+    _assert_quantized_as(ck, model.cfg, gate_up, down, "int2", 64, "search")
     # Adding another keeps the ones present; re-adding replaces.
     present = checkpoint.add_precisions(out, ["int8"], calibration="minmax")
     assert list(present) == ["native", "int8", "int4", "int2"]
     present = checkpoint.add_precisions(out, ["int4"], group_size=16, calibration="hqq")
     assert present["int4"]["calibration"] == "hqq"
     assert present["int4"]["groups"] == {"gate_up": 16, "down": 16}
-    checkpoint.load(out).experts_at("int4")
+    ck = checkpoint.load(out)
+    _assert_quantized_as(ck, model.cfg, gate_up, down, "int4", 16, "hqq")
+    _assert_quantized_as(ck, model.cfg, gate_up, down, "int2", 64, "search")  # kept
     # Native experts untouched.
-    np.testing.assert_array_equal(np.asarray(checkpoint.load(out).host_gate_up[0]),
-                                  np.asarray(gate_up[0]))
+    for layer in model.cfg.moe_layers:
+        np.testing.assert_array_equal(np.asarray(ck.host_gate_up[layer]),
+                                      np.asarray(gate_up[layer]))
+        np.testing.assert_array_equal(np.asarray(ck.host_down[layer]), np.asarray(down[layer]))
+
+
+def _assert_quantized_as(ck, cfg, gate_up, down, precision, group_size, calibration):
+    """The checkpoint's `precision` experts are `quantize` of the source's: every MoE layer,
+    both kinds, every part."""
+    gu, dn = ck.experts_at(precision)
+    assert set(gu) == set(dn) == set(cfg.moe_layers)
+    for layer in cfg.moe_layers:
+        for host, src in ((gu, gate_up), (dn, down)):
+            got = host[layer].map(np.asarray)
+            want = quantize(np.asarray(src[layer]), precision, group_size, calibration)
+            assert got.bits == want.bits
+            for part in expert_store.PARTS:
+                np.testing.assert_array_equal(getattr(got, part), getattr(want, part))
 
 
 def test_add_precisions_to_a_non_checkpoint(tmp_path):

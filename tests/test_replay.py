@@ -17,13 +17,19 @@ from moejax.bundled import CAPTURES_DIR
 from moejax.errors import ConfigError
 from moejax.jobs.schema import base_config
 from moejax.traces.format import FORMAT, Trace
+from tests.fuzzing import examples
 
 SHARED = CAPTURES_DIR  # the four real captures (moejax/assets/captures)
 
 
-def _replay_config(trace: str, **policies):
+ENGINES = ("reference", "auto")  # the policy objects; the compiled engine where it covers
+RAN = {"reference": "reference", "auto": "compiled"}  # LRU and Belady have compiled forms
+
+
+def _replay_config(trace: str, engine: str = "auto", **policies):
     c = base_config()
     c.job, c.trace, c.model.preset, c.clock.kind = "replay", trace, "", "virtual"
+    c.cache.replay_engine = engine
     c.log.progress = c.log.tensorboard = False
     for k, v in policies.items():
         setattr(c.policies, k, v)
@@ -106,15 +112,17 @@ def _brute_force_hits(ids: np.ndarray, slots: int) -> int:
     return best
 
 
-def _replay_trace(tmp_path, trace: Trace, slots: int, name: str, **policies):
+def _replay_trace(tmp_path, trace: Trace, slots: int, name: str, engine: str, **policies):
     path = str(tmp_path / f"{name}.npz")
     trace.save(path)
-    c = _replay_config(path, **policies)
+    c = _replay_config(path, engine, **policies)
     c.cache.slots = slots
-    return jobs.run(c, str(tmp_path / name))["cache"]["total"]
+    res = jobs.run(c, str(tmp_path / f"{name}-{engine}"))
+    assert res["replay"]["engine"] == RAN[engine], res["replay"]["engine_reason"]
+    return res["cache"]["total"]
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=examples(25))
 @given(data=st.data())
 def test_belady_equals_the_brute_force_optimum(tmp_path_factory, data):
     layers = data.draw(st.integers(2, 3))
@@ -125,9 +133,12 @@ def test_belady_equals_the_brute_force_optimum(tmp_path_factory, data):
     rows = [[data.draw(st.permutations(range(experts)))[:k] for _ in range(layers)]
             for _ in range(steps)]
     ids = np.asarray(rows)
-    total = _replay_trace(tmp_path_factory.mktemp("b"), _id_trace(ids, experts), slots, "t",
-                          eviction="belady", prefetch="none")
-    assert total["hits"] + total["late_hits"] == _brute_force_hits(ids, slots)
+    best = _brute_force_hits(ids, slots)
+    tmp = tmp_path_factory.mktemp("b")
+    for engine in ENGINES:
+        total = _replay_trace(tmp, _id_trace(ids, experts), slots, "t", engine,
+                              eviction="belady", prefetch="none")
+        assert total["hits"] + total["late_hits"] == best, engine
 
 
 def _independent_sim(path: str, slots: int, policy: str) -> int:
@@ -149,16 +160,19 @@ def test_shared_traces_match_an_independent_simulation(tmp_path, name, capacity)
     family, preset = ("olmoe", "olmoe-1b-7b") if name.startswith("olmoe") else \
         ("qwen2_moe", "qwen1.5-moe-a2.7b")
     got = {}
-    for policy in ("lru", "belady"):
-        c = _replay_config(path, eviction=policy, prefetch="none")
-        c.model.family, c.model.preset = family, preset
-        c.cache.capacity_frac = capacity
-        c.cache.pin_scope = "request"  # the classic model: one request at a time
-        res = jobs.run(c, str(tmp_path / policy))
-        total = res["cache"]["total"]
-        got[policy] = total["hits"] + total["late_hits"]
-        assert got[policy] == _independent_sim(path, res["cache"]["slots"], policy), policy
-    assert got["belady"] >= got["lru"]
+    for engine in ENGINES:
+        for policy in ("lru", "belady"):
+            c = _replay_config(path, engine, eviction=policy, prefetch="none")
+            c.model.family, c.model.preset = family, preset
+            c.cache.capacity_frac = capacity
+            c.cache.pin_scope = "request"  # the classic model: one request at a time
+            res = jobs.run(c, str(tmp_path / f"{policy}-{engine}"))
+            assert res["replay"]["engine"] == RAN[engine], res["replay"]["engine_reason"]
+            total = res["cache"]["total"]
+            got[policy] = total["hits"] + total["late_hits"]
+            assert got[policy] == _independent_sim(path, res["cache"]["slots"], policy), (
+                policy, engine)
+        assert got["belady"] >= got["lru"]
 
 
 def test_oracle_prefetch_is_precise_and_beats_none(tmp_path):

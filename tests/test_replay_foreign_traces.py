@@ -38,8 +38,12 @@ QWEN = bundled.capture_path("qwen_code")  # 24 layers, top-4, 60 experts
 IMPORTER_LOG = "moejax.traces.importers"
 
 
-def _replay_config(trace: str, slots: int, **policies):
+ENGINES = ("reference", "auto")  # the policy objects; the compiled engine where it covers
+
+
+def _replay_config(trace: str, slots: int, engine: str = "auto", **policies):
     c = base_config()
+    c.cache.replay_engine = engine
     c.job, c.trace, c.model.preset, c.clock.kind = "replay", trace, "", "virtual"
     c.log.progress = c.log.tensorboard = False
     c.cache.slots = slots
@@ -93,6 +97,15 @@ def _hits(res: dict) -> int:
     return total["hits"] + total["late_hits"]
 
 
+def _replay(path: str, slots: int, engine: str, workdir) -> dict:
+    """The replay job on `path` with `engine`, checked to have run the engine asked for
+    (auto: the compiled one, which covers LRU, demand fetch and standard routing)."""
+    res = jobs.run(_replay_config(path, slots, engine), str(workdir))
+    assert res["replay"]["engine"] == {"reference": "reference", "auto": "compiled"}[engine], \
+        res["replay"]["engine_reason"]
+    return res
+
+
 # -- a capture whose header lacks the expert count -------------------------------------------
 
 
@@ -129,10 +142,11 @@ def test_capture_without_expert_count_infers_it_and_says_so(tmp_path, how, caplo
     assert res["cache"]["total"] == orig["cache"]["total"]
 
 
+@pytest.mark.parametrize("engine", ENGINES)
 @pytest.mark.parametrize("slots", [10, 130, 256])
-def test_capture_without_count_lru_matches_an_independent_simulation(tmp_path, slots):
+def test_capture_without_count_lru_matches_an_independent_simulation(tmp_path, slots, engine):
     path = _capture_without_count(tmp_path)
-    res = jobs.run(_replay_config(path, slots), str(tmp_path / "w"))
+    res = _replay(path, slots, engine, tmp_path / "w")
     assert _hits(res) == _lru_hits(_capture_sequence(path), slots)
     assert res["cache"]["total"]["requests"] == 512 * 16 * 8
     assert (_hits(res) > 0) == (slots > 128)  # 128 requests a token
@@ -276,11 +290,13 @@ def test_vllm_log_with_incomplete_trailing_tokens_replays_the_complete_ones(tmp_
     assert res["cache"]["total"]["requests"] == (58 + 60) * 24 * 4
 
 
+@pytest.mark.parametrize("engine", ENGINES)
 @pytest.mark.parametrize("slots", [8, 150, 400])
-def test_vllm_lru_matches_an_independent_simulation_of_the_complete_tokens(tmp_path, slots):
+def test_vllm_lru_matches_an_independent_simulation_of_the_complete_tokens(tmp_path, slots,
+                                                                           engine):
     rows = _vllm_rows()
     path = _write_jsonl(tmp_path / "vllm.jsonl", rows)
-    res = jobs.run(_replay_config(path, slots), str(tmp_path / "w"))
+    res = _replay(path, slots, engine, tmp_path / "w")
     seqs = _vllm_complete_sequences(rows)
     assert [len(s) for s in seqs] == [58, 60]
     assert _hits(res) == _lru_hits(seqs, slots)
@@ -318,9 +334,11 @@ def test_vllm_problem_with_no_complete_token_is_skipped(tmp_path, caplog):
     assert notes.skipped_problems == [{"problem": "x", "tokens": 5}]
     assert len(notes.skipped_tokens) == 6
     assert any("problem 'x': none of its 5 tokens" in r.getMessage() for r in caplog.records)
-    res = jobs.run(_replay_config(path, 150), str(tmp_path / "w"))
-    assert res["trace"]["skipped_problems"] == [{"problem": "x", "tokens": 5}]
-    assert _hits(res) == _lru_hits(_vllm_complete_sequences(rows), 150)
+    want = _lru_hits(_vllm_complete_sequences(rows), 150)
+    for engine in ENGINES:
+        res = _replay(path, 150, engine, tmp_path / engine)
+        assert res["trace"]["skipped_problems"] == [{"problem": "x", "tokens": 5}]
+        assert _hits(res) == want, engine
 
 
 def test_vllm_file_with_nothing_complete_is_an_error(tmp_path):
@@ -356,7 +374,11 @@ def test_table_prints_none_and_unknown_instead_of_crashing():
     assert "TTFT -" in text and "decode -" in text
     text = summary.table(m, "header", bytes_known=False)
     assert "TTFT unknown" in text and "H2D unknown" in text
-    assert all(line.rstrip().endswith("unknown") for line in text.splitlines()[2:5])
+    lines = text.splitlines()
+    assert len(lines) == 7, text  # header, columns, layers 0 and 1, all, rates, timing
+    rows = lines[2:5]
+    assert [line.split()[0] for line in rows] == ["0", "1", "all"], text
+    assert all(line.rstrip().endswith("unknown") for line in rows), text
 
 
 def test_unknown_expert_bytes_print_and_save_as_unknown(tmp_path, capsys):
@@ -377,7 +399,9 @@ def test_unknown_expert_bytes_print_and_save_as_unknown(tmp_path, capsys):
     assert cache["timing"]["ttft_s"] is None and cache["timing"]["decode_s"] is None
     assert cache["timing"]["decode_tokens"] == 512
     assert cache["total"]["requests"] == 512 * 24 * 4 and cache["total"]["misses"] > 0
-    assert _hits(res) == _lru_hits(_capture_sequence(QWEN), 150)
+    want = _lru_hits(_capture_sequence(QWEN), 150)
+    assert _hits(res) == want and res["replay"]["engine"] == "compiled"
+    assert _hits(_replay(QWEN, 150, "reference", tmp_path / "reference")) == want
     # Named model: sizes known; a decode-only trace has no TTFT, printed as "-".
     c.model.family, c.model.preset = "qwen2_moe", "qwen1.5-moe-a2.7b"
     named = jobs.run(c, str(tmp_path / "named"))
@@ -403,8 +427,10 @@ def _id_only_without_model(tmp_path) -> str:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", ["capture_without_count", "vllm_incomplete", "id_only"])
-def test_command_line_replays_foreign_traces(tmp_path, kind):
+@pytest.mark.parametrize("kind, engine", [("capture_without_count", "auto"),
+                                          ("vllm_incomplete", "reference"),
+                                          ("id_only", "reference")])
+def test_command_line_replays_foreign_traces(tmp_path, kind, engine):
     if kind == "capture_without_count":
         trace, slots = _capture_without_count(tmp_path), 256
         expected = _lru_hits(_capture_sequence(trace), slots)
@@ -420,6 +446,7 @@ def test_command_line_replays_foreign_traces(tmp_path, kind):
         [sys.executable, "-m", "moejax.main", "--config=configs/replay.py",
          f"--config.trace={trace}", f"--config.cache.slots={slots}",
          "--config.policies.eviction=lru", "--config.cache.pin_scope=request",
+         f"--config.cache.replay_engine={engine}",
          "--config.log.tensorboard=False", f"--workdir={workdir}"],
         cwd=REPO_ROOT, env=dict(os.environ, JAX_PLATFORMS="cpu"), capture_output=True,
         text=True, timeout=300)
@@ -427,6 +454,7 @@ def test_command_line_replays_foreign_traces(tmp_path, kind):
     with open(workdir / "results.json") as f:
         res = json.load(f)
     assert _hits(res) == expected
+    assert res["replay"]["engine"] == {"reference": "reference", "auto": "compiled"}[engine]
     assert res["cache"]["expert_bytes"] is None
     # No prefetch was chosen and the trace has no scores: the default score-based prefetcher
     # gives way to none, and results.json and the log say so.

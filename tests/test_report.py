@@ -5,90 +5,23 @@ from __future__ import annotations
 import json
 import os
 
-import matplotlib.image
-import numpy as np
 import pytest
 
 from moejax.analysis import report, sweep_cells
-from moejax.cache.metrics import CacheMetrics, PassTiming, WaveOutcome
 from moejax.results import write_json_atomic
-
-TRACES = ("prose_0", "code_0")
-CAPACITIES = (0.05, 0.25)
-EVICTIONS = ("lru", "fld", "least_stale")
-PREFETCHES = ("none", "score_percentile(p=80)")
-LAYERS = 4
-TOTAL_EXPERTS = LAYERS * 32
-
-
-def _results(trace: str, frac: float, eviction: str, prefetch: str, seed: int,
-             h2d_gbps: float = 5.0) -> dict:
-    """A generate/replay-shaped results.json built through CacheMetrics, so totals and rates
-    follow metrics.py exactly (hits + late + misses == requests, collisions <= misses)."""
-    rng = np.random.default_rng(seed)
-    m = CacheMetrics(list(range(1, LAYERS + 1)))
-    for pos in range(LAYERS):
-        requests = 200
-        hits = int(rng.integers(60, 160))
-        late = int(rng.integers(0, requests - hits))
-        misses = requests - hits - late
-        collisions = int(rng.integers(0, misses + 1))
-        issued = int(rng.integers(10, 60)) if prefetch != "none" else 0
-        used = int(rng.integers(0, min(issued, hits) + 1))
-        wasted = int(rng.integers(0, issued)) if issued else 0
-        outcome = WaveOutcome(hits=hits, late_hits=late, misses=misses, collisions=collisions,
-                              prefetch_used=used, stall=float(rng.uniform(1e-3, 1e-2)))
-        m.count_wave(pos, requests, outcome, had_prediction=issued > 0, expert_bytes=1000)
-        for _ in range(issued):
-            m.count_prefetch(pos, 1000)
-        for i in range(misses):
-            m.count_eviction(pos, 1000 if i < wasted else 0)
-    m.passes = [PassTiming("prefill", 64, 0.0, float(rng.uniform(0.01, 0.05)), 0.001),
-                PassTiming("decode", 1, 0.05, 0.06, 0.0), PassTiming("decode", 1, 0.06, 0.07, 0.0)]
-    slots = max(4, round(frac * TOTAL_EXPERTS))
-    policies = {"eviction": eviction, "prefetch": prefetch, "miss": "fetch",
-                "routing": "standard"}
-    return {
-        "job": "replay",
-        "config": {"cache": {"capacity_frac": frac, "slots": 0},
-                   "hardware": {"preset": "a100_specmd", "h2d_gbps": 0.0},
-                   "policies": policies, "trace": f"/traces/{trace}.npz"},
-        "trace": {"path": f"/traces/{trace}.npz", "name": trace},
-        "cache": {"slots": slots, "capacity_frac": slots / TOTAL_EXPERTS, "expert_bytes": 1000,
-                  "clock": "virtual", "hardware": {"name": "a100_specmd", "h2d_gbps": h2d_gbps},
-                  "policies": policies, **m.to_dict()},
-    }
-
-
-def _cell_name(trace, frac, eviction, prefetch):
-    return f"trace={trace},cap={frac},ev={eviction},pf={prefetch.split('(')[0]}"
-
-
-def _sweep(root, traces=TRACES, capacities=CAPACITIES, bad_cells=True) -> dict:
-    cells = {}
-    seed = 0
-    for trace in traces:
-        for frac in capacities:
-            for ev in EVICTIONS:
-                for pf in PREFETCHES:
-                    name = _cell_name(trace, frac, ev, pf)
-                    cells[name] = _results(trace, frac, ev, pf, seed)
-                    write_json_atomic(os.path.join(root, "cells", name, "results.json"),
-                                      cells[name])
-                    seed += 1
-    if bad_cells:
-        os.makedirs(os.path.join(root, "cells", "unfinished_cell"))
-        os.makedirs(os.path.join(root, "cells", "corrupt_cell"))
-        with open(os.path.join(root, "cells", "corrupt_cell", "results.json"), "w") as f:
-            f.write('{"cache": {"total": ')
-        os.makedirs(os.path.join(root, "cells", "crashed_cell"))  # as launch/worker.py leaves it
-        with open(os.path.join(root, "cells", "crashed_cell", "error.txt"), "w") as f:
-            f.write("Traceback (most recent call last):\n  ...\nConfigError: slots < top_k\n")
-    return cells
+from tests.sweep_fixtures import (
+    EVICTIONS,
+    LAYERS,
+    TOTAL_EXPERTS,
+    assert_png,
+    cell_name,
+    synthetic_results,
+    synthetic_sweep,
+)
 
 
 def test_load_cells_skips_unfinished_and_corrupt(tmp_path):
-    cells = _sweep(str(tmp_path))
+    cells = synthetic_sweep(str(tmp_path))
     rows = sweep_cells.load_cells(str(tmp_path))
     assert len(rows) == 24 == len(cells)
     sweep = sweep_cells.scan(str(tmp_path))
@@ -97,7 +30,7 @@ def test_load_cells_skips_unfinished_and_corrupt(tmp_path):
     assert sweep.failed["crashed_cell"] == "ConfigError: slots < top_k"
     assert sweep.failed["corrupt_cell"].startswith("JSONDecodeError")
 
-    name = _cell_name("code_0", 0.05, "least_stale", "score_percentile(p=80)")
+    name = cell_name("code_0", 0.05, "least_stale", "score_percentile(p=80)")
     row = next(r for r in rows if r["name"] == name)
     total = cells[name]["cache"]["total"]
     assert (row["trace"], row["capacity"], row["eviction"], row["prefetch"]) == (
@@ -109,30 +42,26 @@ def test_load_cells_skips_unfinished_and_corrupt(tmp_path):
     assert row["requests"] == LAYERS * 200
     assert row["ttft_s"] == cells[name]["cache"]["timing"]["ttft_s"]
     assert row["decode_tok_per_s"] == pytest.approx(100.0)  # 2 tokens in 20 ms
-    assert len(row["layer_collision_miss_rate"]) == LAYERS
-    for rate in row["layer_collision_miss_rate"]:
-        assert 0 <= rate <= 1
+    per_layer = cells[name]["cache"]["per_layer"]
+    assert row["layers"] == [1, 2, 3, 4]
+    assert row["layer_collision_miss_rate"] == pytest.approx(
+        [p["collision_misses"] / p["requests"] for p in per_layer])
+    assert row["layer_miss_rate"] == pytest.approx(
+        [p["misses"] / p["requests"] for p in per_layer])
 
 
 def test_trace_name_falls_back_to_the_config_path(tmp_path):
-    r = _results("math_1", 0.05, "lru", "none", 0)
+    r = synthetic_results("math_1", 0.05, "lru", "none", 0)
     del r["trace"]
     write_json_atomic(str(tmp_path / "cells" / "a" / "results.json"), r)
-    r = _results("x", 0.05, "lru", "none", 1)
+    r = synthetic_results("x", 0.05, "lru", "none", 1)
     del r["trace"], r["config"]["trace"]
     write_json_atomic(str(tmp_path / "cells" / "b" / "results.json"), r)
     assert [row["trace"] for row in sweep_cells.load_cells(str(tmp_path))] == ["math_1", "live"]
 
 
-def _assert_png(path):
-    assert os.path.getsize(path) > 1000
-    img = matplotlib.image.imread(path)
-    assert img.ndim == 3 and img.shape[2] in (3, 4)
-    assert 200 < img.shape[0] < 4000 and 300 < img.shape[1] < 6000
-
-
 def test_write_report(tmp_path):
-    cells = _sweep(str(tmp_path))
+    cells = synthetic_sweep(str(tmp_path))
     path = report.write_report(str(tmp_path))
     assert path == os.path.join(str(tmp_path), "report.md")
     text = open(path).read()
@@ -145,7 +74,7 @@ def test_write_report(tmp_path):
         assert text.count(f"\n| {ev} | ") == 4
     assert "| eviction \\ prefetch | none | score_percentile(p=80) |" in text
 
-    name = _cell_name("prose_0", 0.25, "fld", "none")
+    name = cell_name("prose_0", 0.25, "fld", "none")
     t = cells[name]["cache"]["total"]
     ready = 100 * t["hits"] / t["requests"]
     late = 100 * t["late_hits"] / t["requests"]
@@ -176,12 +105,12 @@ def test_write_report(tmp_path):
     assert not os.path.exists(os.path.join(str(tmp_path), report.DROPIN_FIGURE))
 
     for fig in report.FIGURES:
-        _assert_png(os.path.join(str(tmp_path), fig))
+        assert_png(os.path.join(str(tmp_path), fig))
     assert len(open(os.path.join(str(tmp_path), "cells.csv")).read().splitlines()) == 25
 
 
 def test_single_trace_single_capacity_and_partial_values(tmp_path):
-    cells = _sweep(str(tmp_path), traces=("math_0",), capacities=(0.05,), bad_cells=False)
+    cells = synthetic_sweep(str(tmp_path), traces=("math_0",), capacities=(0.05,), bad_cells=False)
     # A cell without timing or prefetch numbers, and a policy only it uses.
     r = next(iter(cells.values()))
     r["cache"]["timing"]["ttft_s"] = None
@@ -196,7 +125,7 @@ def test_single_trace_single_capacity_and_partial_values(tmp_path):
     assert lfu_row.split(" | ")[1].endswith("% / –")  # no TTFT; no score_percentile cell
     assert lfu_row.endswith("|  |")
     for fig in report.FIGURES:
-        _assert_png(os.path.join(str(tmp_path), fig))
+        assert_png(os.path.join(str(tmp_path), fig))
 
 
 def test_empty_sweep_and_cli(tmp_path, capsys):
@@ -210,7 +139,7 @@ def test_empty_sweep_and_cli(tmp_path, capsys):
 
 def test_json_roundtrip_of_none_rates(tmp_path):
     """A cell with zero requests (all rates None) loads and renders."""
-    r = _results("prose_0", 0.05, "lru", "none", 3)
+    r = synthetic_results("prose_0", 0.05, "lru", "none", 3)
     for key in ("hit_rate", "ready_hit_rate", "late_hit_rate", "miss_rate",
                 "collision_miss_rate"):
         r["cache"]["total"][key] = None
@@ -224,7 +153,7 @@ def test_varying_miss_policy_and_bandwidth(tmp_path):
     """Tables stay at the lowest bandwidth; a varying miss policy joins the row label."""
     for i, (miss, gbps) in enumerate([("fetch", 5.0), ("drop(keep=2)", 5.0), ("fetch", 25.0)]):
         for ev in ("least_stale", "lru"):
-            r = _results("prose_0", 0.05, ev, "none", 10 * i + len(ev), h2d_gbps=gbps)
+            r = synthetic_results("prose_0", 0.05, ev, "none", 10 * i + len(ev), h2d_gbps=gbps)
             r["cache"]["policies"]["miss"] = r["config"]["policies"]["miss"] = miss
             write_json_atomic(str(tmp_path / "cells" / f"{i}{ev}" / "results.json"), r)
     text = open(report.write_report(str(tmp_path))).read()
@@ -236,18 +165,18 @@ def test_varying_miss_policy_and_bandwidth(tmp_path):
     best = [line for line in text.splitlines() if line.startswith("| prose_0 | 5% |")]
     assert [line.split(" | ")[2] for line in best] == ["5", "25"]
     for fig in report.FIGURES:
-        _assert_png(os.path.join(str(tmp_path), fig))
+        assert_png(os.path.join(str(tmp_path), fig))
 
 
 def test_new_fields_and_older_results(tmp_path):
     """The fields of the ready / late split, prediction and warm TTFT load; an older
     results.json without them still reports (ready from its counters, the rest None)."""
-    new = _results("prose_0", 0.05, "lru", "topk(overfetch=1.0)", 5)
+    new = synthetic_results("prose_0", 0.05, "lru", "topk(overfetch=1.0)", 5)
     new["cache"]["total"]["prefetch_dropped"] = 3
     new["cache"]["timing"].update(ttft_per_request_s=[0.02, 0.01, 0.012], cold_ttft_s=0.02,
                                   warm_ttft_s=0.011)
     write_json_atomic(str(tmp_path / "cells" / "new" / "results.json"), new)
-    old = _results("prose_0", 0.05, "fld", "none", 6)
+    old = synthetic_results("prose_0", 0.05, "fld", "none", 6)
     for key in ("ready_hit_rate", "collision_share_of_misses", "prediction_precision",
                 "prediction_recall", "evicted_before_use", "prefetch_dropped"):
         old["cache"]["total"].pop(key, None)
@@ -280,11 +209,11 @@ def test_new_fields_and_older_results(tmp_path):
 def test_compare_shows_ready_and_late(tmp_path, capsys):
     from moejax.analysis import compare
 
-    cells = _sweep(str(tmp_path), traces=("math_0",), capacities=(0.05,), bad_cells=False)
+    cells = synthetic_sweep(str(tmp_path), traces=("math_0",), capacities=(0.05,), bad_cells=False)
     compare.main([f"--sweep_dir={tmp_path}", "--evictions=lru,least_stale"])
     out = capsys.readouterr().out
     assert "| trace | capacity | lru hit ready + late / coll | least_stale hit ready + late" in out
-    t = cells[_cell_name("math_0", 0.05, "lru", "none")]["cache"]["total"]
+    t = cells[cell_name("math_0", 0.05, "lru", "none")]["cache"]["total"]
     row = next(line for line in out.splitlines() if line.startswith("| math_0 |"))
     assert row.split(" | ")[2] == (f"{100 * t['ready_hit_rate']:.1f}% + "
                                    f"{100 * t['late_hit_rate']:.1f}% / "

@@ -14,7 +14,7 @@ import pytest
 from moejax.analysis import report, sweep_cells
 from moejax.cache.metrics import CacheMetrics, PassTiming, WaveOutcome
 from moejax.results import write_json_atomic
-from tests import test_report
+from tests.sweep_fixtures import assert_png, synthetic_results, synthetic_sweep
 
 LAYERS = 4
 QUALITY_SECTION = "## Quality–speed frontier"
@@ -156,7 +156,7 @@ def test_quality_rows(tmp_path):
     ck["config"]["model"]["checkpoint"] = "/ckpts/olmoe-1b-7b-converted/"
     assert sweep_cells.cell_row("ck", ck)["model"] == "olmoe-1b-7b-converted"
     # Rows of other jobs: no quality numbers.
-    replay = sweep_cells.cell_row("r", test_report._results("prose_0", 0.05, "lru", "none", 0))
+    replay = sweep_cells.cell_row("r", synthetic_results("prose_0", 0.05, "lru", "none", 0))
     for key in (*sweep_cells.QUALITY, "model"):
         assert replay[key] is None, key
 
@@ -203,7 +203,7 @@ def test_frontier_section_and_figure(tmp_path):
                                            ("fetch · cache_aware(lam=1.0)", "")]
 
     path = os.path.join(str(tmp_path), report.QUALITY_FIGURE)
-    test_report._assert_png(path)
+    assert_png(path)
     img = matplotlib.image.imread(path)
     assert img.shape[0] > img.shape[1] / 2  # two model rows of panels
     with open(os.path.join(str(tmp_path), "cells.csv")) as f:
@@ -213,7 +213,7 @@ def test_frontier_section_and_figure(tmp_path):
     assert (prio["model"], prio["precision"], prio["kl_mean"], prio["decode_tok_per_s"]) == (
         "embedded", "int8", "0.01", "180.0")
     for fig in report.FIGURES:  # the other figures still draw
-        test_report._assert_png(os.path.join(str(tmp_path), fig))
+        assert_png(os.path.join(str(tmp_path), fig))
 
 
 def test_all_exact_cells_still_show(tmp_path):
@@ -227,11 +227,11 @@ def test_all_exact_cells_still_show(tmp_path):
     text = open(report.write_report(str(tmp_path))).read()
     rows = _table_rows(text, "### embedded — capacity 5% of the model")
     assert [r[-1] for r in rows] == [report.FRONT_MARK] * 2
-    test_report._assert_png(os.path.join(str(tmp_path), report.QUALITY_FIGURE))
+    assert_png(os.path.join(str(tmp_path), report.QUALITY_FIGURE))
 
 
 def test_replay_only_sweep_has_no_quality_section(tmp_path):
-    test_report._sweep(str(tmp_path))
+    synthetic_sweep(str(tmp_path))
     stale = os.path.join(str(tmp_path), report.QUALITY_FIGURE)
     with open(stale, "wb") as f:  # an earlier report's
         f.write(b"old")
@@ -245,7 +245,7 @@ def test_replay_only_sweep_has_no_quality_section(tmp_path):
 
 def test_mixed_sweep(tmp_path):
     """Quality cells beside replay cells: both reported, the frontier only of the first."""
-    test_report._sweep(str(tmp_path), traces=("prose_0",), capacities=(0.05,), bad_cells=False)
+    synthetic_sweep(str(tmp_path), traces=("prose_0",), capacities=(0.05,), bad_cells=False)
     _write(tmp_path, names=("emb5_fetch", "emb5_drop"))
     text = open(report.write_report(str(tmp_path))).read()
     assert "### prose_0" in text and QUALITY_SECTION in text

@@ -1,4 +1,4 @@
-"""What routing looks like: the figures behind WORKSPACE.md's routing section.
+"""What routing looks like: the figures behind docs/findings/embedded_model.md's routing section.
 
     python -m moejax.analysis.routing_stats TRACE [TRACE ...]
 

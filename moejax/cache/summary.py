@@ -183,8 +183,8 @@ def _without_sizes(out: dict) -> None:
 
 def cache_results(cache, policies: dict, passes: bool = True,
                   expert_bytes_known: bool = True) -> dict:
-    """The `cache` section of a job's results.json (schema in WORKSPACE.md), one place for the
-    generate, perplexity and replay jobs. `policies`: what ran (`presets.report`).
+    """The `cache` section of a job's results.json (docs/DESIGN.md, "results.json"), one place
+    for the generate, perplexity and replay jobs. `policies`: what ran (`presets.report`).
     `passes=False` leaves out the per-pass timings; `expert_bytes_known=False` nulls
     `expert_bytes` and every byte and time value.
 

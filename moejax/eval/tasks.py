@@ -14,7 +14,7 @@ Names: `moejax_gsm8k` (the split moejax ships), `moejax_heldout`, and for a file
 
 seqio imports TensorFlow, and TensorFlow must not share a process with JAX's compilations:
 with it loaded, XLA's executable (de)serialization for the persistent compilation cache
-segfaulted after a few hundred compilations (the test suite, WORKSPACE.md). So seqio runs in a
+segfaulted after a few hundred compilations (the test suite, docs/findings/quality.md). So seqio runs in a
 process of its own: `Isolated` (a spawned worker, reused across calls) builds the Task and
 returns its examples as plain `data.Example`s; `load` is one call in a fresh worker. The
 postprocess and metric functions are `moejax.eval.scoring`'s (`POSTPROCESS`, `METRICS`, pure
@@ -42,7 +42,7 @@ if TYPE_CHECKING:
 
 
 @functools.cache
-def _seqio():
+def seqio_module():
     """seqio, imported once, with TensorFlow kept off the GPUs."""
     import tensorflow as tf
 
@@ -81,7 +81,7 @@ def _load_here(task: str, data_file: str, shots: int, input_field: str, target_f
 
 def tensorflow_gpus() -> int:
     """The GPUs TensorFlow sees once seqio is loaded (0: it stays off the accelerator)."""
-    _seqio()
+    seqio_module()
     import tensorflow as tf
 
     return len(tf.config.get_visible_devices("GPU"))
@@ -164,7 +164,7 @@ def get_task(task: str, *, data_file: str = "", shots: int = 0,
     file is one when the dataset is built (`task_examples`)."""
     data.check_task(task, data_file)
     data.check_counts(task, shots, 0)
-    seqio = _seqio()
+    seqio = seqio_module()
     name = task_name(task, data_file=data_file, shots=shots, input_field=input_field,
                      target_field=target_field)
     if name in seqio.TaskRegistry.names():

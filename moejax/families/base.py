@@ -1,7 +1,7 @@
 """What distinguishes one MoE family: its Hugging Face config keys and tensor names.
 
 A family is a small declarative object. Adding a family means one new module here that builds a
-`Family` and registers it in `moejax.families.__init__` (see WORKSPACE.md).
+`Family` and registers it in `moejax.families.__init__` (see CONTRIBUTING.md).
 """
 
 from __future__ import annotations

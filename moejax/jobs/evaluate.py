@@ -180,7 +180,7 @@ def _inputs(text: str) -> dict:
     return {"inputs_chars": len(text), "inputs_tail": text[-INPUTS_TAIL:]}
 
 
-def _cut(text: str, stops: tuple[str, ...]) -> tuple[str, bool]:
+def cut_at_stop(text: str, stops: tuple[str, ...]) -> tuple[str, bool]:
     """`text` up to the first stop sequence, and whether there was one."""
     at = min((i for i in (text.find(s) for s in stops) if i >= 0), default=-1)
     return (text, False) if at < 0 else (text[:at], True)
@@ -201,7 +201,7 @@ def _generate(config: ml_collections.ConfigDict, loaded: LoadedModel,
     stops = stop_sequences(config)
 
     def stop(generated: list[int]) -> bool:
-        return _cut(tok.decode(generated), stops)[1]
+        return cut_at_stop(tok.decode(generated), stops)[1]
 
     max_len = max(len(ids) for ids, _ in prompts) + e.max_new_tokens
     experts, decoder = configured_decoder(config, loaded, max_len=max_len)
@@ -213,7 +213,7 @@ def _generate(config: ml_collections.ConfigDict, loaded: LoadedModel,
                                    eos_id=eos, stop=stop if stops else None)
             out = gen.generated_ids[0]
             hit_eos = eos is not None and bool(out) and out[-1] == eos
-            text, stopped = _cut(tok.decode(out[:-1] if hit_eos else out), stops)
+            text, stopped = cut_at_stop(tok.decode(out[:-1] if hit_eos else out), stops)
             outputs.append(text)
             records.append({
                 **_where(ex), **_inputs(ex.inputs), "target": ex.targets, "prediction": text,
@@ -230,7 +230,7 @@ def _generate(config: ml_collections.ConfigDict, loaded: LoadedModel,
     return experts, records, outputs, extra
 
 
-def _fit(context: list[int], continuation: list[int], limit: int) -> tuple[list[int], int, bool]:
+def fit_context(context: list[int], continuation: list[int], limit: int) -> tuple[list[int], int, bool]:
     """context + continuation in at most `limit` tokens (the context loses its first tokens,
     keeping at least one), the continuation's scored length, and whether anything was cut."""
     cont = continuation[: limit - 1]
@@ -245,7 +245,7 @@ def _choices(config: ml_collections.ConfigDict, loaded: LoadedModel,
     for ex in examples:
         ctx = _encode(loaded, ex.inputs, "inputs", ex)
         choices = list(dict.fromkeys(ex.meta["mc1"]["choices"] + ex.meta["mc2"]["choices"]))
-        plans.append((ctx, {c: _fit(ctx, _encode(loaded, data.choice_text(c), "choice", ex),
+        plans.append((ctx, {c: fit_context(ctx, _encode(loaded, data.choice_text(c), "choice", ex),
                                     limit) for c in choices}))
     max_len = max(len(ids) for _, fits in plans for ids, _, _ in fits.values())
     experts, decoder = configured_decoder(config, loaded, max_len=max_len)

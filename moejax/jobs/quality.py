@@ -33,6 +33,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from moejax.cache import summary
 from moejax.errors import ConfigError
 from moejax.jobs.common import (
     cache_header,
@@ -219,9 +220,10 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
                                             bar.update if bar is not None else None)
     teacher_s = time.perf_counter() - t0
 
-    summary = metrics.summary(tokens, sum(scored_bytes(loaded.tokenizer, s) for s in segments))
+    token_summary = metrics.summary(tokens, sum(scored_bytes(loaded.tokenizer, s)
+                                                for s in segments))
     quality = {
-        **summary,
+        **token_summary,
         "teacher_forcing": q.teacher_forcing,
         "segments": len(segments),
         "segment_tokens": segment_tokens,

@@ -8,7 +8,7 @@ Token-expert pairs are sorted by the pool slot holding their expert and run as a
   is ~rows x weights, whatever the pool size.
 * ``"ragged_dot"``: `jax.lax.ragged_dot`. Off TPU it lowers to a dense computation per group
   (cost grows with rows x pool size: ~90x the dense matmul for 512 rows over 64 slots on CPU,
-  see WORKSPACE.md), so it is kept as the reference the tiled version is tested against.
+  see benchmarks/README.md), so it is kept as the reference the tiled version is tested against.
 
 The weights are one array `[G, K, N]`, or a tuple of *pools* (`ExpertPools`): the cache's
 per-precision slot pools, each a native array or packed `QuantizedWeights`
