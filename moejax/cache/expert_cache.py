@@ -22,8 +22,9 @@ above it is a hit; one below it is the miss policy's `upgrade` choice — a hit 
 (an `upgrade`: a miss, not an eviction; the eviction policy sees the key leave and re-enter).
 A miss is fetched into the wanted precision's pool; prefetches go at `levels[0]`. A prefill
 layer's waves are cut so that each pool holds its share of the wave; a policy with
-`fallback` fetches at the next lower level with room instead of starting a new wave. With one
-pool (the default) the fast path of a single slot pool runs, unchanged.
+`fallback` fetches at the next lower level with room instead of starting a new wave. One serve
+loop (`run_layer`, `_waves`, `_serve`) runs one pool and several alike; with one pool the waves
+are plain slices and no plan of pools is made.
 
 The disk tier (`host`, `moejax/cache/host_tier.py`): a transfer is issued when the expert's bytes
 are in host memory, which the host tier decides (a host hit, or a storage read first); a
@@ -560,24 +561,30 @@ class ExpertCache:
         return wave, []
 
     def _serve(self, layer: int, pos: int, wave: "PlannedWave", pinned: set[Key], now: float,
-               here: tuple[int, int]) -> tuple[WaveOutcome, list[int]]:
+               here: tuple[int, int]) -> tuple[WaveOutcome, list[int] | None]:
         """Makes the wave's experts resident: hits (a resident copy at or above the pool
         planned for it; below the wanted precision counted `served_below_wanted`), late hits,
         and demand fetches of the misses into the planned pool (an upgrade first frees the low
-        copy). Returns the outcome and the pool each expert was served from."""
-        out = WaveOutcome(ready=now, demand_bytes=0, demand_by_pool=[0] * len(self.shape.pools))
+        copy). Returns the outcome and, with several pools, the pool each expert was served
+        from. (One pool plans no pools: every expert is pool 0's, wanted there; the loop reads
+        the plan only when there is one — replay runs millions of requests through it.)"""
+        targets, wants = wave.targets, wave.wants
+        multi = targets is not None
+        out = WaveOutcome(ready=now)
         residency, slot_ready, origins = self.residency, self.slot_ready, self.prefetch_origin
         slot_pool, pools, slot_storage = self.slot_pool, self.shape.pools, self.slot_storage
         on_access, tell, fixed = self.eviction.on_access, self.tell_precision, self.fixed
         by_layer = self.pin_scope == "layer"
-        targets, wants = wave.targets, wave.wants
-        served = []
+        served = [] if multi else None
+        if multi:
+            out.demand_bytes, out.demand_by_pool = 0, [0] * len(pools)
+        target = want = 0
         for i, e in enumerate(wave.experts):
-            target = 0 if targets is None else targets[i]
-            want = 0 if wants is None else wants[i]
+            if multi:
+                target, want = targets[i], wants[i]
             key = (layer, e)
             slot = residency.get(key)
-            if slot is not None and slot_pool[slot] <= target:
+            if slot is not None and (not multi or slot_pool[slot] <= target):
                 # A hit (the plan's; with pin_scope="request" possibly a copy above it).
                 at = slot_ready[slot]
                 if at > now:
@@ -588,10 +595,9 @@ class ExpertCache:
                         out.storage_ready = slot_storage[slot]
                 else:
                     out.hits += 1
-                if slot_pool[slot] > want:
+                if multi and slot_pool[slot] > want:
                     out.served_below_wanted += 1
                 if fixed and key in fixed:  # a reserved full layer: the policy never sees it
-                    served.append(slot_pool[slot])
                     continue
                 if origins and origins.pop(key, None) == here:
                     out.prefetch_used += 1
@@ -609,14 +615,16 @@ class ExpertCache:
                 if ready > out.ready:
                     out.ready = ready
                 out.misses += 1
-                nbytes = pools[target].expert_bytes
-                out.demand_bytes += nbytes
-                out.demand_by_pool[target] += nbytes
-                if target > want:
-                    out.served_below_wanted += 1
+                if multi:
+                    nbytes = pools[target].expert_bytes
+                    out.demand_bytes += nbytes
+                    out.demand_by_pool[target] += nbytes
+                    if target > want:
+                        out.served_below_wanted += 1
                 if slot_storage[slot] > out.storage_ready:
                     out.storage_ready = slot_storage[slot]
-            served.append(slot_pool[slot])
+            if multi:
+                served.append(slot_pool[slot])
             on_access(key, pos)
             if tell:
                 self.eviction.on_use_precision(key, pools[slot_pool[slot]].precision)
