@@ -27,10 +27,12 @@ Vocabulary, the same everywhere:
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Iterator, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, Iterator, NamedTuple, Protocol
 
-import jax
 import numpy as np
+
+if TYPE_CHECKING:  # the device-side types are annotations only: the cache side stays numpy
+    import jax
 
 Key = tuple[int, int]
 
@@ -95,7 +97,7 @@ class ExpertWave(NamedTuple):
     edited) selection. Contributions with weight 0 are not computed into the output.
 
     The pool is one native array, or a tuple of per-precision pools (native arrays or packed
-    `QuantizedWeights`, `moejax/quant/formats.py`) whose slots are numbered consecutively:
+    `QuantizedWeights`, `moejax/quant/weights.py`) whose slots are numbered consecutively:
     `slot_of` indexes that global numbering (`moejax.models.experts.ExpertPools`)."""
 
     gate_up: Any  # [S, H, 2I] or a tuple of pools

@@ -24,7 +24,7 @@ from moejax.errors import ConfigError
 from moejax.families import preset
 from moejax.models.decoder import abstract_decoder
 from moejax.models.random_init import random_experts
-from moejax.quant.formats import QuantizedWeights
+from moejax.quant.weights import QuantizedWeights
 
 PRECISIONS = ("native", "int8", "int4", "int2")
 

@@ -8,6 +8,8 @@ import ast
 import importlib
 import os
 import re
+import subprocess
+import sys
 
 import pytest
 
@@ -196,3 +198,14 @@ def test_the_readme_layout_names_every_package():
 def test_launch_is_packaged():
     text = open(os.path.join(ROOT, "pyproject.toml")).read()
     assert re.search(r'include = \[.*"launch\*".*\]', text)
+
+
+def test_the_cache_and_replay_load_no_jax():
+    """The cache engine and both replay engines are numpy (and numba): importing them loads
+    neither JAX nor Flax, so a replay on any CPU starts without them."""
+    code = ("import sys, moejax.cache, moejax.replay, moejax.policies, moejax.timing, "
+            "moejax.traces, moejax.quant; "
+            "print(sorted({'jax', 'flax', 'qwix'} & set(sys.modules)))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, cwd=ROOT)
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr

@@ -14,7 +14,7 @@ from moejax.jobs.schema import base_config
 from moejax.model_source import in_memory
 from moejax.models.stepped import ResidentExperts, SteppedDecoder
 from moejax.policies import names
-from moejax.quant.formats import QuantizedWeights
+from moejax.quant.weights import QuantizedWeights
 from moejax.serving.build import build_cached_experts
 from moejax.testing import random_model
 

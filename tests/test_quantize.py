@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from moejax import bundled, checkpoint
 from moejax.errors import ConfigError
-from moejax.quant import formats
+from moejax.quant import formats, weights
 from moejax.quant.formats import CALIBRATIONS, DEFAULT_CALIBRATION
 from moejax.quant.quantize import QWIX_CALIBRATIONS, quantize, reconstruction_error
 
@@ -42,7 +42,7 @@ def test_pack_unpack_round_trip(bits_codes):
     packed = formats.pack(codes, bits)
     assert packed.dtype == np.uint8
     assert packed.shape == (*codes.shape[:-2], codes.shape[-2] * bits // 8, codes.shape[-1])
-    np.testing.assert_array_equal(np.asarray(formats.unpack(jnp.asarray(packed), bits)), codes)
+    np.testing.assert_array_equal(np.asarray(weights.unpack(jnp.asarray(packed), bits)), codes)
 
 
 def _gauss(shape, seed=0):
@@ -61,7 +61,7 @@ def test_codes_match_the_stored_f16_scale_and_zero(precision, calibration):
     assert q.scale.dtype == q.zero.dtype == np.float16
     assert q.scale.shape == q.zero.shape == (3, 96 // g, 40)
     assert np.all(np.isfinite(q.scale)) and np.all(q.scale > 0) and np.all(np.isfinite(q.zero))
-    codes = np.asarray(formats.unpack(jnp.asarray(q.values), bits))
+    codes = np.asarray(weights.unpack(jnp.asarray(q.values), bits))
     assert codes.max() < 1 << bits
     # Recomputing the codes from the f16 values that are stored gives the stored codes.
     s = np.repeat(q.scale.astype(np.float32), g, axis=-2)
@@ -70,7 +70,7 @@ def test_codes_match_the_stored_f16_scale_and_zero(precision, calibration):
     mismatch = np.mean(again != codes)
     assert mismatch < 1e-4, mismatch  # only float ties at .5 may round differently
     # And dequantize is exactly (code - zero) * scale.
-    np.testing.assert_allclose(np.asarray(formats.dequantize(q, jnp.float32)),
+    np.testing.assert_allclose(np.asarray(weights.dequantize(q, jnp.float32)),
                                (codes - z) * s, rtol=1e-6, atol=1e-9)
     if calibration == "absmax":  # symmetric: the zero point is the middle code
         np.testing.assert_array_equal(q.zero, np.float16(1 << (bits - 1)))
@@ -93,7 +93,7 @@ def test_constant_and_zero_groups_are_exact_enough():
     for p in formats.QUANTIZED:
         for c in CALIBRATIONS:
             q = quantize(w, p, 32, c)
-            d = np.asarray(formats.dequantize(q, jnp.float32))
+            d = np.asarray(weights.dequantize(q, jnp.float32))
             assert np.all(np.isfinite(d))
             np.testing.assert_array_equal(d[0], 0.0)
             # absmax puts the group's maximum at the top bucket's edge (qwix's bound

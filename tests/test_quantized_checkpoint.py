@@ -19,7 +19,7 @@ from moejax.convert import check_quant_flags, convert
 from moejax.errors import ConfigError
 from moejax.families import preset
 from moejax.models.random_init import random_model
-from moejax.quant import formats
+from moejax.quant import formats, weights
 from moejax.quant.quantize import quantize
 
 PRECS = ("int8", "int4", "int2")
@@ -76,7 +76,7 @@ def test_save_with_precisions_reads_back(tiny, saved):
         for layer in cfg.moe_layers:
             for kind, host, src in (("gate_up", gu, gate_up), ("down", dn, down)):
                 q = host[layer]
-                assert isinstance(q, formats.QuantizedWeights) and q.bits == formats.BITS[p]
+                assert isinstance(q, weights.QuantizedWeights) and q.bits == formats.BITS[p]
                 assert q.values.sharding.memory_kind == checkpoint.host_memory_kind()
                 want = quantize(np.asarray(src[layer]), p, 16, listed[p]["calibration"])
                 got = q.map(np.asarray)

@@ -5,7 +5,7 @@ One expert is one contiguous read, and a flipped byte fails that read with a dig
 that we turn into an error naming the layer, expert and chunk file. A missing chunk file would
 read back as zeros (zarr's fill value), so presence is checked explicitly.
 
-Quantized copies (`moejax.quant.formats.QuantizedWeights`) sit beside the native arrays, three
+Quantized copies (`moejax.quant.weights.QuantizedWeights`) sit beside the native arrays, three
 arrays per layer, kind and precision::
 
     experts/layer_LLL/{kind}.{precision}/values   uint8   [E, K * bits / 8, N]
@@ -34,7 +34,8 @@ import numpy as np
 import tensorstore as ts
 
 from moejax.errors import CheckpointError
-from moejax.quant.formats import BITS, SCALE_DTYPE, QuantizedWeights
+from moejax.quant.formats import BITS, SCALE_DTYPE
+from moejax.quant.weights import QuantizedWeights
 
 KINDS = ("gate_up", "down")
 PARTS = ("values", "scale", "zero")

@@ -18,7 +18,7 @@ from moejax.errors import CheckpointError
 from moejax.model_config import ModelConfig
 from moejax.models.decoder import MoEDecoder, abstract_decoder
 from moejax.quant import formats
-from moejax.quant.formats import QuantizedWeights
+from moejax.quant.weights import QuantizedWeights
 
 
 @dataclasses.dataclass

@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 
 from moejax.models.layers import activation
-from moejax.quant.formats import QuantizedWeights, dequantize
+from moejax.quant.weights import QuantizedWeights, dequantize
 
 GMM_IMPLS = ("tiled", "ragged_dot")
 

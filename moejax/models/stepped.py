@@ -34,7 +34,7 @@ from moejax.models.decoder import MoEDecoder
 from moejax.models.experts import ExpertPool, combine, expert_outputs, moe_ffn, pool_slots
 from moejax.models.layers import norm
 from moejax.models.router import route
-from moejax.quant.formats import QuantizedWeights
+from moejax.quant.weights import QuantizedWeights
 from moejax.seam import ExpertSource, ExpertWave, GateOutputs
 
 GATE_PATHS = ("returned", "io_callback")

@@ -1,4 +1,4 @@
-"""Makes the quantized copies of routed experts (`moejax.quant.formats.QuantizedWeights`).
+"""Makes the quantized copies of routed experts (`moejax.quant.weights.QuantizedWeights`).
 
 `quantize(w, precision, group_size, calibration)` takes weights `[..., K, N]` (K the contraction
 axis) and returns packed codes with one float16 scale and zero point per group of `g` rows of K
@@ -41,12 +41,11 @@ from moejax.quant.formats import (
     BITS,
     DEFAULT_GROUP_SIZE,
     SCALE_DTYPE,
-    QuantizedWeights,
     check_calibration,
-    dequantize,
     group_size_for,
     pack,
 )
+from moejax.quant.weights import QuantizedWeights, dequantize
 
 # Where qwix computes the scale / zero point (it refuses asymmetric int2).
 QWIX_QTYPES = {"int8": jnp.int8, "int4": jnp.int4, "int2": jnp.int2}

@@ -21,7 +21,8 @@ import jax
 import numpy as np
 
 from moejax.model_config import ModelConfig
-from moejax.quant.formats import BITS, SCALE_DTYPE, QuantizedWeights
+from moejax.quant.formats import BITS, SCALE_DTYPE
+from moejax.quant.weights import QuantizedWeights
 from moejax.seam import Key
 
 

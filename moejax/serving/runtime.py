@@ -38,7 +38,7 @@ import numpy as np
 
 from moejax.cache.expert_cache import ExpertCache
 from moejax.models.experts import ExpertPool
-from moejax.quant.formats import QuantizedWeights
+from moejax.quant.weights import QuantizedWeights
 from moejax.seam import ExpertWave, GateOutputs, Key, LayerGate, Wave
 
 

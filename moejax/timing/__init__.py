@@ -1,8 +1,8 @@
 """How long things take, on the virtual clock and the wall clock alike: hardware and storage
-profiles (`hardware.py`, `storage.py`), the roofline cost model of compute (`cost.py`), the
-booking of transfers on copy engines over a shared link (`timeline.py`, the maths the compiled
-replay kernel compiles too), and the two clocks (`clock.py`: virtual for replay and CPU runs,
-wall for GPU runs)."""
+profiles (`hardware.py`, `storage.py`; a preset with a user's overrides, `presets.py`), the
+roofline cost model of compute (`cost.py`), the booking of transfers on copy engines over a
+shared link (`timeline.py`, the maths the compiled replay kernel compiles too), and the two
+clocks (`clock.py`: virtual for replay and CPU runs, wall for GPU runs)."""
 
 from moejax.timing import hardware, storage
 from moejax.timing.clock import Channels, TransferSlot, VirtualClock, WallClock

@@ -24,6 +24,7 @@ import dataclasses
 import numbers
 
 from moejax.errors import ConfigError
+from moejax.timing.presets import with_overrides
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,12 +96,5 @@ def get(name: str, **overrides) -> Hardware:
     """The preset `name` with `overrides` applied: a None override keeps the preset's value,
     any other value (0 included) replaces it. The result is validated (errors name the field)
     and has `link_gbps` resolved to a number."""
-    if name not in PRESETS:
-        raise ConfigError(f"hardware.preset={name!r} is not one of {sorted(PRESETS)}")
-    unknown = sorted(set(overrides) - set(OVERRIDABLE))
-    if unknown:
-        raise ConfigError(f"hardware: no field {unknown[0]!r}; overridable: {list(OVERRIDABLE)}")
-    hw = dataclasses.replace(PRESETS[name],
-                             **{k: v for k, v in overrides.items() if v is not None})
-    hw.validate()
+    hw = with_overrides("hardware", PRESETS, name, overrides, OVERRIDABLE)
     return dataclasses.replace(hw, link_gbps=hw.link_bandwidth_gbps)

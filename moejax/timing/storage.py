@@ -21,6 +21,7 @@ import numbers
 
 from moejax.errors import ConfigError
 from moejax.timing.clock import Channels
+from moejax.timing.presets import with_overrides
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,15 +59,7 @@ OVERRIDABLE = ("read_gbps", "read_latency_s", "queue_depth")
 
 def get(name: str, **overrides) -> Storage:
     """The preset `name` with `overrides` (None keeps the preset's value), validated."""
-    if name not in PRESETS:
-        raise ConfigError(f"storage.preset={name!r} is not one of {sorted(PRESETS)}")
-    unknown = sorted(set(overrides) - set(OVERRIDABLE))
-    if unknown:
-        raise ConfigError(f"storage: no field {unknown[0]!r}; overridable: {list(OVERRIDABLE)}")
-    s = dataclasses.replace(PRESETS[name],
-                            **{k: v for k, v in overrides.items() if v is not None})
-    s.validate()
-    return s
+    return with_overrides("storage", PRESETS, name, overrides, OVERRIDABLE)
 
 
 class StorageQueue(Channels):
