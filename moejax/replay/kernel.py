@@ -18,7 +18,9 @@ turn a block and row into an index):
   one is the watchdog's queue;
 * per slot (`_s(I, row, slot)`): its key, and the free-slot stack; per MoE layer position:
   lru_per_layer's quota and this pass's predicted set (id, size);
-* read-only: each pass-layer's first request, each key's sorted request indices (Belady);
+* read-only: each pass-layer's first request, each key's sorted request indices (Belady), the
+  victim walk of FLD or Least-Stale per running position (`policies/eviction.py`'s walks, as a
+  table `[L + 1, width]`);
 * `F`: each slot's ready time, the clock `(t, link_free, engine free times...)`, the counters
   `[len(ROWS), L]`, each queued key's queue time.
 
@@ -26,6 +28,10 @@ The ordered containers of the policies (LRU's order, a layer's queue, Least-Stal
 the watchdog's queue) are the intrusive lists: a key is in at most one list of each kind, as
 it is in at most one of the policy's OrderedDicts. "Protected" sets (the running wave, one
 prefetch call's selection) are stamps: key `g` is protected while its stamp is the current one.
+
+The time arithmetic (a transfer's booking, when a slot lands, a stall, the watchdog's timing, the
+experts step's roofline) is `moejax/timing/timeline.py`'s, compiled in: the reference calls the
+same functions.
 """
 
 from __future__ import annotations
@@ -75,7 +81,6 @@ QUOTA, PSET, PCOUNT = range(3)
 HEAD_SIZE = 29
 # The head of F: expert bytes, transfer latency, one engine's and the link's bytes/s.
 F_BYTES, F_LATENCY, F_ENGINE_BPS, F_LINK_BPS = range(4)
-
 
 
 def _drop_stale_cache() -> None:
