@@ -98,7 +98,8 @@ def compare(sweep_a: str, sweep_b: str, ignore=DEFAULT_IGNORE, root_a: str = "",
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m launch.diff",
+                                description=__doc__.split("\n\n")[0])
     p.add_argument("sweep_a")
     p.add_argument("sweep_b")
     p.add_argument("--ignore", default=",".join(DEFAULT_IGNORE),
