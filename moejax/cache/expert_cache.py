@@ -440,10 +440,8 @@ class ExpertCache:
                                           len(truth))
 
         waves = self._waves(layer, self._requests(layer, ids, active), decision.precision)
-        wave, last = next(waves)
-        only = last
-        w = 0
-        while True:
+        for w, (wave, last) in enumerate(waves):  # each wave planned after the previous ran
+            only = last if w == 0 else False  # one wave: every contribution is this wave's
             chunk = wave.experts
             now = self.clock.now()
             pinned = self.running_pins = {(layer, e) for e in chunk}
@@ -466,10 +464,6 @@ class ExpertCache:
                        ids, weights, wave_active, first=(w == 0), last=last)
             if self.cost is not None:
                 self.clock.compute(self.cost.experts(pairs, len(chunk), tokens, shared=(w == 0)))
-            if last:
-                return
-            w += 1
-            wave, last = next(waves)
 
     def _requests(self, layer: int, ids: np.ndarray, active: np.ndarray) -> list[int]:
         """The layer's distinct experts in router-rank order (rank-major over tokens, first
