@@ -300,6 +300,16 @@ def test_an_option_the_kernel_does_not_declare_runs_on_the_reference():
         compiled.run(cache, [trace])
 
 
+def test_an_option_set_after_construction_is_judged_as_it_is_now():
+    """A live runtime gives the cache its slot sink after construction: the decision reads the
+    cache as it is, not only the arguments it was built with."""
+    trace, cache = _capture_cache()
+    assert coverage.decide(cache).engine == "compiled"
+    cache.sink = object()
+    decision = coverage.decide(cache)
+    assert decision.engine == "reference" and "slot sink" in decision.reason
+
+
 def test_a_policy_argument_the_kernel_does_not_declare_runs_on_the_reference():
     """A covered policy class given an argument its `KernelForm` does not name (as when a new
     argument is added to it), or a value outside the named ones, or built without the

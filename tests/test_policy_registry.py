@@ -182,3 +182,23 @@ def test_bad_precision_arguments_name_the_problem(spec, precision, message):
 def test_non_integer_counts_rejected_at_build(kind, spec):
     with pytest.raises(ConfigError):
         build(kind, spec, **CTX)
+
+
+def test_every_spec_argument_declares_values_that_hold_its_default():
+    """`ARGS` names exactly the spec arguments (the registry refuses a class otherwise), and
+    each argument's default lies in the values it declares, as the fuzzers draw them."""
+    from inspect import Parameter
+
+    from moejax.policies.base import KINDS
+    from moejax.policies.registry import policy_class, spec_arguments
+
+    checked = 0
+    for kind in KINDS:
+        for name in names(kind):
+            cls = policy_class(kind, name)
+            assert set(cls.ARGS) == set(spec_arguments(cls)), (kind, name)
+            for arg, default in spec_arguments(cls).items():
+                assert default is not Parameter.empty, f"{kind} {name}: {arg} has no default"
+                assert cls.ARGS[arg].contains(default), (kind, name, arg, default)
+                checked += 1
+    assert checked >= 15

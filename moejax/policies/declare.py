@@ -19,7 +19,8 @@ from typing import Any, Callable, Mapping
 
 
 class Domain:
-    """The values a policy argument takes."""
+    """The values a policy argument takes (`contains`: whether `value` is one of them; the
+    registry's tests hold every default to its domain)."""
 
     def contains(self, value: Any) -> bool:
         raise NotImplementedError
@@ -99,7 +100,6 @@ class KernelForm:
         if set(arguments) != set(self.args):
             return None
         for name, allowed in self.args.items():
-            if allowed is not ANY and not any(arguments[name] == v and
-                                              type(arguments[name]) is type(v) for v in allowed):
+            if allowed is not ANY and not Choice(tuple(allowed)).contains(arguments[name]):
                 return None
         return self.form(policy) if callable(self.form) else self.form

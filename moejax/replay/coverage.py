@@ -63,7 +63,7 @@ def uncovered(cache: ExpertCache) -> str | None:
     if options is None:
         return "the cache does not record its options"
     for kind in POLICIES:
-        policy = options[kind]
+        policy = getattr(cache, kind)
         form = policy.kernel_form()
         if form not in FORMS[kind]:
             return (f"{_policy_text(policy)} has no compiled form"
@@ -71,6 +71,9 @@ def uncovered(cache: ExpertCache) -> str | None:
     for name, value in options.items():
         if name in POLICIES:
             continue
+        # What the cache holds now where it keeps the option under its own name (a live
+        # runtime sets `sink` after construction), else the value it was built with.
+        value = getattr(cache, name, value)
         if name not in OPTIONS:
             return f"cache option {name}={value!r} is not declared by the compiled engine"
         test, describe = OPTIONS[name]
