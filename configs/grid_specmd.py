@@ -6,10 +6,11 @@ python -m moejax.analysis.report --sweep_dir=/tmp/grid
 
 The paper's settings: capacity {1%, 5%, 25%} of the whole model's bytes
 (`cache.capacity_of=model`), four-bit experts (`cache.precision=int4`), 5 GB/s host->device on
-SpecMD's A100 profile; both prefetch queues (`immediate`, and SpecMD's `watchdog`). Parts:
+SpecMD's A100 profile; both prefetch queues (`immediate`, and SpecMD's `watchdog`, which issues
+when space allows; issue 10's idle-engine rule, `watchdog_idle`, is not in the grid). Parts:
 
-* `policies` — eviction {lru, lru_per_layer, lfu, fld, score, least_stale (left_first, the
-  default), least_stale(two_queue), least_stale(cyclic), belady} x prefetch;
+* `policies` — eviction {lru, lru_per_layer, lfu, fld, score, least_stale (two_queue, the
+  default: §4's rule), least_stale(left_first), least_stale(cyclic), belady} x prefetch;
 * `dropin` — SpecMD's drop-in experiment: presets specmd_1..specmd_4 as they are, and with
   their eviction replaced by Least-Stale (scored traces: the presets' prefetchers and
   cache-aware routing read gate scores);
@@ -36,7 +37,7 @@ CAPACITIES = (0.01, 0.05, 0.25)
 H2D_GBPS = 5.0
 QUEUES = ("immediate", "watchdog")
 EVICTIONS = ("lru", "lru_per_layer", "lfu", "fld", "score", "least_stale",
-             "least_stale(order=two_queue)", "least_stale(order=cyclic)", "belady")
+             "least_stale(order=left_first)", "least_stale(order=cyclic)", "belady")
 PREFETCHES = ("none", "topk(overfetch=1.0)", "topk(overfetch=1.5)", "score_percentile(p=80)",
               "oracle")
 # Id-only traces: the score-free predictor, a predictor of SpecMD-like precision (the oracle
@@ -44,7 +45,7 @@ PREFETCHES = ("none", "topk(overfetch=1.0)", "topk(overfetch=1.5)", "score_perce
 # precision on the scored traces is about 0.65), and the ceiling.
 SCORE_FREE_PREFETCH = ("none", "temporal", "noisy_oracle(precision=0.6)", "oracle")
 DROPIN_PRESETS = ("specmd_1", "specmd_2", "specmd_3", "specmd_4")
-FAMILY_EVICTIONS = ("lru", "fld", "score", "least_stale", "least_stale(order=two_queue)")
+FAMILY_EVICTIONS = ("lru", "fld", "score", "least_stale", "least_stale(order=left_first)")
 FAMILY_PREFETCHES = ("none", "topk(overfetch=1.0)", "score_percentile(p=80)", "oracle")
 MISSES = ("fetch", "drop(keep=2)", "substitute(tol=0.05)", "fetch_priority", "fetch_lowest_bit")
 PARTS = ("policies", "dropin", "miss")

@@ -313,7 +313,7 @@ def test_score_lowest_accumulated_probability_resident_only():
 # ---------------------------------------------------------------------------------------------
 # least_stale
 # The hand-worked scenarios below are of the two-queue reading (an earlier issue's wording:
-# "stale left, then stale right, then current"); the default order is left_first (tests of the
+# "stale left, then stale right, then current"); the default order is two_queue (tests of the
 # orders side by side follow).
 TWO_QUEUE = 'least_stale(order="two_queue")'
 
@@ -413,9 +413,10 @@ def test_least_stale_fifo_within_a_queue():
     assert d.victim(1, pinned={(2, 3), (2, 1)}) == (2, 7)
 
 
-def test_least_stale_defaults_to_the_left_first_reading():
+def test_least_stale_defaults_to_the_two_queue_reading():
+    # §4's rule (docs/DESIGN.md, "Least-Stale: which reading is the default").
     d = Driver("least_stale", POS4)
-    assert (d.policy.order, d.policy.prefetch_current) == ("left_first", "pass")
+    assert (d.policy.order, d.policy.prefetch_current) == ("two_queue", "pass")
 
 
 def _ls_orders_state(spec: str) -> Driver:
@@ -451,23 +452,23 @@ LS_PINNED = {(6, 0), (6, 2)}
 def test_least_stale_two_queue_order():
     # Stale queue, ascending position, FIFO within a layer ((2,3) entered before (2,1), so
     # it goes first although its id is larger); then the current queue, ascending.
-    d = _ls_orders_state('least_stale(order="two_queue")')
-    assert _drain(d, 2, LS_PINNED, (6, 2)) == [
-        (2, 3), (2, 1), (4, 1), (6, 1), (8, 1),  # stale: pos 0, 0, 1, 2, 3
-        (2, 0), (4, 0), (8, 0)]  # current, (6,0) pinned
+    for spec in ("least_stale", 'least_stale(order="two_queue")'):  # the default
+        d = _ls_orders_state(spec)
+        assert _drain(d, 2, LS_PINNED, (6, 2)) == [
+            (2, 3), (2, 1), (4, 1), (6, 1), (8, 1),  # stale: pos 0, 0, 1, 2, 3
+            (2, 0), (4, 0), (8, 0)]  # current, (6,0) pinned
 
 
 def test_least_stale_left_first_order():
     # Left = position <= 2 (the running layer's own unpinned (6,1) is done for this pass).
     # stale-left, current-left, stale-right, current-right, each ascending: the current-left
     # (2,0) and (4,0) go before the stale-right (8,1), unlike two_queue.
-    for spec in ("least_stale", 'least_stale(order="left_first")'):  # the default
-        d = _ls_orders_state(spec)
-        assert _drain(d, 2, LS_PINNED, (6, 2)) == [
-            (2, 3), (2, 1), (4, 1), (6, 1),  # stale-left
-            (2, 0), (4, 0),  # current-left ((6,0) pinned)
-            (8, 1),  # stale-right
-            (8, 0)]  # current-right
+    d = _ls_orders_state('least_stale(order="left_first")')
+    assert _drain(d, 2, LS_PINNED, (6, 2)) == [
+        (2, 3), (2, 1), (4, 1), (6, 1),  # stale-left
+        (2, 0), (4, 0),  # current-left ((6,0) pinned)
+        (8, 1),  # stale-right
+        (8, 0)]  # current-right
 
 
 def test_least_stale_cyclic_order():

@@ -284,27 +284,28 @@ class LeastStale(_Base):
     *Left* means layer position <= p: the running layer's own keys count as left, since every
     key it still needs is pinned by its wave, so an unpinned one is done until the next pass.
 
-    * `order="left_first"` (default) — the mechanism the paper gives for its result: "Least-
-      Stale maintains near-zero collisions across all layers by only evicting stale left-layer
-      experts" (§5), "prioritizes removing experts from already-processed layers while
-      protecting experts needed for upcoming layers" (appendix). Walk: stale-left,
-      current-left, stale-right, current-right, each by ascending position (0..p, then
-      p+1..L-1). It keeps §4's two rules wherever they do not contradict those sentences:
-      stale before current on each side, FIFO by layer position within each queue. The one
-      place the readings differ is a stale-right against a current-left expert; only the
-      former can be requested again in this pass (a collision miss), so it is protected.
-      docs/DESIGN.md ("Least-Stale: which reading is the default") gives the argument.
-    * `order="two_queue"` — §4's two queues taken literally: "The cache is partitioned
-      into a stale queue containing experts from previous forward passes and a current queue
+    * `order="two_queue"` (default) — §4's rule as written: "The cache is partitioned into a
+      stale queue containing experts from previous forward passes and a current queue
       containing experts from the ongoing pass. Eviction prioritizes stale experts [...].
       Experts in the current queue are evicted only to prevent out-of-memory errors. Within
       each queue, experts follow FIFO ordering based on layer position" (and "Stale experts
       have a higher eviction priority than current ones", Fig. 2). Walk: stale positions
-      0, 1, ..., L-1, then current positions 0, 1, ..., L-1. The order is static (it does not
-      depend on `p`), as the paper's "priority heaps [...] O(log N) insertion, and O(1)
-      eviction" need; while layer p runs, stale positions < p are the "stale left-layer
-      experts" that go first, but once they are gone a stale expert of an upcoming layer goes
-      before any current one.
+      0, 1, ..., L-1, then current positions 0, 1, ..., L-1: a current expert goes only when
+      no stale one can. FIFO by layer position: experts enter the current queue in layer
+      order as the pass runs (a prefetched one when selected, before its layer) and the stale
+      queue in that order at the pass start, so the first in is the lowest position. The
+      order is static (it does not depend on `p`), as the paper's "priority heaps [...]
+      O(log N) insertion, and O(1) eviction" need; while layer p runs, stale positions < p are
+      the "stale left-layer experts" that go first. docs/DESIGN.md ("Least-Stale: which
+      reading is the default") gives the argument.
+    * `order="left_first"` — a reading of the mechanism §5 gives for the paper's result
+      ("Least-Stale maintains near-zero collisions across all layers by only evicting stale
+      left-layer experts"; appendix: "prioritizes removing experts from already-processed
+      layers while protecting experts needed for upcoming layers"). Walk: stale-left,
+      current-left, stale-right, current-right, each by ascending position (0..p, then
+      p+1..L-1). It breaks §4's rule in one place: a current expert of a layer already run
+      goes before a stale expert of an upcoming layer (issue 10's default; issue 21 measured
+      what it costs: a perfect predictor through the watchdog loses hits against no prefetch).
     * `order="cyclic"` — Belady's intuition over the pass cycle: after layer p, layer q's
       experts are next needed at distance (q - p) mod L, with q = p farthest (L: the next
       pass), so the layer that comes round last goes first: positions p, p-1, ..., 0 (left,
@@ -335,7 +336,7 @@ class LeastStale(_Base):
     KERNEL = KernelForm(lambda p: f"least_stale:{p.order}",
                         {"order": ORDERS, "prefetch_current": ("pass",)})
 
-    def __init__(self, num_layers: int, num_experts: int, order: str = "left_first",
+    def __init__(self, num_layers: int, num_experts: int, order: str = "two_queue",
                  prefetch_current: str = "pass"):
         super().__init__(num_layers, num_experts)
         if order not in self.ORDERS:
