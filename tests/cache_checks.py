@@ -14,6 +14,10 @@ def check_row(row: dict) -> None:
     assert row["recall_served"] <= row["recall_requests"], row
     assert row["predicted_routed"] <= min(row["predicted"], row["routed"]), row
     assert row["upgrades"] <= row["misses"], row
+    if "stall_behind_prefetch_s" in row:  # (snapshots carry counts only)
+        assert 0.0 <= row["stall_behind_prefetch_s"] <= row["stall_s"] + 1e-12, row
+        if not row["misses"]:  # only a wave with a demand fetch waits behind prefetches
+            assert row["stall_behind_prefetch_s"] == 0.0, row
 
 
 def check_totals(totals: dict, expert_bytes: int | None = None) -> None:

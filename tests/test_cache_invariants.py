@@ -15,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from moejax.cache import PREFETCH_QUEUES
 from moejax.families import preset
 from moejax.jobs.schema import base_config
 from moejax.model_source import in_memory
@@ -88,7 +89,7 @@ def _cached_run(tiny, prompt, eviction, prefetch, slots, miss="fetch", routing="
 # Every live eviction with every live prefetcher (and its argument variants): the queue, the
 # capacity and the prompt take turns, so each eviction and each prefetcher meets both queues,
 # and every capacity from top-k (prefill layers in many waves) to every expert.
-EXACTNESS_CASES = [(eviction, prefetch, ("immediate", "watchdog")[(i + j) % 2],
+EXACTNESS_CASES = [(eviction, prefetch, PREFETCH_QUEUES[(i + j) % len(PREFETCH_QUEUES)],
                     SLOTS[(i + 2 * j) % len(SLOTS)], (5, 23)[(i + j // 2) % 2], (i + j) % 3)
                    for i, eviction in enumerate(EVICTIONS)
                    for j, prefetch in enumerate(PREFETCHES)]
@@ -117,11 +118,11 @@ def test_exactness_budget_and_counters(tiny, eviction, prefetch, queue, slots, p
     assert total["wasted_prefetch_bytes"] <= total["prefetch_bytes"]
 
 
-def test_the_exactness_cases_cover_every_live_policy_and_both_queues():
+def test_the_exactness_cases_cover_every_live_policy_and_every_queue():
     assert {c[0] for c in EXACTNESS_CASES} == set(names("eviction", live=True))
     assert {c[1] for c in EXACTNESS_CASES} >= set(names("prefetch", live=True))
     for name in names("eviction", live=True):
-        assert {c[2] for c in EXACTNESS_CASES if c[0] == name} == {"immediate", "watchdog"}
+        assert {c[2] for c in EXACTNESS_CASES if c[0] == name} == set(PREFETCH_QUEUES)
     assert {c[3] for c in EXACTNESS_CASES} == set(SLOTS)
 
 

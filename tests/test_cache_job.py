@@ -154,7 +154,13 @@ def test_specmd_presets(tmp_path):
                                         "routing": "standard", "preset": "specmd_5",
                                         "source": dict.fromkeys(
                                             ("eviction", "prefetch", "miss", "routing"),
-                                            "preset")}
+                                            "preset"),
+                                        # as built, defaults included: what `least_stale` meant
+                                        "arguments": {
+                                            "eviction": {"order": "two_queue",
+                                                         "prefetch_current": "pass"},
+                                            "prefetch": {"p": 80, "lookahead": 1},
+                                            "miss": {}, "routing": {}}}
     c.policies.preset = "specmd_3"  # LHU + the precision cascade, over quantized pools
     res = jobs.run(c, str(tmp_path / "b"))
     assert list(res["cache"]["pools"]) == ["int8", "int4", "int2"]  # SpecMD's cascade

@@ -27,7 +27,7 @@ from hypothesis import given, note, reject, settings
 from hypothesis import strategies as st
 
 from moejax import bundled, jobs
-from moejax.cache import ExpertCache
+from moejax.cache import PREFETCH_QUEUES, ExpertCache
 from moejax.cache.from_config import build_cache_for
 from moejax.errors import ConfigError
 from moejax.families import preset
@@ -130,7 +130,7 @@ def test_every_recorded_trace_through_the_replay_job_with_the_cost_model(n, path
                 "temporal")[n % 4]
     for engine in ("reference", "auto"):
         c = _config(eviction, prefetch, slots=40, replay_engine=engine,
-                    prefetch_queue=("immediate", "watchdog")[n % 2])
+                    prefetch_queue=PREFETCH_QUEUES[n % len(PREFETCH_QUEUES)])
         c.job, c.trace, c.model.preset = "replay", path, ""
         c.log.progress = c.log.tensorboard = False
         out[engine] = jobs.run(c, str(tmp_path / engine))
@@ -230,7 +230,7 @@ def test_any_registered_policies_give_the_same_numbers_on_both_engines(data):
         miss, routing = "fetch", "standard"
     config = _config(eviction, prefetch, miss, routing,
                      pin=data.draw(st.sampled_from(["layer", "request"]), label="pin"),
-                     prefetch_queue=data.draw(st.sampled_from(["immediate", "watchdog"]),
+                     prefetch_queue=data.draw(st.sampled_from(PREFETCH_QUEUES),
                                               label="queue"),
                      capacity_frac=data.draw(st.sampled_from([0.05, 0.15, 0.3, 0.6, 1.0]),
                                              label="capacity"),
@@ -374,7 +374,7 @@ def test_the_compiled_engine_keeps_the_invariants(data):
     prefetch = data.draw(any_spec("prefetch"), label="prefetch")
     config = _config(eviction, prefetch,
                      pin=data.draw(st.sampled_from(["layer", "request"])),
-                     prefetch_queue=data.draw(st.sampled_from(["immediate", "watchdog"])),
+                     prefetch_queue=data.draw(st.sampled_from(PREFETCH_QUEUES)),
                      slots=data.draw(st.integers(trace.top_k, 3 * trace.num_experts)))
     cache = _cache(config, trace)
     assert replay(cache, traces).engine == "compiled"

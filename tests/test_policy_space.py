@@ -20,7 +20,7 @@ from hypothesis import given, reject, settings
 from hypothesis import strategies as st
 
 from moejax.cache.capacity import PoolSpec
-from moejax.cache.expert_cache import CacheShape, ExpertCache
+from moejax.cache.expert_cache import PREFETCH_QUEUES, CacheShape, ExpertCache
 from moejax.errors import ConfigError
 from moejax.policies import build, names
 from moejax.policies.base import KINDS
@@ -63,7 +63,7 @@ class _CheckingCache(ExpertCache):
 @settings(max_examples=examples(400))
 @given(eviction=any_spec("eviction"), prefetch=any_spec("prefetch"), miss=any_spec("miss"),
        routing=any_spec("routing"), pin_scope=st.sampled_from(["layer", "request"]),
-       queue=st.sampled_from(["immediate", "watchdog"]), data=st.data())
+       queue=st.sampled_from(PREFETCH_QUEUES), data=st.data())
 def test_every_policy_combination_keeps_the_invariants(eviction, prefetch, miss, routing,
                                                        pin_scope, queue, data):
     """Any registered policy of each kind, its arguments drawn from its declared values."""

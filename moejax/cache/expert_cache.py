@@ -142,10 +142,12 @@ PIN_SCOPES = ("layer", "request")
 
 # How predictions become transfers. "immediate": each prediction takes a slot and books its
 # transfer when it is made (one call's predictions protect each other, so a prefetched expert
-# is never evicted before its use, and bandwidth changes timings only). "watchdog" (SpecMD §4:
-# "a watchdog thread monitors this queue and GPU capacity, issuing non-blocking CUDA transfers
-# when space allows"): predictions wait in a FIFO queue; see `ExpertCache._watchdog`.
-PREFETCH_QUEUES = ("immediate", "watchdog")
+# is never evicted before its use, and bandwidth changes timings only). "watchdog" (SpecMD's
+# appendix: "a watchdog thread monitors this queue and GPU capacity, issuing non-blocking CUDA
+# transfers when space allows"): predictions wait in a FIFO queue and go as soon as a slot can
+# be had; their transfers queue on the copy engines. "watchdog_idle": the same queue under
+# issue 10's rule, a transfer issued only onto an idle copy engine. See `ExpertCache._watchdog`.
+PREFETCH_QUEUES = ("immediate", "watchdog", "watchdog_idle")
 
 
 class SlotSink(Protocol):
@@ -199,7 +201,8 @@ class ExpertCache:
             raise ConfigError(f"cache.prefetch_queue={prefetch_queue!r} is not one of "
                               f"{PREFETCH_QUEUES}")
         self.shape, self.pin_scope = shape, pin_scope
-        self.watchdog = prefetch_queue == "watchdog"
+        self.watchdog = prefetch_queue != "immediate"
+        self.idle_engine_rule = prefetch_queue == "watchdog_idle"
         self.eviction, self.prefetch, self.miss, self.routing = eviction, prefetch, miss, routing
         self.clock, self.cost, self.sink = clock, cost, sink
         self.lookahead_scores = lookahead_scores
@@ -410,6 +413,10 @@ class ExpertCache:
         layer, p = gate.layer, self._pass
         pos = self.pos_of[layer]
         tokens = gate.ids.shape[0]
+        if self.queue and not self.idle_engine_rule:
+            # The previous layer's experts are done: its slots may give queued entries space
+            # now, before this layer's router has asked for anything.
+            self._watchdog(self.clock.now(), False, ())
         self._charge_dense_layers(layer)
         if self.cost is not None:
             self.clock.compute(self.cost.attention_router(tokens, p.context,
@@ -427,8 +434,8 @@ class ExpertCache:
         if decision.dropped or decision.substituted:
             self.metrics.count_decision(pos, decision.dropped, decision.substituted)
         here = (self.pass_id, layer)
-        if self.queue:  # transfers the watchdog could issue while the previous layer ran
-            self._watchdog(self.clock.now(), strict=True)
+        if self.queue and self.idle_engine_rule:  # what an idle engine took meanwhile
+            self._watchdog(self.clock.now(), True, self.running_pins)
         self.running_pos = pos
         if self.queue:
             self._drop_queued(pos)
@@ -448,6 +455,8 @@ class ExpertCache:
             outcome, served = self._serve(layer, pos, wave, pinned, now, here)
             if w == 0:
                 self._prefetch(gate, pos, pinned, now)
+            elif self.queue and not self.idle_engine_rule:  # the previous wave is done
+                self._watchdog(now, False, pinned)
             outcome.stall = self.clock.wait(outcome.ready)
             p.stall += outcome.stall
             if outcome.storage_ready > now:
@@ -605,7 +614,13 @@ class ExpertCache:
                 if slot is None:
                     raise AssertionError(f"no slot in the {pools[target].precision} pool for a "
                                          "demand fetch although the wave was planned to fit")
+                first = not out.misses
+                if first:  # what is on the engines now went before it (`engine_wait`)
+                    engine_free = min(self.clock.engine_free)
                 ready = self._admit(key, slot, now, False, pos)
+                if first:
+                    issued = slot_storage[slot] if slot_storage[slot] > now else now
+                    out.engine_wait = timeline.stall(engine_free, issued)
                 if ready > out.ready:
                     out.ready = ready
                 out.misses += 1
@@ -700,16 +715,25 @@ class ExpertCache:
                     queue[key] = (target, now)
                     if self.host is not None:  # its bytes are read ahead while it waits
                         self.host.read_ahead(key, pos, now, self._host_evictable)
-        self._watchdog(now, strict=False)
+        self._watchdog(now, False, self.running_pins)
 
-    def _watchdog(self, now: float, strict: bool) -> None:
-        """Issues queued prefetches, head first, while one can go: a copy engine is free (the
-        transfer would start at once, at `max(queued, engine free)`, no later than `now` —
-        before `now` when `strict`, because a demand fetch booked at `now` goes first) and a
-        slot can be had under the eviction policy, sparing the running wave and the prefetched
-        experts whose target layer has not run. Nothing happens to the cache between two calls
-        (the compute stream only runs), so issuing at an engine's free time in the past is what
-        a watchdog polling continuously would have done. The head blocks the queue (FIFO)."""
+    def _watchdog(self, now: float, strict: bool, pinned) -> None:
+        """Issues queued prefetches, head first, while the eviction policy can give the head a
+        slot, sparing `pinned` (the running wave; nothing between layers) and the prefetched
+        experts whose target layer has not run. The head blocks the queue (FIFO).
+
+        `watchdog` (the default): an entry goes at `now` — the moment space appears, since the
+        cache changes only where this is called: after a wave's demand fetches were booked (a
+        demand miss goes ahead of entries not yet issued) and when a layer's experts are done.
+        Its transfer queues on the copy engines behind those in flight, demand fetches
+        included, as a CUDA stream serialises its copies; a transfer on an engine is never
+        pre-empted, so a later demand fetch waits behind it (`stall_behind_prefetch_s`).
+
+        `watchdog_idle` (issue 10's rule, a named variant): the head also waits for an idle
+        copy engine: it starts at `max(queued, engine free)`, no later than `now` (before
+        `now` when `strict`, because a demand fetch booked at `now` goes first). Nothing
+        happens to the cache between two calls, so issuing at an engine's free time in the past
+        is what a watchdog polling continuously would have done."""
         queue, engine_free = self.queue, self.clock.engine_free
         protected = None
         while queue:
@@ -718,11 +742,13 @@ class ExpertCache:
             if key in self.residency:
                 del queue[key]
                 continue
-            issue = timeline.watchdog_issue_time(queued_at, engine_free)
-            if not timeline.watchdog_may_issue(issue, now, strict):
-                return
+            issue = now
+            if self.idle_engine_rule:
+                issue = timeline.watchdog_issue_time(queued_at, engine_free)
+                if not timeline.watchdog_may_issue(issue, now, strict):
+                    return
             if protected is None:
-                protected = set(self.running_pins)
+                protected = set(pinned)
                 protected.update(k for k, (p, t) in self.prefetch_origin.items()
                                  if p == self.pass_id and self.pos_of[t] > self.running_pos)
             if self.host is not None and not self.host.can_take(key, self.running_pos,

@@ -4,8 +4,10 @@
 * hit: resident and ready; late hit: in flight when needed; miss: neither
   (hits + late_hits + misses == requests);
 * collision miss: a miss on an expert resident at the start of the pass or admitted during it;
-* ready hit: a hit on an expert resident and ready (`ready_hit_rate` = hits / requests;
-  `hit_rate` counts late hits too, as SpecMD's hit rate does not);
+* hit rate: `hit_rate` = (hits + late hits) / requests — an expert in the cache's table when
+  the layer asks, landed or in flight: SpecMD's hit rate (docs/DESIGN.md, "One hit rate");
+  `ready_hit_rate` = hits / requests (landed), `late_hit_rate` = late hits / requests; every
+  table shows the two parts apart;
 * prefetch precision = prefetched experts used by the pass-layer they were fetched for /
   experts prefetched; recall = requests served by a prefetch / requests in layers that had a
   prediction (both count transfers: what was fetched, not what was predicted);
@@ -14,11 +16,16 @@
   layer when it runs — |predicted ∩ routed| / |predicted| and / |routed|, whatever is resident;
 * evicted before use: a prefetched expert evicted before the layer of this pass it was fetched
   for ran;
-* prefetch dropped: a prediction the watchdog queue (`cache.prefetch_queue=watchdog`) never
-  issued, because its target layer started first (no free copy engine or slot until then);
+* prefetch dropped: a prediction the watchdog queue (`cache.prefetch_queue=watchdog` or
+  `watchdog_idle`) never issued, because its target layer started first (no slot, or with
+  `watchdog_idle` no idle copy engine, until then);
 * collision share of misses = collision misses / misses;
-* stall: time compute waits on transfers; bytes host->device split demand / prefetch, and
-  wasted prefetch bytes (prefetched, evicted or left at the end without ever being used);
+* stall: time compute waits on transfers; `stall_behind_prefetch_s`, the part of it that
+  demand fetches spent behind prefetch transfers already on the copy engines (per wave with a
+  demand fetch: the wait of its first demand transfer for an engine, at most the wave's
+  stall; a transfer on the engine is never pre-empted); bytes host->device split demand /
+  prefetch, and wasted prefetch bytes (prefetched, evicted or left at the end without ever
+  being used);
 * products: active token-expert contributions computed (after the miss policy);
 * TTFT per request: the clock time of each prefill pass (a request starts with one); the
   first is cold (`cold_ttft_s`, also `ttft_s`), `warm_ttft_s` the mean of the later ones,
@@ -47,7 +54,7 @@ COUNTERS = ("requests", "hits", "late_hits", "misses", "collision_misses", "drop
             "recall_requests", "evictions", "waves", "upgrades", "served_below_wanted",
             "products", "evicted_before_use", "prefetch_dropped", "predicted",
             "predicted_routed", "routed")
-SECONDS = ("stall_s",)
+SECONDS = ("stall_s", "stall_behind_prefetch_s")
 BYTES = ("demand_bytes", "prefetch_bytes", "wasted_prefetch_bytes")
 # Kept per precision when the cache has several pools (else they are the totals above).
 BY_PRECISION = ("requests", "products", "demand_bytes", "prefetch_bytes")
@@ -74,6 +81,9 @@ class WaveOutcome:
     # hit's transfer) lands; 0.0 when none was waited for (or no host tier).
     storage_ready: float = 0.0
     stall: float = 0.0  # how long compute waited for it
+    # How long the wave's first demand transfer waited for a copy engine busy with prefetch
+    # transfers (earlier waves' demand fetches have landed: compute waited for them).
+    engine_wait: float = 0.0
 
 
 @dataclasses.dataclass
@@ -140,6 +150,8 @@ class CacheMetrics:
             c["recall_requests"][pos] += requests
         c["waves"][pos] += 1
         c["stall_s"][pos] += o.stall
+        if o.engine_wait:
+            c["stall_behind_prefetch_s"][pos] += min(o.stall, o.engine_wait)
 
     def count_decision(self, pos: int, dropped: int, substituted: int) -> None:
         self.c["dropped"][pos] += dropped

@@ -72,6 +72,11 @@ def table(metrics: CacheMetrics, header: str, bytes_known: bool = True, host=Non
             f"prefetches evicted before use {t['evicted_before_use']}"
             + (f", dropped from the queue {t['prefetch_dropped']}" if t["prefetch_dropped"]
                else ""))
+    if t["prefetch_issued"]:
+        behind = _ms(t["stall_behind_prefetch_s"], bytes_known)
+        lines.append(f"stall behind prefetch transfers {behind} ms of "
+                     f"{_ms(t['stall_s'], bytes_known)} ms (demand fetches queued behind "
+                     "prefetches already on a copy engine)")
     if len(metrics.precisions) > 1:
         lines.extend(_precision_lines(t, bytes_known))
     if host is not None:
@@ -217,7 +222,11 @@ def cache_results(cache, policies: dict, passes: bool = True,
                                          else None) or (
                {shape.precision: shape.expert_bytes} if known else None),
            "clock": cache.clock.kind, "hardware": dataclasses.asdict(cache.clock.hw),
-           "policies": policies, **cache.metrics.to_dict()}
+           # Each policy's arguments as built, defaults included: what a bare spec meant when
+           # it ran (a default can change between versions: `least_stale`'s order did).
+           "policies": {**policies, "arguments": {p.kind: dict(p.arguments or {})
+                                                  for p in cache.policies()}},
+           **cache.metrics.to_dict()}
     if cache.host is not None:
         out["host"] = cache.host.to_dict()
     if cache.fixed:

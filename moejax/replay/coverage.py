@@ -34,7 +34,7 @@ OPTIONS = {
     "sink": (lambda s: s is None, lambda s: "a slot sink (a live runtime)"),
     "lookahead_scores": (lambda n: isinstance(n, int), lambda n: f"lookahead_scores={n!r}"),
     "pin_scope": (lambda s: s in ("layer", "request"), lambda s: f"pin_scope={s!r}"),
-    "prefetch_queue": (lambda q: q in ("immediate", "watchdog"),
+    "prefetch_queue": (lambda q: q in ("immediate", "watchdog", "watchdog_idle"),
                        lambda q: f"prefetch_queue={q!r}"),
     "host": (lambda h: h is None, lambda h: "a host tier"),
     "full_layers": (lambda n: n == 0, lambda n: f"full-layer placement (full_layers={n})"),

@@ -52,6 +52,9 @@ EVICTIONS = {"lru": LRU, "fifo": FIFO, "lru_per_layer": LRU_PER_LAYER, "lfu": LF
              "least_stale:two_queue": LS_TWO_QUEUE, "least_stale:left_first": LS_LEFT_FIRST,
              "least_stale:cyclic": LS_CYCLIC, "belady": BELADY}
 NEVER = np.iinfo(np.int64).max
+# `cache.prefetch_queue` -> the kernel's code (`I[QUEUE]`).
+IMMEDIATE, WATCHDOG, WATCHDOG_IDLE = range(3)
+QUEUES = {"immediate": IMMEDIATE, "watchdog": WATCHDOG, "watchdog_idle": WATCHDOG_IDLE}
 
 # Counter rows, in `metrics.COUNTERS + BYTES + SECONDS` order (checked by compiled.py).
 ROWS = ("requests", "hits", "late_hits", "misses", "collision_misses", "dropped",
@@ -59,10 +62,10 @@ ROWS = ("requests", "hits", "late_hits", "misses", "collision_misses", "dropped"
         "recall_requests", "evictions", "waves", "upgrades", "served_below_wanted",
         "products", "evicted_before_use", "prefetch_dropped", "predicted",
         "predicted_routed", "routed", "demand_bytes", "prefetch_bytes",
-        "wasted_prefetch_bytes", "stall_s")
+        "wasted_prefetch_bytes", "stall_s", "stall_behind_prefetch_s")
 (R_REQ, R_HIT, R_LATE, R_MISS, R_COLL, _, _, R_PF_ISSUED, R_PF_USED, R_REC_SERVED,
  R_REC_REQ, R_EVICT, R_WAVES, _, _, R_PRODUCTS, R_EARLY, R_PF_DROPPED, R_PRED,
- R_PRED_ROUTED, R_ROUTED, R_DEMAND_B, R_PF_B, R_WASTED_B, R_STALL) = range(len(ROWS))
+ R_PRED_ROUTED, R_ROUTED, R_DEMAND_B, R_PF_B, R_WASTED_B, R_STALL, R_BEHIND) = range(len(ROWS))
 
 # Per-key rows.
 (SLOT, EVICTED_IN, ORIGIN_PASS, ORIGIN_TPOS, PROT, LAST, COUNT, UPTR, PMARK, SEEN, Q_TPOS,
@@ -74,7 +77,7 @@ HEAD, TAIL, LEN = range(3)
 QUOTA, PSET, PCOUNT = range(3)
 
 # The head of I: settings, scalars, and the blocks' offsets.
-(POLICY, N_SLOTS, N_EXPERTS, N_LAYERS, N_KEYS, N_LISTS, WATCHDOG, PIN_LAYER, ENGINES,
+(POLICY, N_SLOTS, N_EXPERTS, N_LAYERS, N_KEYS, N_LISTS, QUEUE, PIN_LAYER, ENGINES,
  STAMP, FREE_N, TICK, BEL_PASS, BEL_POS, BEL_DONE, WALK_W,
  O_KEYS, O_SLOTS, O_LISTS, O_POS, O_STARTS, O_UOFF, O_USES, O_WALK,
  O_SR, O_T, O_C, O_QT, O_FC) = range(29)
@@ -111,7 +114,7 @@ jit = numba.njit(cache=True)
 
 
 # -- layout ---------------------------------------------------------------------------------
-def layout(policy: int, n_slots: int, n_experts: int, n_layers: int, watchdog: bool,
+def layout(policy: int, n_slots: int, n_experts: int, n_layers: int, queue: int,
            pin_layer: bool, engines: int, quota: np.ndarray, starts: np.ndarray,
            uses_off: np.ndarray, uses: np.ndarray, walks: np.ndarray,
            fc: tuple[float, float, float, float]) -> tuple[np.ndarray, np.ndarray]:
@@ -123,9 +126,9 @@ def layout(policy: int, n_slots: int, n_experts: int, n_layers: int, watchdog: b
              O_POS: 3 * n_layers, O_STARTS: len(starts),
              O_UOFF: len(uses_off), O_USES: len(uses), O_WALK: walks.size}
     head = np.zeros(HEAD_SIZE, np.int64)
-    head[[POLICY, N_SLOTS, N_EXPERTS, N_LAYERS, N_KEYS, N_LISTS, WATCHDOG, PIN_LAYER,
+    head[[POLICY, N_SLOTS, N_EXPERTS, N_LAYERS, N_KEYS, N_LISTS, QUEUE, PIN_LAYER,
           ENGINES, WALK_W]] = [policy, n_slots, n_experts, n_layers, n_keys, n_lists,
-                               int(watchdog), int(pin_layer), engines, walks.shape[1]]
+                               queue, int(pin_layer), engines, walks.shape[1]]
     at = HEAD_SIZE
     for block, size in sizes.items():
         head[block] = at
@@ -516,9 +519,10 @@ def _enqueue(I, F, pred, pins, n_pins, pl, pos, now, p, next_set):
 
 @jit
 def _watchdog(I, F, pins, n_pins, now, strict, p, running_pos):
-    """`ExpertCache._watchdog`: issues queued prefetches, head first, while a copy engine is
-    free by `now` (before it when `strict`) and a slot can be had sparing the running wave and
-    this pass's prefetches whose target has not run."""
+    """`ExpertCache._watchdog`: issues queued prefetches, head first, while a slot can be had
+    sparing `pins` and this pass's prefetches whose target has not run: at `now`, or under
+    `watchdog_idle` once a copy engine is free by `now` (before it when `strict`)."""
+    idle = I[QUEUE] == WATCHDOG_IDLE
     queue = I[N_LISTS] - 1
     t = I[O_T]
     st = -1
@@ -527,9 +531,11 @@ def _watchdog(I, F, pins, n_pins, now, strict, p, running_pos):
         if I[_k(I, SLOT, k)] >= 0:
             _remove(I, QL, k)
             continue
-        issue = timeline.watchdog_issue_time(F[I[O_QT] + k], F[t + 2:t + 2 + I[ENGINES]])
-        if not timeline.watchdog_may_issue(issue, now, strict):
-            return
+        issue = now
+        if idle:
+            issue = timeline.watchdog_issue_time(F[I[O_QT] + k], F[t + 2:t + 2 + I[ENGINES]])
+            if not timeline.watchdog_may_issue(issue, now, strict):
+                return
         if st < 0:
             I[STAMP] += 1
             st = I[STAMP]
@@ -592,7 +598,8 @@ def run(I, F, keys, mult, pass_tokens, pass_pairs, pred, compute, cost):
     pre_off, pre_vals, begin, end_off, end_vals = compute
     has_cost, per_expert, shared_params, dtype_b, peak_flops, hbm_bps, launch = cost
     n_slots, n_layers = I[N_SLOTS], I[N_LAYERS]
-    watchdog, pin_layer = I[WATCHDOG] == 1, I[PIN_LAYER] == 1
+    watchdog, pin_layer = I[QUEUE] != IMMEDIATE, I[PIN_LAYER] == 1
+    idle = I[QUEUE] == WATCHDOG_IDLE
     starts = I[I[O_STARTS]:I[O_STARTS] + len(pass_pairs) * n_layers + 1]
     n_pass = len(pass_pairs)
     queue = I[N_LISTS] - 1
@@ -617,11 +624,13 @@ def run(I, F, keys, mult, pass_tokens, pass_pairs, pred, compute, cost):
         running_pos = -1
         for pos in range(n_layers):
             pl = p * n_layers + pos
+            if not idle and I[_h(I, LEN, queue)] > 0:  # the previous layer's experts are done
+                _watchdog(I, F, pins, 0, F[t], False, p, running_pos)
             for i in range(pre_off[pl], pre_off[pl + 1]):
                 F[t] += pre_vals[i]
             a, b = starts[pl], starts[pl + 1]
-            if I[_h(I, LEN, queue)] > 0:  # what the watchdog could issue while the previous
-                _watchdog(I, F, pins, n_pins, F[t], True, p, running_pos)  # layer ran
+            if idle and I[_h(I, LEN, queue)] > 0:  # what an idle engine took meanwhile
+                _watchdog(I, F, pins, n_pins, F[t], True, p, running_pos)
             running_pos = pos
             if I[_h(I, LEN, queue)] > 0:
                 _drop_queued(I, F, pos)
@@ -668,6 +677,7 @@ def run(I, F, keys, mult, pass_tokens, pass_pairs, pred, compute, cost):
                     n_pins += 1
                     I[_k(I, PROT, k)] = wave_stamp
                 ready = now
+                engine_wait = 0.0
                 hits = 0
                 late = 0
                 misses = 0
@@ -701,6 +711,10 @@ def run(I, F, keys, mult, pass_tokens, pass_pairs, pred, compute, cost):
                             st = I[STAMP]
                             I[_k(I, PROT, k)] = st
                         s = _allocate(I, F, pos, st, k, p, running_pos)
+                        if misses == 0:  # what is on the engines went before it
+                            e = I[O_T] + 2
+                            engine_wait = timeline.stall(
+                                F[e + timeline.earliest(F[e:e + I[ENGINES]])], now)
                         r = _admit(I, F, k, s, now, False)
                         if r > ready:
                             ready = r
@@ -712,6 +726,10 @@ def run(I, F, keys, mult, pass_tokens, pass_pairs, pred, compute, cost):
                     else:
                         _prefetch(I, F, pred, pins, n_pins, pl, pos, now, p, next_set)
                     next_set += grp_off[pl + 1] - grp_off[pl]
+                elif watchdog and (w == 0 or not idle) and I[_h(I, LEN, queue)] > 0:
+                    # ExpertCache: a layer's first wave always lets the watchdog look
+                    # (`_enqueue`), a later one under the space rule (the previous is done)
+                    _watchdog(I, F, pins, n_pins, now, False, p, pos)
                 stall = timeline.stall(ready, F[t])
                 F[t] += stall
                 pass_stall += stall
@@ -730,6 +748,8 @@ def run(I, F, keys, mult, pass_tokens, pass_pairs, pred, compute, cost):
                     F[_c(I, R_REC_REQ, pos)] += w1 - w0
                 F[_c(I, R_WAVES, pos)] += 1
                 F[_c(I, R_STALL, pos)] += stall
+                if engine_wait > 0.0:
+                    F[_c(I, R_BEHIND, pos)] += min(stall, engine_wait)
                 if has_cost:  # CostModel.experts, with the shared expert on the first wave
                     F[t] += timeline.experts_step(pairs, w1 - w0, tokens, per_expert,
                                                   shared_params if w == 0 else 0, dtype_b,

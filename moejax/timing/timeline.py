@@ -72,15 +72,17 @@ def stall(ready: float, now: float) -> float:
 
 @register_jitable
 def watchdog_issue_time(queued_at: float, engine_free) -> float:
-    """When the watchdog's queue head would go: once it is queued and a copy engine is free."""
+    """When the queue head would go under `watchdog_idle` (issue 10's rule, which waits for an
+    idle copy engine): once it is queued and a copy engine is free. (SpecMD's `watchdog`
+    issues at once when a slot can be had; its transfer queues on the engine.)"""
     free = engine_free[earliest(engine_free)]
     return queued_at if queued_at > free else free
 
 
 @register_jitable
 def watchdog_may_issue(issue: float, now: float, strict: bool) -> bool:
-    """Whether a transfer the watchdog would start at `issue` goes now: no later than `now`, or
-    strictly before it when a demand fetch booked at `now` must go first."""
+    """Whether a transfer `watchdog_idle` would start at `issue` goes now: no later than `now`,
+    or strictly before it when a demand fetch booked at `now` must go first."""
     return issue < now or (issue == now and not strict)
 
 
