@@ -1,6 +1,7 @@
-"""SpecMD's claims table (moejax/analysis/claims.py) on a tiny real sweep: each number equals
-the mean computed by hand from the cells' results.json files, and a claim whose cells are
-missing says "not in this sweep" instead of failing.
+"""SpecMD's claims table (moejax/analysis/claims.py) on a tiny real sweep: each group number
+equals the mean computed by hand from the cells' results.json files, each trace's number that
+trace's cell, and a claim whose cells are missing says "not in this sweep" instead of failing
+(tests/test_claims_per_trace.py: the verdicts across traces, on numbers the tests choose).
 
 The cells are real: the replay job run on two bundled scored traces, each writing its
 results.json into `cells/<name>/` as launch.sweep lays a sweep out."""
@@ -82,9 +83,16 @@ def _mean(results, key) -> float:
     return sum(vals) / len(vals)
 
 
-def _find(found, claim, measure_part, queue="immediate", capacity=CAP) -> claims.Finding:
+WITH_SP80 = f"with {SP80} prefetch"
+
+
+def _find(found, claim, measure_part, queue="immediate", capacity=CAP,
+          prefetch=WITH_SP80) -> claims.Finding:
+    """The one row of `claim` whose measure contains `measure_part`, in this condition
+    (prefetch None: any)."""
     (f,) = [f for f in found if f.claim == claim and measure_part in f.measure
-            and f.queue == queue and f.capacity == capacity]
+            and f.queue == queue and f.capacity == capacity
+            and prefetch in (None, f.prefetch)]
     return f
 
 
@@ -101,20 +109,33 @@ def _ev(e, p=SP80, **more):
     return {"policies.eviction": e, "policies.prefetch": p, **more}
 
 
+def _stem(path) -> str:
+    return os.path.splitext(os.path.basename(path))[0]
+
+
 def test_claim1_collision_rates_are_the_means_over_traces(sweep, found):
-    f = _find(found, 1, "collision-miss rate")
-    assert "score_percentile(p=80)" in f.measure  # the scored group's prefetch
+    f = _find(found, 1, "collision-miss rate")  # the scored group's prefetch: score_percentile
     assert f.traces == len(TRACES)
     for e in ("least_stale", "lru", "score"):
         rs = _results(sweep, **_ev(e))
         assert len(rs) == len(TRACES)
         assert f.values[e] == pytest.approx(_mean(rs, "collision_miss_rate"))
-    # The watchdog queue apart: one trace, one cell each.
+        # Each trace's own number: that trace's one cell.
+        for t in TRACES:
+            (r,) = _results(sweep, trace=t, **_ev(e))
+            assert f.per_trace[_stem(t)].values[e] == r["cache"]["total"]["collision_miss_rate"]
+    # Also without prefetch, as its own row.
+    n = _find(found, 1, "collision-miss rate", prefetch="without prefetch")
+    assert n.values["lru"] == pytest.approx(
+        _mean(_results(sweep, **_ev("lru", "none")), "collision_miss_rate"))
+    # The watchdog queue apart: one trace, one cell each; the other trace is missing.
     w = _find(found, 1, "collision-miss rate", queue="watchdog")
-    assert w.traces == 1
+    assert w.traces == 1 and w.missing == {_stem(TRACES[1]): "no least_stale(order=two_queue), "
+                                                               "lru cells"}
     (ls,) = _results(sweep, **_ev("least_stale", **{"cache.prefetch_queue": "watchdog"}))
     assert w.values["least_stale"] == pytest.approx(ls["cache"]["total"]["collision_miss_rate"])
     assert w.values["score"] is None and "SB" not in w.shown
+    assert f"missing: {_stem(TRACES[1])}" in w.suggestion
 
 
 def test_claim2_ratio_and_missing_one_percent(sweep, found):
@@ -123,7 +144,7 @@ def test_claim2_ratio_and_missing_one_percent(sweep, found):
     ls = _mean(_results(sweep, **_ev("least_stale")), "collision_miss_rate")
     assert ls > 0
     assert f.values["ratio"] == pytest.approx(lru / ls)
-    one = _find(found, 2, "at 1%", capacity="1%")
+    one = _find(found, 2, "LRU ÷", capacity="1%")
     assert one.shown.startswith("not in this sweep") and one.suggestion == "not in this sweep"
     assert claims.ratio(0.1, 0.0) == math.inf and claims.ratio(0.0, 0.0) is None
     assert claims.ratio_text(math.inf, 0.1, 0.0) == "∞ (LS has 0)"
@@ -131,7 +152,7 @@ def test_claim2_ratio_and_missing_one_percent(sweep, found):
 
 
 def test_claim3_best_prefetch_and_missing_oracle(sweep, found):
-    f = _find(found, 3, "best prefetch")
+    f = _find(found, 3, "hit rate (ready + late)", prefetch=None)
     per = {p: _results(sweep, **_ev("least_stale", p)) for p in ("none", SP80,
                                                                  "topk(overfetch=1.0)")}
     best = max(per, key=lambda p: _mean(per[p], "hit_rate"))
@@ -139,12 +160,13 @@ def test_claim3_best_prefetch_and_missing_oracle(sweep, found):
     for k in ("hit_rate", "ready_hit_rate", "late_hit_rate"):
         assert f.values[k] == pytest.approx(_mean(per[best], k))
     assert "not testable here" in f.suggestion  # not an OLMoE trace
-    assert _find(found, 3, "oracle prefetch").shown.startswith("not in this sweep")
+    assert _find(found, 3, "(the ceiling)", prefetch=None).shown.startswith("not in this sweep")
 
 
 def test_claim4_dropin_is_the_mean_of_the_pairs_changes(sweep, found):
     (f,) = [f for f in found if f.claim == 4 and f.queue == "immediate"]
-    assert "specmd_1" in f.measure and f.values["pairs"] == len(TRACES)
+    assert "specmd_1" in f.measure and f.traces == len(TRACES)
+    assert [r.values["pairs"] for r in f.per_trace.values()] == [1] * len(TRACES)
     changes = []
     for t in TRACES:
         (b,) = _results(sweep, trace=t, **{"policies.preset": "specmd_1",
@@ -164,6 +186,8 @@ def test_claim4_dropin_is_the_mean_of_the_pairs_changes(sweep, found):
     assert f.values["paper_pct"] == -10.7
     # One request per trace: no warm TTFT, and a cold prefill does not see the eviction.
     assert f.values["warm_pct"] is None and f.suggestion.startswith("not testable here")
+    # ... so its cold change is 0 on every trace, by construction: labelled, with why.
+    assert f.values["cold_pct"] == 0 and "empty cache" in f.structural["cold_pct"]
     assert claims.verdict("4", {"warm_pct": -20.0, "paper_pct": -10.7}) == "reproduced"
     assert claims.verdict("4", {"warm_pct": -3.0, "paper_pct": -10.7}) == "partly"
     assert claims.verdict("4", {"warm_pct": 4.0, "paper_pct": -10.7}) == "refuted"
@@ -173,14 +197,15 @@ def test_claim4_dropin_is_the_mean_of_the_pairs_changes(sweep, found):
 
 
 def test_claim5_score_percentile_vs_topk(sweep, found):
-    sp = _find(found, 5, SP80)
-    tk = _find(found, 5, "topk(overfetch=1.0)")
+    sp = _find(found, 5, "")
+    tk = _find(found, 5, "", prefetch="with topk(overfetch=1.0) prefetch")
     for f, p in ((sp, SP80), (tk, "topk(overfetch=1.0)")):
         rs = _results(sweep, **_ev("least_stale", p))
         for k in ("hit_rate", "stall_s", "prediction_precision"):
             assert f.values[k] == pytest.approx(_mean(rs, k))
     assert sp.values["topk1.0_hit"] == pytest.approx(tk.values["hit_rate"])
-    assert _find(found, 5, "topk(overfetch=1.5)").shown.startswith("not in this sweep")
+    assert _find(found, 5, "", prefetch="with topk(overfetch=1.5) prefetch").shown.startswith(
+        "not in this sweep")
     # Claim 5's rule by hand, on the means above (topk(overfetch=1.0) is the only top-k in
     # the sweep; this group has no paper model, so no Mixtral exception): score-percentile
     # "better" = hit rate >= and stall <= top-k's -> reproduced ("(precision not lower)"
@@ -242,8 +267,9 @@ def test_claim5_rule_on_literal_numbers():
 def test_claims_6_7_missing_cells_and_claim8_miss_shares(sweep, found):
     for f in (f for f in found if f.claim == 6):
         assert f.shown.startswith("not in this sweep") and "fld" in f.shown
-    left = _find(found, 7, "order=left_first")
-    assert left.values["collision_miss_rate"] == pytest.approx(
+    # A bare least_stale ran the default reading, two_queue (as its results.json records).
+    two = _find(found, 7, "order=two_queue")
+    assert two.values["collision_miss_rate"] == pytest.approx(
         _mean(_results(sweep, **_ev("least_stale")), "collision_miss_rate"))
     assert _find(found, 7, "order=cyclic").shown.startswith("not in this sweep")
     drop = _find(found, 8, "miss drop(keep=2)")
@@ -263,7 +289,9 @@ def test_main_prints_the_table_and_csv(sweep, capsys):
     claims.main([f"--sweep_dir={sweep}", f"--capacity={SLOTS}slots"])
     out = capsys.readouterr().out
     assert "## scored · embedded" in out and "not a verdict" in out
-    assert "| moejax · immediate queue | moejax · watchdog queue |" in out
+    assert "| immediate queue · with score_percentile(p=80) prefetch · 8 slots · " in out
+    assert "| watchdog queue · with score_percentile(p=80) prefetch · 8 slots · " in out
+    assert f"Produced by: `python -m moejax.analysis.claims --sweep_dir={sweep} " in out
     assert "quality" in out and "not in this sweep" in out
     # The default capacity (5%) is not in this sweep: every claim says so, nothing fails.
     claims.main([f"--sweep_dir={sweep}", "--queue=immediate", "--format=csv"])

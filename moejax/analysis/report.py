@@ -16,7 +16,8 @@ also `fig_dropin_least_stale.png` and the drop-in tables; when it holds quality 
 frontier" section (`moejax/analysis/frontier.py`), and their columns in cells.csv.
 
 Hit rates are always shown as ready + late (`ready_hit_rate`: resident and ready;
-`late_hit_rate`: in flight when needed; their sum is `hit_rate`). Rates are DESIGN.md's
+`late_hit_rate`: in flight when needed; their sum is `hit_rate`, SpecMD's hit rate: DESIGN.md
+"One hit rate"). Rates are DESIGN.md's
 (moejax/cache/metrics.py); TTFT and decode tok/s are the cache clock's
 (`results["cache"]["timing"]`; TTFT is the first request's, cold). Cells are grouped by their
 *configured* capacity (`5%`, or `N slots`), so one model's 5% and another's (different
