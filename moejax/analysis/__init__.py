@@ -4,6 +4,15 @@ moejax.analysis.report`), SpecMD's claims one by one (`claims.py`), policy table
 (`compare.py`), the quality–speed frontier (`frontier.py`), the disk tier's tables
 (`disk_tier.py`) — and routing statistics of traces (`routing_stats.py`)."""
 
-from moejax.analysis import claims, compare, frontier, routing_stats, sweep_cells
+import importlib
 
 __all__ = ["claims", "compare", "frontier", "routing_stats", "sweep_cells"]
+
+
+def __getattr__(name: str):
+    """The submodules load when first used, not with the package: `python -m
+    moejax.analysis.claims` (or `.compare`) must not find its module already imported (runpy
+    warns that it "may result in unpredictable behaviour")."""
+    if name in __all__:
+        return importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
