@@ -44,6 +44,7 @@ from moejax.model_config import ModelConfig
 from moejax.quant import formats
 
 MAX_SPLIT = 8
+IO_MODES = ("pread",)
 
 
 def _positive_int(value) -> bool:
@@ -138,8 +139,11 @@ class ExpertReader:
     reads are cut into `split` page-aligned pieces. Thread-safe: any thread may submit."""
 
     def __init__(self, path: str, cfg: ModelConfig, precisions: dict[str, dict], *,
-                 split: int = 1, workers: int = 8):
+                 split: int = 1, workers: int = 8, mode: str = "pread"):
         self.split, self.workers = check_io(split, workers)
+        if mode not in IO_MODES:
+            raise ConfigError(f"io.mode={mode!r} is not one of {IO_MODES}")
+        self.mode = mode
         self.path, self.cfg = path, cfg
         self.precisions = dict(precisions)
         self.layout: str = expert_layout(path)

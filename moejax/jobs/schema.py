@@ -54,9 +54,11 @@ def base_config() -> ml_collections.ConfigDict:
     # fetched: SpecMD's expert-at-a-time execution, the classic cache model; replay only).
     c.cache.pin_scope = "layer"
     # How prefetch predictions become transfers: "immediate" (each prediction takes a slot and
-    # books its transfer when made) or "watchdog" (SpecMD's: predictions wait in a queue; a
-    # watchdog issues one when a slot can be had under the eviction policy and a copy engine
-    # is free, drops it once its target layer has started, and demand misses go first).
+    # books its transfer when made), "watchdog" (SpecMD's: predictions wait in a queue; a
+    # watchdog issues one as soon as a slot can be had under the eviction policy, its transfer
+    # queued on the copy engines; it drops one once its target layer has started, and demand
+    # misses go ahead of those not issued) or "watchdog_idle" (the same, issue 10's rule: a
+    # transfer is issued only onto an idle copy engine).
     c.cache.prefetch_queue = "immediate"
     # Replay of traces that do not record expert sizes (capture / vLLM logs): bytes per expert
     # (0: from the trace or model.preset; unknown sizes still give exact counts).
@@ -95,10 +97,12 @@ def base_config() -> ml_collections.ConfigDict:
     c.storage.queue_depth = ml_collections.config_dict.placeholder(int)
     # How the live runtime reads an expert (moejax/checkpoint/expert_reader.py): `split`
     # page-aligned range reads of a packed checkpoint's expert record (1..8, Anemll's
-    # --cache-io-split) over `workers` persistent reader threads.
+    # --cache-io-split) over `workers` persistent reader threads; `mode` "pread" (reads into
+    # the tier's buffers) or "mmap" (the layer files mapped, pages through the page cache).
     c.io = ml_collections.ConfigDict()
     c.io.split = 1
     c.io.workers = 8
+    c.io.mode = "pread"
 
     c.policies = ml_collections.ConfigDict()
     # Policy specs; "" (not given) takes the preset's spec, or with no preset the default

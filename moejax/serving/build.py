@@ -47,7 +47,8 @@ def _storage_backed(config: ml_collections.ConfigDict, cache: ExpertCache,
                           "moejax.convert, or use the embedded model)")
     cfg, precision = loaded.cfg, cache.shape.precision
     reader = ExpertReader(loaded.path, cfg, checkpoint.read_precisions(loaded.path),
-                          split=config.io.split, workers=config.io.workers)
+                          split=config.io.split, workers=config.io.workers,
+                          mode=config.io.mode)
     store = HostExperts(reader, precision, checkpoint.to_host)
     gate_up, down = expert_templates(cfg, precision, loaded.groups.get(precision))
     first = cfg.moe_layers[0]
