@@ -1,13 +1,14 @@
 """Read bandwidth of `ExpertReader` on the packed layout against a raw sequential read of the same
-bytes, one expert and a whole layer, cold and warm.
+bytes, one expert and a whole layer: pread cold and warm, then the I/O modes (`io.mode`: pread,
+mmap) warm, side by side.
 
-    python benchmarks/storage_read.py [--dir=DIR] [--reps=5]
+    python benchmarks/storage_read.py [--dir=DIR] [--reps=5] [--mode=pread,mmap] [--experts=64]
 
 The checkpoint is synthetic, written by `checkpoint.save(..., expert_layout="packed")`: one MoE layer
-of 64 experts whose native bfloat16 record (H=2048 as OLMoE, I=576) is 6.75 MiB — the size of
-Flash-MoE's 4-bit expert. The reader moves raw bytes whatever the precision, so only the record
-size matters. The file is ~453 MB, written under `--dir` (default: a temporary directory) and
-deleted at the end.
+of `--experts` (64) experts whose native bfloat16 record (H=2048 as OLMoE, I=576) is 6.75 MiB — the
+size of Flash-MoE's 4-bit expert. The reader moves raw bytes whatever the precision, so only the
+record size matters. The file is ~453 MB at 64 experts, written under `--dir` (default: a
+temporary directory) and deleted at the end.
 
 "zarr" reads the same experts from the zarr layout (one TensorStore chunk per expert and
 kind, crc32c-checked) through the same reader and pool: whether the packed layout pays.
@@ -24,7 +25,19 @@ That needs no root and touches only this file, unlike /proc/sys/vm/drop_caches; 
 and warm rates printed first show whether it took effect. On a virtual machine "cold" means not
 in this guest's page cache: the host may still cache the virtual disk. Warm: the same range read
 once just before. MB/s are 10^6 bytes per second, the median of `--reps` repetitions; the
-ratios are to raw's median in the same case.
+ratios are to raw's median in the same case. This first table is pread's (the default mode) and
+is left out when `--mode` does not name pread.
+
+Modes, warm only (`--mode`, default both): the same file read by a pread and an mmap reader at
+each split, every method warmed up by one read right before its timed read. The order of the
+modes alternates across repetitions (pread first in even ones, mmap first in odd ones) so that
+drift and whatever one mode leaves behind fall on both; raw runs first in each. Printed per
+method: min / median / max MB/s over the repetitions, the median's ratio to raw's, and mmap's
+median over pread's at each split. "Warm" for mmap also means mapped: the reader keeps its
+mapping, so after the warm-up read a read takes no page fault, only the checksum over the
+mapped pages; pread copies the cached pages into a fresh buffer and checksums that. mmap has no
+cold measurement here: pages mapped into a process cannot be dropped with fadvise, which is also
+why the mmap readers are opened only after the cold table is measured.
 """
 
 from __future__ import annotations
@@ -43,7 +56,7 @@ import numpy as np
 
 from moejax import checkpoint
 from moejax.checkpoint import packed
-from moejax.checkpoint.expert_reader import ExpertReader
+from moejax.checkpoint.expert_reader import IO_MODES, ExpertReader
 from moejax.checkpoint.params import flat_params
 from moejax.families import preset
 from moejax.models.decoder import abstract_decoder
@@ -53,12 +66,13 @@ SPLITS = (1, 2, 4, 8)
 WORKERS = 8
 
 
-def synthetic_checkpoint(out: str, expert_layout: str = "packed") -> tuple:
-    """A one-layer checkpoint of random bits in `expert_layout`; returns `(cfg, precisions,
-    the layer's expert files)`."""
+def synthetic_checkpoint(out: str, expert_layout: str = "packed",
+                         experts: int = EXPERTS) -> tuple:
+    """A one-layer checkpoint of `experts` experts of random bits in `expert_layout`; returns
+    `(cfg, precisions, the layer's expert files)`."""
     cfg = dataclasses.replace(preset("olmoe", "tiny"), hidden_size=2048, num_heads=16,
                               num_kv_heads=16, head_dim=128, expert_intermediate_size=576,
-                              num_experts=EXPERTS, num_layers=1, moe_layers=(0,),
+                              num_experts=experts, num_layers=1, moe_layers=(0,),
                               sliding_window=(None,), dtype="bfloat16")
     rng = np.random.default_rng(0)
 
@@ -67,7 +81,7 @@ def synthetic_checkpoint(out: str, expert_layout: str = "packed") -> tuple:
 
     dense = {k: bits(*v.shape) for k, v in flat_params(abstract_decoder(cfg)).items()}
     h, i = cfg.hidden_size, cfg.expert_intermediate_size
-    checkpoint.save(out, cfg, dense, [(0, bits(EXPERTS, h, 2 * i), bits(EXPERTS, i, h))],
+    checkpoint.save(out, cfg, dense, [(0, bits(experts, h, 2 * i), bits(experts, i, h))],
                 expert_layout=expert_layout)
     if expert_layout == "packed":
         files = [packed.file_path(out, 0, "native")]
@@ -96,35 +110,44 @@ def timed(fn) -> float:
     return time.perf_counter() - t
 
 
-def measure(reps: int, path: str, stride: int, readers: dict, zarr=None) -> dict:
+def reading(reader: ExpertReader, first: int, count: int):
+    """A function submitting experts `first` .. `first + count - 1` at once and waiting for
+    them all (results dropped)."""
+    def read():
+        futures = [reader.submit(0, e, "native") for e in range(first, first + count)]
+        for fut in futures:
+            fut.result()
+    return read
+
+
+def raw_reader(f, stride: int, experts: int):
+    """`raw(first, count)`: a plain `readinto` of those records into one buffer allocated once."""
+    buffer = np.empty(experts * stride, np.uint8)
+
+    def raw(first: int, count: int):
+        f.seek(first * stride)
+        f.readinto(memoryview(buffer)[:count * stride])
+    return raw
+
+
+def measure(reps: int, path: str, stride: int, readers: dict, zarr=None,
+            experts: int = EXPERTS) -> dict:
     """`{(case, method): {"cold": [s, ...], "warm": [s, ...]}}`; the methods of a repetition
-    run back to back so drift affects them alike. `zarr`: `(reader, files)` of the same experts
-    in the zarr layout (TensorStore chunk reads), measured as method "zarr"."""
-    buffer = np.empty(EXPERTS * stride, np.uint8)
+    run back to back so drift affects them alike. `readers`: pread readers by split. `zarr`:
+    `(reader, files)` of the same experts in the zarr layout (TensorStore chunk reads),
+    measured as method "zarr"."""
     times = {}
     with open(path, "rb") as f:
-        def raw(first: int, count: int):
-            f.seek(first * stride)
-            f.readinto(memoryview(buffer)[:count * stride])
-
+        raw = raw_reader(f, stride, experts)
         for rep in range(reps):
-            expert = (rep * 37) % EXPERTS
+            expert = (rep * 37) % experts
             for case in ("expert", "layer"):
-                first, count = (expert, 1) if case == "expert" else (0, EXPERTS)
+                first, count = (expert, 1) if case == "expert" else (0, experts)
                 methods = {"raw": lambda: raw(first, count)}
                 for split, reader in readers.items():
-                    def read(reader=reader):
-                        futures = [reader.submit(0, e, "native")
-                                   for e in range(first, first + count)]
-                        for fut in futures:
-                            fut.result()
-                    methods[f"split {split}"] = read
+                    methods[f"split {split}"] = reading(reader, first, count)
                 if zarr is not None:
-                    def read_zarr(reader=zarr[0]):
-                        for fut in [reader.submit(0, e, "native")
-                                    for e in range(first, first + count)]:
-                            fut.result()
-                    methods["zarr"] = read_zarr
+                    methods["zarr"] = reading(zarr[0], first, count)
                 for method, fn in methods.items():
                     slot = times.setdefault((case, method), {"cold": [], "warm": []})
                     drop_cache(zarr[1] if method == "zarr" else path)
@@ -132,6 +155,53 @@ def measure(reps: int, path: str, stride: int, readers: dict, zarr=None) -> dict
                     fn()
                     slot["warm"].append(timed(fn))
     return times
+
+
+def measure_modes(reps: int, path: str, stride: int, readers: dict, modes: list[str],
+                  experts: int = EXPERTS) -> dict:
+    """Warm only: `{(case, method): [s, ...]}`, method "raw" or "{mode} s{split}" (`readers`
+    by `(mode, split)`). Each method reads once untimed, then once timed; the modes' order
+    alternates across repetitions (`modes` in even ones, reversed in odd ones), raw first."""
+    times = {}
+    splits = sorted({split for _, split in readers})
+    with open(path, "rb") as f:
+        raw = raw_reader(f, stride, experts)
+        for rep in range(reps):
+            expert = (rep * 37) % experts
+            order = modes if rep % 2 == 0 else modes[::-1]
+            for case in ("expert", "layer"):
+                first, count = (expert, 1) if case == "expert" else (0, experts)
+                methods = {"raw": lambda: raw(first, count)}
+                for mode in order:
+                    for split in splits:
+                        methods[f"{mode} s{split}"] = reading(readers[(mode, split)], first,
+                                                              count)
+                for method, fn in methods.items():
+                    fn()
+                    times.setdefault((case, method), []).append(timed(fn))
+    return times
+
+
+def print_modes(times: dict, stride: int, experts: int, modes: list[str],
+                splits: list[int]) -> None:
+    """The warm table of `measure_modes`: min / median / max MB/s and the median's ratio to
+    raw's, per case and method; then mmap's median over pread's at each split."""
+    print(f"{'case':8s} {'method':9s} {'min MB/s':>9s} {'median':>9s} {'max MB/s':>9s} "
+          f"{'med/raw':>8s}")
+    medians = {}
+    for case in ("expert", "layer"):
+        nbytes = stride * (1 if case == "expert" else experts)
+        for method in ["raw"] + [f"{mode} s{split}" for mode in modes for split in splits]:
+            rates = sorted(nbytes / t / 1e6 for t in times[(case, method)])
+            medians[(case, method)] = statistics.median(rates)
+            print(f"{case:8s} {method:9s} {rates[0]:9.0f} {medians[(case, method)]:9.0f} "
+                  f"{rates[-1]:9.0f} {medians[(case, method)] / medians[(case, 'raw')]:8.2f}")
+    if {"pread", "mmap"} <= set(modes):
+        print()
+        for case in ("expert", "layer"):
+            ratios = ", ".join(f"s{split} {medians[(case, f'mmap s{split}')] / medians[(case, f'pread s{split}')]:.2f}"
+                               for split in splits)
+            print(f"mmap / pread, median MB/s, {case}: {ratios}")
 
 
 def cold_read_latency(path: str, samples: int = 33) -> float:
@@ -152,67 +222,104 @@ def cold_read_latency(path: str, samples: int = 33) -> float:
         os.close(fd)
 
 
+def parse_modes(text: str) -> list[str]:
+    modes = list(dict.fromkeys(m.strip() for m in text.split(",") if m.strip()))
+    bad = [m for m in modes if m not in IO_MODES]
+    if bad or not modes:
+        raise SystemExit(f"--mode={text!r}: give a comma-separated list of {IO_MODES}")
+    return modes
+
+
+def cold_table(args, root: str, cfg, precisions, path: str, stride: int,
+               readers: dict) -> None:
+    """pread cold and warm against raw and zarr (the first table) and the disk's figures."""
+    _, _, zarr_files = synthetic_checkpoint(os.path.join(root, "zarr"), "zarr", args.experts)
+    zarr = (ExpertReader(os.path.join(root, "zarr"), cfg, precisions, workers=WORKERS),
+            zarr_files)
+    try:
+        times = measure(args.reps, path, stride, readers, zarr, args.experts)
+    finally:
+        zarr[0].close()
+    raw_expert = times[("expert", "raw")]
+    cold, warm = (statistics.median(raw_expert[k]) for k in ("cold", "warm"))
+    print(f"fadvise check, raw one expert: cold {stride / cold / 1e6:.0f} MB/s, warm "
+          f"{stride / warm / 1e6:.0f} MB/s" + ("" if cold > 1.25 * warm else
+                                               "  <- cold is not slower: pages not dropped?"))
+    print()
+    print("pread (io.mode's default), cold and warm, medians:")
+    print(f"{'case':8s} {'method':8s} {'cold MB/s':>10s} {'warm MB/s':>10s} "
+          f"{'cold/raw':>9s} {'warm/raw':>9s}")
+    best = {}
+    for (case, method), t in times.items():
+        nbytes = stride * (1 if case == "expert" else args.experts)
+        rate = {k: nbytes / statistics.median(v) / 1e6 for k, v in t.items()}
+        raw = {k: nbytes / statistics.median(v) / 1e6
+               for k, v in times[(case, "raw")].items()}
+        ratio = {k: rate[k] / raw[k] for k in rate}
+        print(f"{case:8s} {method:8s} {rate['cold']:10.0f} {rate['warm']:10.0f} "
+              f"{ratio['cold']:9.2f} {ratio['warm']:9.2f}")
+        if method.startswith("split"):
+            for k in ("cold", "warm"):
+                if ratio[k] > best.get((case, k), ("", 0.0))[1]:
+                    best[(case, k)] = (method, ratio[k])
+    print()
+    for (case, k), (method, ratio) in best.items():
+        verdict = "meets" if ratio >= 0.8 else "misses"
+        print(f"best {k} {case}: {method}, {ratio:.2f} of raw ({verdict} the 0.8 goal)")
+    latency = cold_read_latency(path)
+    best_cold = max(stride / statistics.median(t["cold"]) for (case, m), t in times.items()
+                    if case == "expert" and m != "raw")
+    print(f"cold 4 KiB read at queue depth 1: median {latency * 1e6:.0f} us")
+    print(f"this disk in the virtual clock: --config.storage.read_gbps={best_cold / 1e9:.2f} "
+          f"--config.storage.read_latency_s={latency:.1e}  (best cold one-expert rate)")
+    print()
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dir", default=None, help="where to write the checkpoint "
                         "(default: a temporary directory)")
     parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--mode", default=",".join(IO_MODES),
+                        help=f"the reader's io.mode(s) compared warm, comma-separated {IO_MODES}; "
+                        "the cold table needs pread")
+    parser.add_argument("--experts", type=int, default=EXPERTS,
+                        help="experts in the layer file (6.75 MiB each)")
     args = parser.parse_args()
+    modes = parse_modes(args.mode)
     root = tempfile.mkdtemp(prefix="storage_read_", dir=args.dir)
+    readers = {}
     try:
-        cfg, precisions, (path,) = synthetic_checkpoint(os.path.join(root, "ckpt"))
-        readers = {s: ExpertReader(os.path.join(root, "ckpt"), cfg, precisions, split=s,
-                                   workers=WORKERS) for s in SPLITS}
-        _, _, zarr_files = synthetic_checkpoint(os.path.join(root, "zarr"), "zarr")
-        zarr = (ExpertReader(os.path.join(root, "zarr"), cfg, precisions, workers=WORKERS),
-                zarr_files)
-        stride = readers[1].expert_nbytes("native")
-        print(f"{os.path.getsize(path) / 1e6:.0f} MB file of {EXPERTS} experts, stride "
-              f"{stride} bytes ({stride / 2**20:.2f} MiB); {args.reps} repetitions, medians; "
-              f"{os.cpu_count()} CPUs")
+        ckpt = os.path.join(root, "ckpt")
+        cfg, precisions, (path,) = synthetic_checkpoint(ckpt, experts=args.experts)
+        stride = checkpoint.read_expert_index(ckpt).records["native"].stride
+        print(f"{os.path.getsize(path) / 1e6:.0f} MB file of {args.experts} experts, stride "
+              f"{stride} bytes ({stride / 2**20:.2f} MiB); {args.reps} repetitions; "
+              f"{os.cpu_count()} CPUs; modes {', '.join(modes)}")
         # Other work on the machine competes for the cores the checksums and copies need.
         print(f"1-minute load average before measuring: {os.getloadavg()[0]:.2f}")
-        try:
-            times = measure(args.reps, path, stride, readers, zarr)
-        finally:
-            for reader in [*readers.values(), zarr[0]]:
-                reader.close()
         sample = np.random.default_rng(1).integers(0, 256, stride, np.uint8)
         crc_s = min(timed(lambda: zlib.crc32(sample)) for _ in range(5))
         print(f"zlib.crc32 on one thread: {stride / crc_s / 1e6:.0f} MB/s (the reader's "
               "checksum; raw has none)")
-        raw_expert = times[("expert", "raw")]
-        cold, warm = (statistics.median(raw_expert[k]) for k in ("cold", "warm"))
-        print(f"fadvise check, raw one expert: cold {stride / cold / 1e6:.0f} MB/s, warm "
-              f"{stride / warm / 1e6:.0f} MB/s" + ("" if cold > 1.25 * warm else
-                                                   "  <- cold is not slower: pages not dropped?"))
-        print()
-        print(f"{'case':8s} {'method':8s} {'cold MB/s':>10s} {'warm MB/s':>10s} "
-              f"{'cold/raw':>9s} {'warm/raw':>9s}")
-        best = {}
-        for (case, method), t in times.items():
-            nbytes = stride * (1 if case == "expert" else EXPERTS)
-            rate = {k: nbytes / statistics.median(v) / 1e6 for k, v in t.items()}
-            raw = {k: nbytes / statistics.median(v) / 1e6
-                   for k, v in times[(case, "raw")].items()}
-            ratio = {k: rate[k] / raw[k] for k in rate}
-            print(f"{case:8s} {method:8s} {rate['cold']:10.0f} {rate['warm']:10.0f} "
-                  f"{ratio['cold']:9.2f} {ratio['warm']:9.2f}")
-            if method.startswith("split"):
-                for k in ("cold", "warm"):
-                    if ratio[k] > best.get((case, k), ("", 0.0))[1]:
-                        best[(case, k)] = (method, ratio[k])
-        print()
-        for (case, k), (method, ratio) in best.items():
-            verdict = "meets" if ratio >= 0.8 else "misses"
-            print(f"best {k} {case}: {method}, {ratio:.2f} of raw ({verdict} the 0.8 goal)")
-        latency = cold_read_latency(path)
-        best_cold = max(stride / statistics.median(t["cold"]) for (case, m), t in times.items()
-                        if case == "expert" and m != "raw")
-        print(f"cold 4 KiB read at queue depth 1: median {latency * 1e6:.0f} us")
-        print(f"this disk in the virtual clock: --config.storage.read_gbps={best_cold / 1e9:.2f} "
-              f"--config.storage.read_latency_s={latency:.1e}  (best cold one-expert rate)")
+        if "pread" in modes:
+            readers.update({("pread", s): ExpertReader(ckpt, cfg, precisions, split=s,
+                                                       workers=WORKERS) for s in SPLITS})
+            cold_table(args, root, cfg, precisions, path, stride,
+                       {s: readers[("pread", s)] for s in SPLITS})
+        # The other modes' readers only now: fadvise cannot drop pages mapped in a process.
+        for mode in modes:
+            if mode != "pread":
+                readers.update({(mode, s): ExpertReader(ckpt, cfg, precisions, split=s,
+                                                        workers=WORKERS, mode=mode)
+                                for s in SPLITS})
+        print(f"io.mode warm, min / median / max of {args.reps} repetitions (modes alternate "
+              "in order):")
+        times = measure_modes(args.reps, path, stride, readers, modes, args.experts)
+        print_modes(times, stride, args.experts, modes, list(SPLITS))
     finally:
+        for reader in readers.values():
+            reader.close()
         shutil.rmtree(root, ignore_errors=True)
 
 

@@ -19,6 +19,8 @@ import shutil
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from moejax import checkpoint, jobs
 from moejax.checkpoint import CheckpointError
@@ -30,6 +32,7 @@ from moejax.models.stepped import SteppedDecoder
 from moejax.policies import names, policy_class
 from moejax.serving.build import build_cached_experts
 from moejax.testing import resident_decoder
+from tests.fuzzing import examples
 
 MAX_LEN, NEW = 32, 5
 LAYOUTS = ("zarr", "packed")
@@ -200,5 +203,129 @@ def test_the_generate_job_with_experts_on_storage_and_its_replay(tiny, tmp_path)
     c.policies.prefetch = "score_percentile(p=80)"
     c.log.progress = c.log.tensorboard = False
     replayed = jobs.run(c, str(tmp_path / "replay"))
-    for part in ("total", "per_layer", "timing", "host"):
+    for part in ("total", "per_layer", "timing"):
         assert replayed["cache"][part] == disk["cache"][part], part
+    # The host tier's decisions, counters and times too; what the live store measured itself
+    # (`live`; `peak_bytes`: its buffers, dropped ones awaiting loads included) is its own.
+    from moejax.cache.host_tier import LIVE_KEYS
+
+    measured = ("peak_bytes", *LIVE_KEYS)
+    assert {k: v for k, v in replayed["cache"]["host"].items() if k not in measured} == \
+        {k: v for k, v in h.items() if k not in measured}
+    assert not set(LIVE_KEYS) & set(replayed["cache"]["host"])
+    assert replayed["cache"]["host"]["peak_bytes"] <= h["capacity_bytes"]
+    assert h["peak_bytes"] <= h["capacity_bytes"]
+    assert h["reads"] == h["total"]["storage_reads"] + h["total"]["preload_reads"]
+
+
+def test_replay_and_the_live_runtime_issue_the_same_reads_in_the_same_order(
+        tiny, tmp_path, monkeypatch):
+    """The live store reads exactly what the host tier decides, in its order: the reads
+    before the first token (a reserved full layer, read for its loads only), then every
+    demand and read-ahead read — and a replay of the run's trace decides the same reads."""
+    from moejax.cache.host_tier import HostTier
+    from moejax.serving.host_store import HostExperts
+
+    stores, replayed = [], []
+    store_init, preload, tier_init = HostExperts.__init__, HostTier.preload, HostTier.__init__
+
+    def capture_store(self, *args, **kw):
+        store_init(self, *args, **kw)
+        stores.append(self)
+
+    monkeypatch.setattr(HostExperts, "__init__", capture_store)
+    _, paths, _, _ = tiny
+
+    def config():
+        c = base_config()
+        c.cache.slots, c.cache.host_capacity_frac, c.cache.full_layers = 22, 0.3, 1
+        c.policies.prefetch = "score_percentile(p=80)"
+        c.log.progress = c.log.tensorboard = False
+        return c
+
+    c = config()
+    c.model.checkpoint, c.tracing.record = paths["packed"], True
+    c.run.prompt_ids, c.run.max_new_tokens = "5,17,3,99,42,7", 6
+    c.run.warmup = False  # one runtime, the one whose trace is recorded
+    live = jobs.run(c, str(tmp_path / "live"))
+
+    class Recorder:  # the replayed tier's sink: what a live store would be told to read
+        def read(self, key):
+            replayed.append(key)
+
+        def drop(self, key):
+            pass
+
+    def record_tier(self, *args, **kw):
+        tier_init(self, *args, **kw)
+        self.sink = Recorder()
+
+    def record_preload(self, keys):
+        transient, seeded = preload(self, keys)
+        replayed.extend(transient + seeded)
+        return transient, seeded
+
+    monkeypatch.setattr(HostTier, "__init__", record_tier)
+    monkeypatch.setattr(HostTier, "preload", record_preload)
+    c = config()
+    c.job, c.trace, c.model.preset, c.clock.kind = "replay", live["trace"], "", "virtual"
+    jobs.run(c, str(tmp_path / "replay"))
+    (store,) = stores
+    h = live["cache"]["host"]["total"]
+    assert h["preload_reads"] == 16  # the reserved layer: 16 experts, none held by the tier
+    assert store.read_log == replayed
+    assert len(replayed) == h["storage_reads"] + h["preload_reads"] > h["preload_reads"]
+
+
+class _SlowReader:
+    """An `ExpertReader` whose every read takes `delay` seconds longer (a slow disk), on a pool
+    of its own as wide as the real reader's."""
+
+    def __init__(self, reader, delay: float):
+        import concurrent.futures
+
+        self.reader, self.delay = reader, delay
+        self.pool = concurrent.futures.ThreadPoolExecutor(reader.workers)
+
+    def submit(self, layer, expert, precision):
+        import time
+
+        def read():
+            time.sleep(self.delay)
+            return self.reader.submit(layer, expert, precision).result()
+
+        return self.pool.submit(read)
+
+
+@settings(max_examples=examples(6), deadline=None)
+@given(eviction=st.sampled_from(names("eviction", live=True)),
+       host_eviction=st.sampled_from(["lru", "fifo", "least_stale", "lfu", "fld"]),
+       prefetch=st.sampled_from(names("prefetch", live=True)),
+       host=st.sampled_from(HOST_FRACS), slots=st.sampled_from([4, 9, 30]),
+       full_layers=st.sampled_from([0, 1]))
+def test_the_host_bound_holds_every_buffer_under_any_policy_mix(
+        tiny, eviction, host_eviction, prefetch, host, slots, full_layers):
+    """Every host buffer the live store holds — entries, reads in flight, dropped entries a
+    queued load still reads — stays within the tier's bound; reads of one wave are in flight
+    together (a slow disk: 20 ms a read); the tokens are the resident model's."""
+    model, paths, prompt, ref = tiny
+    if full_layers and slots < 16 + 4:
+        slots = 22  # a reserved layer (16 experts) and room for one more layer's top-k
+    config = _config(host, slots, eviction, host_eviction, prefetch, split=2)
+    config.cache.full_layers = full_layers
+    m = base_config().model
+    m.checkpoint = paths["packed"]
+    source = build_cached_experts(config, load_model(m, read_experts=False))
+    store = source.host_store
+    store.reader = _SlowReader(store.reader, 0.02)
+    out = SteppedDecoder(model, source, max_len=MAX_LEN, lookahead=2).generate(
+        prompt, NEW, keep_logits=True)
+    assert out.generated_ids == ref.generated_ids
+    tier = source.cache.host
+    report = tier.to_dict()
+    assert store.peak_held <= tier.capacity
+    assert report["peak_bytes"] <= report["capacity_bytes"]
+    assert store.reads == report["reads"] == (report["total"]["storage_reads"]
+                                              + report["total"]["preload_reads"])
+    if report["total"]["demand_misses"] > report["total"]["storage_reads"] / 2 > 4:
+        assert store.max_reads_in_flight >= 2

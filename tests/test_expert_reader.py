@@ -1,16 +1,19 @@
 """Per-expert asynchronous reads (`ExpertReader`) from both expert layouts: results equal the
 expert's slice of the full load at every precision and split, concurrent submits are safe, and a
 damaged, truncated or missing packed file fails that expert's read with an error naming the
-file, layer, expert and precision."""
+file, layer, expert and precision — in both I/O modes (`io.mode`): pread, and mmap, whose
+results are bit-identical read-only views of the mapping that stay valid after `close()`."""
 
 from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import gc
 import os
 import re
 import shutil
 
+import jax
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -18,7 +21,7 @@ from hypothesis import strategies as st
 
 from moejax import checkpoint
 from moejax.checkpoint import LAYOUTS, CheckpointError, expert_store, packed
-from moejax.checkpoint.expert_reader import MAX_SPLIT, ExpertReader
+from moejax.checkpoint.expert_reader import IO_MODES, MAX_SPLIT, ExpertReader
 from moejax.checkpoint.params import flat_params
 from moejax.errors import ConfigError
 from moejax.families import preset
@@ -113,8 +116,9 @@ def test_reads_at_any_split(cfg, saved, full, precisions, kind, layer, expert, p
         _assert_expert(reader.read(layer, expert, precision), full, layer, expert, precision)
 
 
-def test_concurrent_submits(cfg, saved, full, precisions):
-    with ExpertReader(saved["packed"], cfg, precisions, split=8, workers=3) as reader:
+@pytest.mark.parametrize("mode", IO_MODES)
+def test_concurrent_submits(cfg, saved, full, precisions, mode):
+    with ExpertReader(saved["packed"], cfg, precisions, split=8, workers=3, mode=mode) as reader:
         def layer_reads(layer):
             fs = [(e, p, reader.submit(layer, e, p)) for e in range(16) for p in PRECISIONS]
             return [(layer, e, p, f.result()) for e, p, f in fs]
@@ -140,8 +144,9 @@ def test_expert_nbytes(cfg, saved, precisions):
         assert reader.expert_nbytes("int4") == sum(x.nbytes for x in int4.parts) + 6 * 4
 
 
+@pytest.mark.parametrize("mode", IO_MODES)
 @pytest.mark.parametrize("split", [1, 8])
-def test_flipped_byte_fails_that_expert(cfg, copy, precisions, split):
+def test_flipped_byte_fails_that_expert(cfg, copy, precisions, split, mode):
     record = checkpoint.read_expert_index(copy).records["int4"]
     path = packed.file_path(copy, 2, "int4")
     with open(path, "r+b") as f:
@@ -150,7 +155,7 @@ def test_flipped_byte_fails_that_expert(cfg, copy, precisions, split):
         byte = f.read(1)[0]
         f.seek(at)
         f.write(bytes([byte ^ 0x01]))
-    with ExpertReader(copy, cfg, precisions, split=split) as reader:
+    with ExpertReader(copy, cfg, precisions, split=split, mode=mode) as reader:
         with pytest.raises(CheckpointError) as info:
             reader.read(2, 6, "int4")
         _assert_names(str(info.value), path, 2, 6, "int4")
@@ -159,12 +164,13 @@ def test_flipped_byte_fails_that_expert(cfg, copy, precisions, split):
         reader.read(2, 6, "int8")
 
 
-def test_truncated_file_fails_the_missing_experts(cfg, copy, precisions):
+@pytest.mark.parametrize("mode", IO_MODES)
+def test_truncated_file_fails_the_missing_experts(cfg, copy, precisions, mode):
     record = checkpoint.read_expert_index(copy).records["native"]
     path = packed.file_path(copy, 1, "native")
     with open(path, "r+b") as f:
         f.truncate(10 * record.stride + 4096)
-    with ExpertReader(copy, cfg, precisions, split=2) as reader:
+    with ExpertReader(copy, cfg, precisions, split=2, mode=mode) as reader:
         for expert in (10, 15):
             with pytest.raises(CheckpointError) as info:
                 reader.read(1, expert, "native")
@@ -174,10 +180,11 @@ def test_truncated_file_fails_the_missing_experts(cfg, copy, precisions):
         reader.read(1, 9, "native")
 
 
-def test_missing_file(cfg, copy, precisions):
+@pytest.mark.parametrize("mode", IO_MODES)
+def test_missing_file(cfg, copy, precisions, mode):
     path = packed.file_path(copy, 3, "int2")
     os.remove(path)
-    with ExpertReader(copy, cfg, precisions) as reader:
+    with ExpertReader(copy, cfg, precisions, mode=mode) as reader:
         with pytest.raises(CheckpointError) as info:
             reader.read(3, 4, "int2")
         assert "missing" in str(info.value)
@@ -227,3 +234,102 @@ def test_bad_requests_and_close(cfg, saved, precisions):
     reader.close()
     with pytest.raises(RuntimeError, match="closed"):
         reader.submit(0, 0, "native")
+
+
+# -- io.mode="mmap" -------------------------------------------------------------------------
+
+
+def _mapped(path: str) -> bool:
+    """Whether this process maps `path` (Linux: /proc/self/maps names each file mapping)."""
+    with open("/proc/self/maps") as f:
+        return any(line.rstrip("\n").endswith(" " + os.path.realpath(path)) for line in f)
+
+
+def _arrays(weights) -> list[np.ndarray]:
+    return [a for w in weights
+            for a in ([w] if isinstance(w, np.ndarray) else
+                      [getattr(w, part) for part in expert_store.PARTS])]
+
+
+@pytest.mark.parametrize("split", [1, 4])
+@pytest.mark.parametrize("precision", ["native", "int4"])
+def test_mmap_equals_pread(cfg, saved, full, precisions, precision, split):
+    with ExpertReader(saved["packed"], cfg, precisions, split=split, mode="pread") as a, \
+         ExpertReader(saved["packed"], cfg, precisions, split=split, mode="mmap") as b:
+        assert b.mode == "mmap" and b.expert_nbytes(precision) == a.expert_nbytes(precision)
+        for layer in cfg.moe_layers:
+            futures = [(e, a.submit(layer, e, precision), b.submit(layer, e, precision))
+                       for e in range(cfg.num_experts)]
+            for e, fa, fb in futures:
+                want, got = fa.result(), fb.result()
+                _assert_expert(got, full, layer, e, precision)
+                assert type(got) is type(want) and len(got) == len(want) == 2
+                for x, y in zip(_arrays(want), _arrays(got)):
+                    assert (x.dtype, x.shape, x.tobytes()) == (y.dtype, y.shape, y.tobytes())
+                    # Zero copy: a read-only view of the layer file's mapping.
+                    assert not y.flags.writeable and not y.flags.owndata
+
+
+@settings(max_examples=15, deadline=None)
+@given(layer=st.integers(0, 3), expert=st.integers(0, 15), precision=st.sampled_from(PRECISIONS),
+       split=st.integers(1, MAX_SPLIT), workers=st.integers(1, 8))
+def test_mmap_reads_at_any_split(cfg, saved, full, precisions, layer, expert, precision, split,
+                                 workers):
+    with ExpertReader(saved["packed"], cfg, precisions, split=split, workers=workers,
+                      mode="mmap") as reader:
+        _assert_expert(reader.read(layer, expert, precision), full, layer, expert, precision)
+
+
+def test_mmap_empty_file_is_a_short_read(cfg, copy, precisions):
+    path = packed.file_path(copy, 0, "int8")
+    open(path, "wb").close()
+    with ExpertReader(copy, cfg, precisions, split=3, mode="mmap") as reader:
+        with pytest.raises(CheckpointError) as info:
+            reader.read(0, 0, "int8")
+        _assert_names(str(info.value), path, 0, 0, "int8")
+        assert "short read" in str(info.value) and "the file is 0 bytes" in str(info.value)
+        reader.read(0, 0, "int4")
+
+
+def test_mmap_needs_the_packed_layout(cfg, saved, precisions):
+    with pytest.raises(ConfigError) as info:
+        ExpertReader(saved["zarr"], cfg, precisions, mode="mmap")
+    msg = str(info.value)
+    assert "io.mode='mmap'" in msg and "packed" in msg and saved["zarr"] in msg, msg
+    assert msg.count("\n") == 0, msg
+
+
+@pytest.mark.parametrize("kind", LAYOUTS)
+def test_unknown_mode(cfg, saved, precisions, kind):
+    with pytest.raises(ConfigError) as info:
+        ExpertReader(saved[kind], cfg, precisions, mode="direct")
+    assert "io.mode='direct'" in str(info.value) and "mmap" in str(info.value)
+
+
+def test_mmap_results_outlive_close(cfg, copy, full, precisions):
+    """close() unmaps a file only once no array read from it is alive: the arrays (and host
+    arrays made from them, which alias them on the CPU backend) stay valid after it."""
+    native, int4 = (packed.file_path(copy, 1, p) for p in ("native", "int4"))
+    reader = ExpertReader(copy, cfg, precisions, split=2, mode="mmap")
+    kept = reader.read(1, 7, "native")
+    reader.read(1, 3, "int4")  # dropped at once: nothing of int4 is alive at close()
+    down = reader.read(1, 9, "native")[1]
+    host = checkpoint.to_host(down)
+    aliased = host.unsafe_buffer_pointer() == down.ctypes.data
+    assert aliased or jax.default_backend() != "cpu"  # the module docstring's claim
+    del down
+    assert _mapped(native) and _mapped(int4)
+    reader.close()
+    assert not _mapped(int4)  # unmapped by close()
+    assert _mapped(native)  # kept by the live arrays
+    _assert_expert(kept, full, 1, 7, "native")
+    assert np.asarray(host).tobytes() == full["native"][1][1][9].tobytes()
+    del kept
+    gc.collect()
+    assert _mapped(native) == aliased  # the host array views it, unless it is a copy
+    assert np.asarray(host).tobytes() == full["native"][1][1][9].tobytes()
+    del host
+    gc.collect()
+    assert not _mapped(native)
+    with pytest.raises(RuntimeError, match="closed"):
+        reader.submit(1, 7, "native")

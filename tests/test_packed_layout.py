@@ -236,6 +236,11 @@ def test_missing_file_is_named(copy):
     assert path in str(info.value) and "missing" in str(info.value)
 
 
+def _swap_offsets(parts: list[dict], a: int, b: int) -> None:
+    assert parts[a]["nbytes"] == parts[b]["nbytes"]  # a swap the sizes cannot reveal
+    parts[a]["offset"], parts[b]["offset"] = parts[b]["offset"], parts[a]["offset"]
+
+
 @pytest.mark.parametrize("edit,text", [
     (lambda i: i["precisions"]["int4"]["parts"][0].update(shape=[16, 64]), "parts"),
     (lambda i: i["precisions"]["native"]["checksums"].pop("2"), "checksums"),
@@ -245,6 +250,12 @@ def test_missing_file_is_named(copy):
     (lambda i: i["precisions"]["int4"].pop("parts"), "int4"),
     (lambda i: i.update(kind="rows"), "kind"),
     (lambda i: i.update(page_bytes="4k"), "page_bytes"),
+    # Two parts of one size swapped (int4 gate_up's scale and zero point): same bytes, same
+    # checksums, other weights — refused by where the format puts each part.
+    (lambda i: _swap_offsets(i["precisions"]["int4"]["parts"], 1, 2),
+     "part gate_up.scale at offset"),
+    (lambda i: i["precisions"]["native"].update(
+        stride=i["precisions"]["native"]["stride"] + 4096), "stride"),
 ])
 def test_index_disagreeing_with_config(copy, edit, text):
     d = _config(copy)

@@ -274,6 +274,8 @@ class ExpertCache:
     # -- passes --------------------------------------------------------------------------------
     def begin_pass(self, kind: str, tokens: int, context_end: int) -> None:
         """A forward pass of `tokens` tokens ending at position `context_end` starts."""
+        if self.host is not None and not self.host.preloaded:  # replay: count them here
+            self.preload_host()
         self.pass_id += 1
         self.eviction.on_pass_start(self.pass_id)
         self.seen_this_pass = set(self.residency)
@@ -780,6 +782,12 @@ class ExpertCache:
         if self.host is None:
             return None
         return self.host.bytes_ready(key, pos, at, self._host_evictable, True)
+
+    def preload_host(self) -> tuple[list[Key], list[Key]]:
+        """The host tier's reads before the first token (`HostTier.preload`): the experts on
+        the device before the first pass that the host tier does not hold, then its seeded
+        entries. The live runtime calls this when it loads them; replay at the first pass."""
+        return self.host.preload(list(self.residency))
 
     def _host_evictable(self, key: Key) -> bool:
         """What the host tier may evict: anything but the running wave's experts."""

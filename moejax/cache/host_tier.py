@@ -27,9 +27,13 @@ from moejax.seam import Key
 from moejax.timing.storage import StorageQueue
 
 COUNTERS = ("requests", "hits", "late_hits", "misses", "demand_misses", "read_ahead",
-            "storage_reads", "evictions")
+            "storage_reads", "evictions", "preload_reads")
 BYTES = ("storage_bytes",)
 SECONDS = ("storage_stall_s",)
+# What only a live run measures (the store's wall clock and reads), in `to_dict` beside the
+# model's numbers: reads made, most reads in flight at once, wall time device loads waited for
+# reads, wall time of the reads before the first token.
+LIVE_KEYS = ("reads", "max_reads_in_flight", "storage_wait_s", "preload_s")
 
 
 class HostSink(Protocol):
@@ -40,6 +44,10 @@ class HostSink(Protocol):
 
     def drop(self, key: Key) -> None:
         """`key` left host memory."""
+
+    def stats(self) -> dict:
+        """What the live store measured: `peak_held` (host buffers held at once, dropped ones
+        awaiting their loads included) and `LIVE_KEYS`."""
 
 
 class HostTier:
@@ -60,6 +68,8 @@ class HostTier:
         self.c.update({k: [0.0] * n for k in SECONDS})
         self.sink: HostSink | None = None
         self.seeded = 0
+        self.peak_held = 0  # the most experts in host memory (or being read) at once
+        self.preloaded = False
 
     # -- what the device tier asks -------------------------------------------------------------
     def bytes_ready(self, key: Key, pos: int, at: float, evictable: Callable[[Key], bool],
@@ -126,6 +136,8 @@ class HostTier:
     def _read(self, key: Key, pos: int, at: float, prefetch: bool) -> float:
         end = self.storage.read(self.read_bytes, at)
         self.ready[key] = end
+        if len(self.ready) > self.peak_held:
+            self.peak_held = len(self.ready)
         self.policy.on_admit(key, pos, prefetch)
         p = self.pos_of[key[0]]
         self.c["storage_reads"][p] += 1
@@ -152,6 +164,26 @@ class HostTier:
             self.policy.on_admit(key, 0, False)
         self.seeded += len(chosen)
 
+    def preload(self, device_keys: list[Key]) -> tuple[list[Key], list[Key]]:
+        """The reads before the first token, counted once (`preload_reads`, `storage_bytes`)
+        and returned in the order they are made: first every expert placed on the device
+        before the first pass (full layers, a device seed) that the tier does not hold, read
+        for its device load only, in groups of at most `capacity` (read, loaded, let go: the
+        host holds no more than its bound), then every seeded host entry. They are not on the
+        run's clock: the first token starts after them. The caller (the live runtime) does the
+        reads; replay only counts them."""
+        if self.preloaded:
+            raise AssertionError("the host tier's preload reads were already counted")
+        self.preloaded = True
+        transient = [k for k in device_keys if k not in self.ready]
+        seeded = list(self.ready)
+        for key in [*transient, *seeded]:
+            p = self.pos_of[key[0]]
+            self.c["preload_reads"][p] += 1
+            self.c["storage_bytes"][p] += self.read_bytes
+        self.peak_held = max(self.peak_held, min(len(transient), self.capacity), len(seeded))
+        return transient, seeded
+
     # -- summaries -----------------------------------------------------------------------------
     @staticmethod
     def _rates(c: dict) -> dict:
@@ -170,15 +202,25 @@ class HostTier:
             c = {k: v[pos] for k, v in self.c.items()}
             per_layer.append({"layer": layer, **c, **self._rates(c)})
         s = self.storage.storage
-        return {"capacity_experts": self.capacity, "expert_read_bytes": self.read_bytes,
+        # Replay: the most experts the tier held at once. Live: what the store measured (its
+        # buffers, dropped ones still awaiting their loads included), and `LIVE_KEYS`.
+        live = self.sink.stats() if self.sink is not None and hasattr(self.sink, "stats") \
+            else None
+        held = live["peak_held"] if live is not None else self.peak_held
+        out = {"capacity_experts": self.capacity, "expert_read_bytes": self.read_bytes,
                 "capacity_bytes": self.capacity * self.read_bytes,
+                "peak_bytes": held * self.read_bytes,
                 "eviction": self.spec, "seeded": self.seeded,
                 "storage": {"preset": s.name, "read_gbps": s.read_gbps,
                             "read_latency_s": s.read_latency_s, "queue_depth": s.queue_depth},
                 "total": self.totals(), "per_layer": per_layer}
+        if live is not None:
+            out.update({k: live[k] for k in LIVE_KEYS})
+        return out
 
     def check_invariants(self) -> None:
         assert len(self.ready) <= self.capacity, "host tier over its capacity"
         c = self.totals()
         assert c["hits"] + c["late_hits"] + c["misses"] == c["requests"]
         assert c["storage_reads"] == c["misses"] + c["read_ahead"]
+        assert self.peak_held <= self.capacity, "host tier over its bound"

@@ -6,7 +6,8 @@ expert's `(gate_up, down)` — numpy arrays `[H, 2I]`, `[I, H]` in the model's d
 expert's slice of what `checkpoint.load` / `checkpoint.read_quantized_experts` return.
 
 Packed layout (`moejax.checkpoint.packed`): an expert is one page-aligned range of its layer's
-file. The read lands in one buffer allocated for it up front; `split` cuts the range into that
+file. With `mode="pread"` (the default, `io.mode`) the read lands in one buffer allocated
+for it up front; `split` cuts the range into that
 many page-aligned pieces (whole pages each), read concurrently by a persistent pool of
 `workers` threads — Anemll's `--cache-io-split` (page-aligned chunks over a pool of 8 I/O
 workers), which keeps several requests in flight to the device where one large read may not.
@@ -23,15 +24,52 @@ for `os.preadv` on the same file (2-core development machine). `os.preadv` reads
 a slice of the expert's buffer and releases the GIL while it waits, as `zlib.crc32` does while
 it checksums, so the pool's threads overlap.
 
+`mode="mmap"` (`io.mode`; packed layout only) maps each layer file once, read-only
+(`mmap.mmap(fd, 0, access=ACCESS_READ)`, kept until `close`), and returns the expert's arrays
+as views of the mapping: zero copy, nothing allocated per read. The checks are pread's: a record
+that runs past the end of the mapped file is a short read (`CheckpointError` naming the file,
+layer, expert and precision; nothing of it is touched), and the crc32 of the record's
+meaningful bytes must match before the future completes. `split` works as with pread: each
+piece's pages are faulted in by the thread that checksums them (`zlib.crc32` releases the GIL
+over the mapping, so the faults of a cold record overlap), and the pieces' crc32s are combined.
+The padding after the last part is not touched — it lies in the record's last page, which the
+meaningful bytes already fault in, so `expert_nbytes` (the stride) is what moves in both modes.
+An mmap result differs from pread's in two ways only: its arrays are read-only, and they keep
+the mapping alive — `close()` unmaps a file at once only when no array read from it is alive;
+otherwise it drops its reference and the mapping goes with the last such array, so a result
+stays valid after `close()`.
+
+Where the page cache helps and where it doubles the memory held. Both modes read through the
+page cache: after a read the file's pages stay cached (clean, reclaimable) whatever the mode,
+so a re-read of a recently dropped expert is served from memory, not the disk, in both. pread
+then copies the pages into a buffer of its own (the future's result, anonymous memory): while
+they stay cached the expert is held twice. mmap's result *is* the cached pages — no buffer, no
+copy. What the host tier keeps is what `checkpoint.to_host` (`jax.device_put` to pinned host
+memory) makes of the result. On the CPU backend (jax 0.10.2, checked) it aliases any 64-byte
+aligned numpy array instead of copying: mmap's views always are aligned, so the host tier's
+entry is the page-cache page itself — one copy, but not pinned and not the tier's own: under
+memory pressure the kernel may evict it and fault it back in from storage when a device load
+next touches it (that load then waits on the disk), and dropping the entry frees no memory at
+once (the pages stay cached until reclaimed). pread's buffer becomes the entry when the
+allocator happens to align it and is copied otherwise (a 6.75 MiB `np.empty` mostly is not
+aligned); either way the page cache and the entry hold two copies. On a GPU backend `device_put` copies into CUDA pinned memory in either mode (not
+measured here; pinned memory cannot alias unregistered pages), so the expert is held twice
+while its pages stay cached; mmap saves only pread's transient buffer and one memcpy.
+mmap's hazard: the mapping sees the file as it is now, so a checkpoint file truncated while
+mapped faults with SIGBUS (the process dies) instead of pread's short read; replace checkpoint
+files by rename, never in place, while a reader is open.
+
 zarr layout (`moejax.checkpoint.expert_store`): the same reads as `expert_store.read_expert` /
 `read_quantized_expert` (one chunk per kind, or one inner chunk per kind and part, through
 TensorStore), run on the pool; errors are theirs (file, layer, expert named). `split` is
-accepted and ignored there: zarr chunks are not cut into ranges.
+accepted and ignored there: zarr chunks are not cut into ranges. `mode="mmap"` is refused
+there (`ConfigError`): there is no record to map, only compressed or sharded chunks.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import mmap
 import os
 import threading
 
@@ -44,7 +82,7 @@ from moejax.model_config import ModelConfig
 from moejax.quant import formats
 
 MAX_SPLIT = 8
-IO_MODES = ("pread",)
+IO_MODES = ("pread", "mmap")
 
 
 def _positive_int(value) -> bool:
@@ -74,15 +112,15 @@ def _pread_into(fd: int, view: memoryview, offset: int) -> int:
 
 
 class _PackedRead:
-    """One packed expert's read in flight: its buffer, the pieces still outstanding and their
-    checksums; the thread finishing the last piece verifies and completes the future."""
+    """One packed expert's read in flight: the pieces still outstanding and their checksums;
+    the thread finishing the last piece verifies and completes the future. `_load` and
+    `_result` are the mode's (pread: `_PreadRead`, mmap: `_MappedRead`)."""
 
-    def __init__(self, future: concurrent.futures.Future, fd: int, path: str, layer: int,
-                 expert: int, record: packed.Record, checksum: int, pieces: int, experts: int):
-        self.future, self.fd, self.path = future, fd, path
+    def __init__(self, future: concurrent.futures.Future, path: str, layer: int, expert: int,
+                 record: packed.Record, checksum: int, pieces: int, experts: int):
+        self.future, self.path = future, path
         self.layer, self.expert, self.record, self.checksum = layer, expert, record, checksum
         self.experts = experts
-        self.buffer = np.empty(record.stride, np.uint8)
         self.crcs: list[tuple[int, int] | None] = [None] * pieces
         self.error: BaseException | None = None
         self._left = pieces
@@ -91,21 +129,28 @@ class _PackedRead:
     def _what(self) -> str:
         return f"layer {self.layer} expert {self.expert} ({self.record.precision})"
 
+    def _short(self, got: int, start: int, stop: int, size: int) -> CheckpointError:
+        offset = self.expert * self.record.stride + start
+        want = self.experts * self.record.stride
+        return CheckpointError(
+            f"{self.path}: short read of {self._what()}: {got} of the {stop - start} bytes at "
+            f"offset {offset}; the file is {size} bytes, the index implies {self.experts} "
+            f"experts x stride {self.record.stride} = {want} (truncated?)")
+
+    def _load(self, start: int, stop: int) -> np.ndarray:
+        """Makes bytes `[start, stop)` of the record readable; returns the whole record."""
+        raise NotImplementedError
+
+    def _result(self) -> tuple:
+        raise NotImplementedError
+
     def piece(self, i: int, start: int, stop: int) -> None:
         """Reads bytes `[start, stop)` of the record and checksums their meaningful part."""
         error = None
         try:
-            offset = self.expert * self.record.stride + start
-            got = _pread_into(self.fd, memoryview(self.buffer)[start:stop], offset)
-            if got < stop - start:
-                size = os.fstat(self.fd).st_size
-                want = self.experts * self.record.stride
-                raise CheckpointError(
-                    f"{self.path}: short read of {self._what()}: {got} of the {stop - start} "
-                    f"bytes at offset {offset}; the file is {size} bytes, the index implies "
-                    f"{self.experts} experts x stride {self.record.stride} = {want} (truncated?)")
+            record = self._load(start, stop)
             end = min(stop, self.record.used)
-            meaningful = self.buffer[start:end] if start < end else b""
+            meaningful = record[start:end] if start < end else b""
             self.crcs[i] = (packed.checksum(meaningful), len(meaningful))
         except OSError as e:
             error = CheckpointError(f"{self.path}: reading {self._what()} failed: {e}")
@@ -130,13 +175,55 @@ class _PackedRead:
                 f"{self.path}: corrupt record of {self._what()}: crc32 {crc:#010x}, the index "
                 f"says {self.checksum:#010x}"))
             return
-        self.future.set_result(self.record.weights(self.buffer))
+        self.future.set_result(self._result())
+
+
+class _PreadRead(_PackedRead):
+    """`os.preadv` of each piece into one buffer allocated for the expert up front."""
+
+    def __init__(self, fd: int, *args):
+        super().__init__(*args)
+        self.fd = fd
+        self.buffer = np.empty(self.record.stride, np.uint8)
+
+    def _load(self, start: int, stop: int) -> np.ndarray:
+        offset = self.expert * self.record.stride + start
+        got = _pread_into(self.fd, memoryview(self.buffer)[start:stop], offset)
+        if got < stop - start:
+            raise self._short(got, start, stop, os.fstat(self.fd).st_size)
+        return self.buffer
+
+    def _result(self) -> tuple:
+        return self.record.weights(self.buffer)
+
+
+class _MappedRead(_PackedRead):
+    """The record viewed in its file's mapping (`mapped`: the whole file as read-only uint8);
+    a piece checks it lies inside the mapping before its checksum touches the pages."""
+
+    def __init__(self, mapped: np.ndarray, *args):
+        super().__init__(*args)
+        begin = self.expert * self.record.stride
+        self.mapped = mapped
+        self.view = mapped[begin:begin + self.record.stride]
+
+    def _load(self, start: int, stop: int) -> np.ndarray:
+        if len(self.view) < stop:  # the file ends inside (or before) this piece
+            got = max(0, len(self.view) - start)
+            raise self._short(got, start, stop, len(self.mapped))
+        return self.view
+
+    def _result(self) -> tuple:
+        return self.record.weights(self.view)
 
 
 class ExpertReader:
     """Reads single experts of the checkpoint at `path` (`cfg` its config, `precisions` what
     `checkpoint.read_precisions(path)` returns) on a persistent pool of `workers` threads; packed
-    reads are cut into `split` page-aligned pieces. Thread-safe: any thread may submit."""
+    reads are cut into `split` page-aligned pieces. `mode` (`io.mode`): "pread" reads each
+    expert into a buffer of its own; "mmap" (packed layout only) maps the layer files and
+    returns read-only views of the mapping, checked alike (module docstring). Thread-safe: any
+    thread may submit."""
 
     def __init__(self, path: str, cfg: ModelConfig, precisions: dict[str, dict], *,
                  split: int = 1, workers: int = 8, mode: str = "pread"):
@@ -147,6 +234,10 @@ class ExpertReader:
         self.path, self.cfg = path, cfg
         self.precisions = dict(precisions)
         self.layout: str = expert_layout(path)
+        if mode == "mmap" and self.layout != "packed":
+            raise ConfigError(f"io.mode='mmap' needs a packed checkpoint; {path} has the "
+                              f"{self.layout} expert layout (use io.mode='pread', or convert "
+                              "with --layout=packed)")
         self._index = read_expert_index(path) if self.layout == "packed" else None
         if self._index is not None:
             missing = [p for p in self.precisions if p not in self._index.records]
@@ -160,6 +251,8 @@ class ExpertReader:
             self.workers, thread_name_prefix="expert-read")
         self._lock = threading.Lock()
         self._fds: dict[str, int] = {}
+        self._maps: dict[str, mmap.mmap | None] = {}  # None: an empty file (nothing to map)
+        self._mapped: dict[str, np.ndarray] = {}  # each mapping as uint8, the reads' base
         self._zarr_nbytes: dict[str, int] = {}
         self._closed = False
 
@@ -233,14 +326,16 @@ class ExpertReader:
             future.set_running_or_notify_cancel()
             path = packed.file_path(self.path, layer, precision)
             try:
-                fd = self._fd(path, layer, expert, precision)
+                source = (self._map(path, layer, expert, precision) if self.mode == "mmap"
+                          else self._fd(path, layer, expert, precision))
             except CheckpointError as e:
                 future.set_exception(e)
                 return future
             pieces = self._pieces(precision)
-            read = _PackedRead(future, fd, path, layer, expert, self._index.records[precision],
-                               self._index.checksums[precision][layer][expert], len(pieces),
-                               self.cfg.num_experts)
+            kind = _MappedRead if self.mode == "mmap" else _PreadRead
+            read = kind(source, future, path, layer, expert, self._index.records[precision],
+                        self._index.checksums[precision][layer][expert], len(pieces),
+                        self.cfg.num_experts)
             for i, ((start, stop), _) in enumerate(pieces):
                 self._pool.submit(read.piece, i, start, stop)
         return future
@@ -264,6 +359,24 @@ class ExpertReader:
                                       ) from e
         return self._fds[path]
 
+    def _map(self, path: str, layer: int, expert: int, precision: str) -> np.ndarray:
+        """The file mapped read-only, as uint8, mapped on first use (the caller holds `_lock`).
+        Our descriptor is closed at once (the mmap object keeps a duplicate of its own)."""
+        if path not in self._mapped:
+            fd = self._fd(path, layer, expert, precision)
+            try:
+                if os.fstat(fd).st_size == 0:  # mmap refuses empty files: every read is short
+                    self._maps[path], self._mapped[path] = None, np.empty(0, np.uint8)
+                else:
+                    self._maps[path] = mapping = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+                    self._mapped[path] = np.frombuffer(mapping, np.uint8)
+            except OSError as e:
+                raise CheckpointError(f"{path}: cannot map the packed experts of layer {layer} "
+                                      f"({precision}) to read expert {expert}: {e}") from e
+            finally:
+                os.close(self._fds.pop(path))
+        return self._mapped[path]
+
     def _read_zarr(self, layer: int, expert: int, precision: str) -> tuple:
         if precision == "native":
             return tuple(expert_store.read_expert(self.path, layer, kind, expert)
@@ -274,7 +387,9 @@ class ExpertReader:
     # -- lifetime ----------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Waits for the reads in flight, then stops the pool and closes the files."""
+        """Waits for the reads in flight, then stops the pool and closes the files. A mapping
+        (mode "mmap") that arrays already returned still view is left to them: it is unmapped
+        when the last of them is freed, so they stay valid."""
         with self._lock:
             if self._closed:
                 return
@@ -284,6 +399,15 @@ class ExpertReader:
             for fd in self._fds.values():
                 os.close(fd)
             self._fds.clear()
+            self._mapped.clear()  # the reader's own view first: it holds the mapping's buffer
+            for mapping in self._maps.values():
+                if mapping is None:
+                    continue
+                try:
+                    mapping.close()
+                except BufferError:  # live arrays view it ("exported pointers exist")
+                    pass
+            self._maps.clear()
 
     def __enter__(self) -> "ExpertReader":
         return self

@@ -321,6 +321,17 @@ def parse_index(d, cfg: ModelConfig, groups: dict[str, dict[str, int] | None],
         if layout_of != [(x.kind, x.part, x.shape, x.dtype, x.nbytes) for x in want.parts]:
             raise CheckpointError(f"{bad} for {p}: parts {[x.to_json() for x in parts]}, the "
                                   f"config implies {[x.to_json() for x in want.parts]}")
+        # Where each part lies is the format's too (`record_for`): an index that moves a part
+        # (e.g. swaps two of one size, a scale and a zero point) would compute with the wrong
+        # bytes, which the checksums (of the bytes, not of where they are) cannot see.
+        for x, w in zip(parts, want.parts):
+            if x.offset != w.offset:
+                raise CheckpointError(
+                    f"{bad} for {p}: part {x.kind}.{x.part} at offset {x.offset!r}, the format "
+                    f"puts it at {w.offset} (the record layout `record_for` gives)")
+        if stride != want.stride:
+            raise CheckpointError(f"{bad} for {p}: stride {stride!r}, the format's record for "
+                                  f"this precision is {want.stride} bytes")
         record = Record(p, parts, stride)
         offsets = [x.offset for x in parts]
         ends = sorted((x.offset, x.offset + x.nbytes) for x in parts

@@ -49,7 +49,7 @@ def _storage_backed(config: ml_collections.ConfigDict, cache: ExpertCache,
     reader = ExpertReader(loaded.path, cfg, checkpoint.read_precisions(loaded.path),
                           split=config.io.split, workers=config.io.workers,
                           mode=config.io.mode)
-    store = HostExperts(reader, precision, checkpoint.to_host)
+    store = HostExperts(reader, precision, checkpoint.to_host, capacity=cache.host.capacity)
     gate_up, down = expert_templates(cfg, precision, loaded.groups.get(precision))
     first = cfg.moe_layers[0]
     pool = SlotPool(cache.shape.num_slots, {first: gate_up}, {first: down}, store)

@@ -30,6 +30,7 @@ import bisect
 import collections
 import dataclasses
 import functools
+import time
 from typing import Callable, Iterator
 
 import jax
@@ -150,24 +151,14 @@ class CachedExperts:
         """`host_store`: the disk tier's `HostExperts` when the cache has a host tier."""
         self._cache, self.pool = cache, pool
         self.num_experts = num_experts
-        self._queued: list[tuple[Key, int]] = []
+        self._queued: list[tuple[Key, int, bool]] = []  # (key, slot, prefetch), issue order
         self.host_store = host_store
         cache.sink = self
-        if cache.host is not None:
-            cache.host.sink = host_store
-            for key in cache.host.ready:  # seeded: read before the first token
-                host_store.read(key)
-        # Full layers and seeded experts are loaded before the first token; with the disk tier
-        # one the host tier does not hold is read for its load only.
-        for key, slot in cache.residency.items():
-            transient = cache.host is not None and key not in cache.host.ready
-            if transient:
-                host_store.read(key)
-            self.pool.load(key, slot)
-            if transient:
-                host_store.drop(key)
-        if host_store is not None:
-            host_store.release_dropped()
+        if cache.host is None:
+            for key, slot in cache.residency.items():  # full layers, a seed: before token 1
+                self.pool.load(key, slot)
+        else:
+            self._preload()
         # Which gate outputs the policies read: the others never leave the device.
         self.needs_probs, self.needs_spec = cache.needs_scores()
         self._host_backend = jax.devices()[0].platform == "cpu"
@@ -210,23 +201,84 @@ class CachedExperts:
         while self._pending:
             self._decide_deferred(self._pending.popleft())
 
+    def _preload(self) -> None:
+        """The disk tier's reads before the first token, as the host tier counts them
+        (`HostTier.preload`): the experts on the device that the host tier does not hold, read
+        for their loads in groups within the host bound and let go, then its seeded entries."""
+        cache, store = self._cache, self.host_store
+        cache.host.sink = store
+        store.reclaim = self._reclaim
+        start = time.perf_counter()
+        transient, seeded = cache.preload_host()
+        group = max(cache.host.capacity, 1)
+        for i in range(0, len(transient), group):
+            chunk = transient[i:i + group]
+            for key in chunk:
+                store.read(key)
+            for key in chunk:
+                self.pool.load(key, cache.residency[key])
+            for key in chunk:
+                store.drop(key)
+            store.release_dropped()
+        for key in seeded:
+            store.read(key)
+        for key, slot in cache.residency.items():
+            if key not in transient:
+                self.pool.load(key, slot)
+        store.preload_s = time.perf_counter() - start
+
     # SlotSink
     def load(self, key: Key, slot: int, prefetch: bool) -> None:
-        if prefetch:
-            self._queued.append((key, slot))
+        if prefetch or self.host_store is not None:
+            # With the disk tier a demand load waits in the queue too, so that every read the
+            # wave needs is submitted before any load waits for one (`_dispatch`).
+            self._queued.append((key, slot, prefetch))
         else:
             self._flush()  # keep loads in the order the cache issued them
             with jax.profiler.TraceAnnotation("cache/fetch"):
                 self.pool.load(key, slot)
 
     def _flush(self) -> None:
-        if self._queued:
-            with jax.profiler.TraceAnnotation("cache/prefetch"):
-                for key, slot in self._queued:
-                    self.pool.load(key, slot)
-            self._queued.clear()
-        if self.host_store is not None:  # every load the cache booked is dispatched
-            self.host_store.release_dropped()
+        """Dispatches every queued load."""
+        self._dispatch(None, landed_only=False)
+
+    def _reclaim(self) -> None:
+        """The host store needs its dropped buffers back: dispatch the loads reading them."""
+        dropped = self.host_store.dropped
+        self._dispatch({s for k, s, _ in self._queued if k in dropped}, landed_only=False)
+
+    def _dispatch(self, slots: set | None, landed_only: bool) -> None:
+        """Dispatches the queued loads into `slots` (None: all), or with `landed_only` those
+        whose reads have landed. Loads into one slot keep their order; across slots the one
+        whose read lands first goes first (with the disk tier), so a load never waits for a
+        read while another's bytes are ready. What is not dispatched stays queued."""
+        store, queued = self.host_store, self._queued
+        if landed_only:  # per slot, the loads up to the first whose read is still running
+            stopped, chosen = set(), []
+            for i, (key, slot, _) in enumerate(queued):
+                if slot in stopped or not (store is None or store.landed(key)):
+                    stopped.add(slot)
+                else:
+                    chosen.append(i)
+        else:
+            chosen = [i for i, (_, slot, _) in enumerate(queued) if slots is None or slot in slots]
+        if chosen:
+            go = [queued[i] for i in chosen]
+            taken = set(chosen)
+            self._queued = [x for i, x in enumerate(queued) if i not in taken]
+            while go:
+                heads = _slot_heads(go)
+                ready = [i for i in heads if store is None or store.landed(go[i][0])]
+                if not ready:
+                    store.wait_any([go[i][0] for i in heads])
+                    continue
+                for i in sorted(ready, reverse=True):
+                    key, slot, prefetch = go.pop(i)
+                    with jax.profiler.TraceAnnotation("cache/prefetch" if prefetch
+                                                      else "cache/fetch"):
+                        self.pool.load(key, slot)
+        if store is not None:  # every dropped entry no queued load reads goes
+            store.release_dropped(k for k, _, _ in self._queued)
 
     # ExpertSource
     def begin_pass(self, tokens: int, position: int) -> None:
@@ -354,14 +406,18 @@ class CachedExperts:
             ids = gate.ids if unchanged else self._upload(np.asarray(wave.ids, np.int32))
             weights = gate.weights if unchanged and wave.weights is host.weights else \
                 self._upload(np.where(wave.active, wave.weights, 0.0).astype(np.float32))
-            if self._queued and not {s for _, s in self._queued}.isdisjoint(
-                    wave.slot_of.values()):
-                # A prefetch this wave uses (the watchdog sends transfers for the running layer
-                # at its start): it must land before the step reads the slot.
-                self._flush()
+            if self._queued:
+                used = set(wave.slot_of.values())
+                if not used.isdisjoint(s for _, s, _ in self._queued):
+                    # Its demand fetches, and a prefetch this wave uses (the watchdog sends
+                    # transfers for the running layer): they land before the step reads them.
+                    self._dispatch(used, landed_only=False)
             gate_up, down = self.pool.arrays()
             yield ExpertWave(gate_up, down, self._slot_map(wave), ids, weights, wave.last)
-            self._flush()  # prefetches go after this wave's experts step was dispatched
+            # Prefetches go after this wave's experts step was dispatched; with the disk tier
+            # only those whose reads have landed (the rest wait for a later wave or the pass
+            # end: compute waits only for what it uses).
+            self._dispatch(None, landed_only=self.host_store is not None)
 
     def _upload(self, array: np.ndarray):
         """A host array as an experts step's argument. On the CPU backend the numpy array
@@ -380,6 +436,16 @@ class CachedExperts:
         device = self._upload(slot_of)
         self._slot_maps[wave.layer] = (signature, device)
         return device
+
+
+def _slot_heads(loads: list[tuple[Key, int, bool]]) -> list[int]:
+    """The index of each slot's first load in `loads` (later ones into a slot must wait)."""
+    seen, heads = set(), []
+    for i, (_, slot, _) in enumerate(loads):
+        if slot not in seen:
+            seen.add(slot)
+            heads.append(i)
+    return heads
 
 
 @dataclasses.dataclass
