@@ -5,9 +5,11 @@ split 1 and 4, a host tier of 30%, against everything in host memory; wall clock
     python benchmarks/disk_tier_live.py [--tokens=48] [--reps=3]
 
 The packed copy is written to a temporary directory (native experts only). Before each run the
-expert files' pages are dropped from the page cache (`posix_fadvise(DONTNEED)`), so every
-storage read the host tier issues is a real cold read. The virtual storage and transfer model
-is made negligible (`storage.read_gbps=1000`, zero latency, `hardware.preset=cpu`) so the wall
+expert files' pages are dropped from the page cache (`posix_fadvise(DONTNEED)`); that makes
+only each file's *first* read cold: an expert read again in the same run (the host tier
+evicted it) comes from the page cache, and on a VM a dropped page may still be in the
+hypervisor's cache. For cold reads every time, see `disk_tier_headline.py` (`io.mode=direct`).
+The virtual storage and transfer model is made negligible (`storage.read_gbps=1000`, zero latency, `hardware.preset=cpu`) so the wall
 clock measures the real reads, not an emulated bandwidth. Decode tok/s and TTFT are the host
 wall clock's after the warm-up (`timings`), medians over `--reps`; every run generates the
 same tokens, which the script checks.

@@ -302,8 +302,8 @@ def test_mmap_needs_the_packed_layout(cfg, saved, precisions):
 @pytest.mark.parametrize("kind", LAYOUTS)
 def test_unknown_mode(cfg, saved, precisions, kind):
     with pytest.raises(ConfigError) as info:
-        ExpertReader(saved[kind], cfg, precisions, mode="direct")
-    assert "io.mode='direct'" in str(info.value) and "mmap" in str(info.value)
+        ExpertReader(saved[kind], cfg, precisions, mode="o_sync")
+    assert "io.mode='o_sync'" in str(info.value) and "mmap" in str(info.value)
 
 
 def test_mmap_results_outlive_close(cfg, copy, full, precisions):
@@ -333,3 +333,33 @@ def test_mmap_results_outlive_close(cfg, copy, full, precisions):
     assert not _mapped(native)
     with pytest.raises(RuntimeError, match="closed"):
         reader.submit(1, 7, "native")
+
+
+def _takes_o_direct(path: str) -> bool:
+    """Whether the file system of `path` opens files with O_DIRECT (ext4 does, tmpfs not)."""
+    try:
+        os.close(os.open(path, os.O_RDONLY | os.O_DIRECT))
+        return True
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("precision", ["native", "int4"])
+def test_direct_reads_equal_pread_or_are_refused_in_one_line(cfg, saved, full, precisions,
+                                                             precision):
+    """`io.mode=direct` (O_DIRECT, page-aligned buffers): the same experts as pread where the
+    file system takes O_DIRECT, a one-line ConfigError naming io.mode where it does not."""
+    first = packed.file_path(saved["packed"], cfg.moe_layers[0], next(iter(precisions)))
+    if not _takes_o_direct(first):
+        with pytest.raises(ConfigError, match="io.mode='direct': the file system of"):
+            ExpertReader(saved["packed"], cfg, precisions, mode="direct")
+        return
+    with ExpertReader(saved["packed"], cfg, precisions, split=3, mode="direct") as reader:
+        for layer in cfg.moe_layers:
+            for e in range(cfg.num_experts):
+                _assert_expert(reader.read(layer, e, precision), full, layer, e, precision)
+
+
+def test_direct_needs_the_packed_layout(cfg, saved, precisions):
+    with pytest.raises(ConfigError, match="io.mode='direct' needs a packed checkpoint"):
+        ExpertReader(saved["zarr"], cfg, precisions, mode="direct")

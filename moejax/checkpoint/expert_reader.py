@@ -69,6 +69,7 @@ there (`ConfigError`): there is no record to map, only compressed or sharded chu
 from __future__ import annotations
 
 import concurrent.futures
+import errno
 import mmap
 import os
 import threading
@@ -82,7 +83,10 @@ from moejax.model_config import ModelConfig
 from moejax.quant import formats
 
 MAX_SPLIT = 8
-IO_MODES = ("pread", "mmap")
+# "direct": pread through `O_DIRECT` descriptors into page-aligned buffers — every read goes
+# to the device, bypassing the page cache (a cold read each time; a VM's host may still cache).
+IO_MODES = ("pread", "mmap", "direct")
+PAGE = 4096  # O_DIRECT's alignment of buffer addresses, offsets and lengths here
 
 
 def _positive_int(value) -> bool:
@@ -178,13 +182,21 @@ class _PackedRead:
         self.future.set_result(self._result())
 
 
+def _page_aligned(nbytes: int) -> np.ndarray:
+    """A uint8 buffer of `nbytes` starting on a page boundary (what `O_DIRECT` needs; pieces of
+    a packed record are whole pages at page-aligned offsets, so every read is aligned)."""
+    raw = np.empty(nbytes + PAGE, np.uint8)
+    skip = -raw.ctypes.data % PAGE
+    return raw[skip:skip + nbytes]
+
+
 class _PreadRead(_PackedRead):
     """`os.preadv` of each piece into one buffer allocated for the expert up front."""
 
     def __init__(self, fd: int, *args):
         super().__init__(*args)
         self.fd = fd
-        self.buffer = np.empty(self.record.stride, np.uint8)
+        self.buffer = _page_aligned(self.record.stride)
 
     def _load(self, start: int, stop: int) -> np.ndarray:
         offset = self.expert * self.record.stride + start
@@ -234,11 +246,13 @@ class ExpertReader:
         self.path, self.cfg = path, cfg
         self.precisions = dict(precisions)
         self.layout: str = expert_layout(path)
-        if mode == "mmap" and self.layout != "packed":
-            raise ConfigError(f"io.mode='mmap' needs a packed checkpoint; {path} has the "
+        if mode in ("mmap", "direct") and self.layout != "packed":
+            raise ConfigError(f"io.mode={mode!r} needs a packed checkpoint; {path} has the "
                               f"{self.layout} expert layout (use io.mode='pread', or convert "
                               "with --layout=packed)")
         self._index = read_expert_index(path) if self.layout == "packed" else None
+        if mode == "direct":  # refused now, not at the first read, where the file system
+            self._probe_direct(next(iter(self.precisions)))  # does not take it
         if self._index is not None:
             missing = [p for p in self.precisions if p not in self._index.records]
             if missing:
@@ -344,16 +358,31 @@ class ExpertReader:
         """`submit(...).result()`."""
         return self.submit(layer, expert, precision).result()
 
+    def _probe_direct(self, precision: str) -> None:
+        """Opens one layer file with `O_DIRECT`: a ConfigError where the file system refuses
+        it (tmpfs does); a missing file is left to the reads, which name it."""
+        path = packed.file_path(self.path, self.cfg.moe_layers[0], precision)
+        try:
+            os.close(os.open(path, os.O_RDONLY | os.O_DIRECT))
+        except OSError as e:
+            if e.errno == errno.EINVAL:
+                raise ConfigError(f"io.mode='direct': the file system of {path} does not "
+                                  "support O_DIRECT (use io.mode='pread')") from None
+
     def _fd(self, path: str, layer: int, expert: int, precision: str) -> int:
         """The file's descriptor, opened on first use (the caller holds `_lock`)."""
         if path not in self._fds:
+            flags = os.O_RDONLY | (os.O_DIRECT if self.mode == "direct" else 0)
             try:
-                self._fds[path] = os.open(path, os.O_RDONLY)
+                self._fds[path] = os.open(path, flags)
             except FileNotFoundError:
                 raise CheckpointError(f"{path}: the packed experts of layer {layer} "
                                       f"({precision}) are missing (reading expert {expert})"
                                       ) from None
             except OSError as e:
+                if self.mode == "direct" and e.errno == errno.EINVAL:
+                    raise ConfigError(f"io.mode='direct': the file system of {path} does not "
+                                      "support O_DIRECT (use io.mode='pread')") from None
                 raise CheckpointError(f"{path}: cannot open the packed experts of layer "
                                       f"{layer} ({precision}) to read expert {expert}: {e}"
                                       ) from e

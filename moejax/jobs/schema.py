@@ -98,7 +98,8 @@ def base_config() -> ml_collections.ConfigDict:
     # How the live runtime reads an expert (moejax/checkpoint/expert_reader.py): `split`
     # page-aligned range reads of a packed checkpoint's expert record (1..8, Anemll's
     # --cache-io-split) over `workers` persistent reader threads; `mode` "pread" (reads into
-    # the tier's buffers) or "mmap" (the layer files mapped, pages through the page cache).
+    # the tier's buffers), "mmap" (the layer files mapped, pages through the page cache) or
+    # "direct" (pread with O_DIRECT into page-aligned buffers: every read from the device).
     c.io = ml_collections.ConfigDict()
     c.io.split = 1
     c.io.workers = 8
