@@ -63,7 +63,7 @@ class HostExperts:
         self.dropped.pop(key, None)
         if self.capacity is not None and self.dropped and self.held >= self.capacity:
             self.reclaim()  # the loads that still read dropped entries go first
-            self.release_dropped()
+            self.release_dropped(wait=True)
         self.pending[key] = self.reader.submit(key[0], key[1], self.precision)
         self.reads += 1
         self.read_log.append(key)
@@ -122,14 +122,18 @@ class HostExperts:
             self.dropped[key] = source
         return source
 
-    def release_dropped(self, keep=()) -> None:
+    def release_dropped(self, keep=(), wait: bool = False) -> None:
         """Lets the dropped entries go, but those in `keep` (loads still queued read them). A
-        dropped read still in flight is waited for: its buffer is held until it lands."""
+        dropped read still in flight holds its buffer until it lands: it stays (counted as
+        held) unless `wait`, which waits for it (a read that needs the room)."""
         keep = set(keep)
         for key in [k for k in self.dropped if k not in keep]:
-            source = self.dropped.pop(key)
-            if isinstance(source, Future):
+            source = self.dropped[key]
+            if isinstance(source, Future) and not source.done():
+                if not wait:
+                    continue
                 concurrent.futures.wait([source])
+            del self.dropped[key]
 
     def stats(self) -> dict:
         """What `HostTier.to_dict` reports of the live store."""
