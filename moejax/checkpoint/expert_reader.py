@@ -50,9 +50,11 @@ aligned numpy array instead of copying: mmap's views always are aligned, so the 
 entry is the page-cache page itself — one copy, but not pinned and not the tier's own: under
 memory pressure the kernel may evict it and fault it back in from storage when a device load
 next touches it (that load then waits on the disk), and dropping the entry frees no memory at
-once (the pages stay cached until reclaimed). pread's buffer becomes the entry when the
-allocator happens to align it and is copied otherwise (a 6.75 MiB `np.empty` mostly is not
-aligned); either way the page cache and the entry hold two copies. On a GPU backend `device_put` copies into CUDA pinned memory in either mode (not
+once (the pages stay cached until reclaimed). pread's buffer is page-aligned (`_page_aligned`,
+as `mode="direct"` needs), so it becomes the entry without a copy; the page cache and the entry
+still hold two copies while the pages stay cached. `mode="direct"` is pread through `O_DIRECT`
+descriptors: the page cache is bypassed (nothing cached, every read from the device), and the
+entry is the one copy. On a GPU backend `device_put` copies into CUDA pinned memory in either mode (not
 measured here; pinned memory cannot alias unregistered pages), so the expert is held twice
 while its pages stay cached; mmap saves only pread's transient buffer and one memcpy.
 mmap's hazard: the mapping sees the file as it is now, so a checkpoint file truncated while
