@@ -119,12 +119,8 @@ def main(argv=None) -> None:
         lines.append(text)
 
     try:
-        ck = checkpoint.load(bundled.EMBEDDED_DIR)
         path = os.path.join(root, "packed")
-        checkpoint.save_model(path, ck.model,
-                              {l: np.asarray(v) for l, v in ck.host_gate_up.items()},
-                              {l: np.asarray(v) for l, v in ck.host_down.items()},
-                              expert_layout="packed", precisions=("int4",))
+        checkpoint.copy_in_layout(bundled.EMBEDDED_DIR, path, "packed", precisions=("int4",))
         disks = {p: measure_disk(path, p) for p in PRECISIONS}
         say(f"`python benchmarks/disk_tier_headline.py --tokens={args.tokens} "
             f"--reps={args.reps}` — {time.strftime('%Y-%m-%d')}, {os.cpu_count()} CPUs, "

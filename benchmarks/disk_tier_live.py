@@ -25,8 +25,6 @@ import shutil
 import statistics
 import tempfile
 
-import numpy as np
-
 from moejax import bundled, checkpoint, jobs
 from moejax.jobs.schema import base_config
 
@@ -67,12 +65,8 @@ def main():
     args = parser.parse_args()
     root = tempfile.mkdtemp(prefix="disk_tier_live_")
     try:
-        ck = checkpoint.load(bundled.EMBEDDED_DIR)
         packed = os.path.join(root, "packed")
-        checkpoint.save_model(packed, ck.model,
-                          {l: np.asarray(v) for l, v in ck.host_gate_up.items()},
-                          {l: np.asarray(v) for l, v in ck.host_down.items()},
-                          expert_layout="packed")
+        checkpoint.copy_in_layout(bundled.EMBEDDED_DIR, packed, "packed")
         cases = [("in memory", bundled.EMBEDDED_DIR, 1.0, 1)]
         for name, path in (("zarr", bundled.EMBEDDED_DIR), ("packed", packed)):
             for split in ((1,) if name == "zarr" else (1, 4)):

@@ -349,3 +349,19 @@ def test_convert_packed_end_to_end(tmp_path):
     z, p = checkpoint.load(str(tmp_path / "zarr")), checkpoint.load(str(tmp_path / "packed"))
     for precision in ("native", "int4"):
         _assert_same_experts(cfg, p.experts_at(precision), z.experts_at(precision))
+
+
+def test_a_copy_in_the_packed_layout_holds_the_same_experts(tmp_path):
+    """`copy_in_layout`: the shipped embedded model (zarr) written packed, int4 added."""
+    from moejax import bundled
+
+    out = str(tmp_path / "packed")
+    checkpoint.copy_in_layout(bundled.EMBEDDED_DIR, out, "packed", precisions=("int4",))
+    assert checkpoint.expert_layout(out) == "packed"
+    assert list(checkpoint.read_precisions(out)) == ["native", "int4"]
+    src, copy = checkpoint.load(bundled.EMBEDDED_DIR), checkpoint.load(out)
+    for layer in src.cfg.moe_layers:
+        np.testing.assert_array_equal(np.asarray(copy.host_gate_up[layer]),
+                                      np.asarray(src.host_gate_up[layer]))
+        np.testing.assert_array_equal(np.asarray(copy.host_down[layer]),
+                                      np.asarray(src.host_down[layer]))

@@ -19,7 +19,7 @@ from moejax.checkpoint.options import (
     resolve_calibrations,
 )
 from moejax.checkpoint.params import flat_params
-from moejax.checkpoint.reader import read_native_layer
+from moejax.checkpoint.reader import load, read_native_layer
 from moejax.errors import CheckpointError, ConfigError
 from moejax.model_config import ModelConfig
 from moejax.models.decoder import MoEDecoder
@@ -123,6 +123,17 @@ def save_model(out: str, model: MoEDecoder, gate_up: dict[int, np.ndarray],
                                   for l in model.cfg.moe_layers), compression=compression,
          precisions=precisions, group_size=group_size, calibration=calibration,
          expert_layout=expert_layout)
+
+
+def copy_in_layout(src: str, out: str, expert_layout: str, precisions=(),
+                   group_size: int = DEFAULT_GROUP_SIZE, calibration=None) -> None:
+    """A copy of the checkpoint at `src` with its native experts written in `expert_layout`
+    (and `precisions` quantized from them): e.g. the shipped embedded model in the packed
+    layout, for the disk tier's live benchmarks."""
+    ck = load(src)
+    save_model(out, ck.model, {l: np.asarray(v) for l, v in ck.host_gate_up.items()},
+               {l: np.asarray(v) for l, v in ck.host_down.items()}, precisions=precisions,
+               group_size=group_size, calibration=calibration, expert_layout=expert_layout)
 
 
 def add_precisions(path: str, precisions, group_size: int = DEFAULT_GROUP_SIZE,
