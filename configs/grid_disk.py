@@ -11,7 +11,7 @@ of the experts in front of a storage preset, the immediate prefetch queue. Parts
   storage read? Eviction {lru, lru_per_layer, least_stale, least_stale(order=cyclic)}, the
   same policy on both tiers, x prefetch {none, the trace's predictor: score_percentile(p=80)
   on scored traces, temporal on id-only captures} x host {15, 30, 60}% x storage {nvme_gen4,
-  sata_ssd, `this_disk`: the read bandwidth and latency benchmarks/storage_read.py measured
+  sata_ssd, `this_disk`: the cold read bandwidth and latency benchmarks/cold_read.py measured
   here}.
 * `hotlists` — ds4's hotlist seeding across domains and against per-layer LRU. A hotlist
   built on one domain's traces seeds the device and host tiers of a replay of another
@@ -31,11 +31,14 @@ from moejax.jobs.schema import base_config, parse_args
 
 HOST_FRACS = (0.15, 0.3, 0.6)
 EVICTIONS = ("lru", "lru_per_layer", "least_stale", "least_stale(order=cyclic)")
-# `python benchmarks/storage_read.py --reps 7` on this machine (benchmarks/README.md, storage_read.py):
-# the best cold one-expert rate of the packed layout (split 4), the median cold 4 KiB read at
-# queue depth 1, and the reader's 8 workers as the queue depth.
-THIS_DISK = {"storage.preset": "nvme_gen4", "storage.read_gbps": 1.05,
-             "storage.read_latency_s": 6.5e-5, "storage.queue_depth": 8}
+# `python benchmarks/cold_read.py --reps 5` on this machine, two runs (2026-12-01; the table in
+# benchmarks/README.md): O_DIRECT reads of bytes never read since boot — 8 records of 6.75 MiB
+# in flight at once, medians 0.82 and 0.62 GB/s; one 4 KiB page at queue depth 1, medians 169
+# and 161 us — each the mean of the two runs' medians; the reader's 8 workers as the queue
+# depth. (Before issue 22 this was 1.05 GB/s and 65 us, measured on pages dropped with
+# posix_fadvise, which this VM's host serves from its cache.)
+THIS_DISK = {"storage.preset": "nvme_gen4", "storage.read_gbps": 0.72,
+             "storage.read_latency_s": 1.65e-4, "storage.queue_depth": 8}
 STORAGES = {"nvme_gen4": {"storage.preset": "nvme_gen4"},
             "sata_ssd": {"storage.preset": "sata_ssd"}, "this_disk": THIS_DISK}
 DOMAINS = ("prose", "code", "math")

@@ -24,7 +24,6 @@ def get_config(arg: str | None = None):
     c.run.max_new_tokens = 192
     c.tracing.prompts_per_domain = 2
     c.tracing.prompt_tokens = PROMPT_TOKENS
-    c.log.progress = False
     if arg == "long":
         from moejax.model_source import embedded_config
 

@@ -229,13 +229,13 @@ def test_a_host_tier_needs_one_precision_pool():
 
 
 def test_storage_presets_and_overrides():
-    assert storage_lib.get("sata_ssd").read_gbps == 0.55
+    assert storage_lib.get("sata_ssd").read_gbps == 0.56
     assert storage_lib.get("nvme_gen4", read_gbps=2.5).read_gbps == 2.5
     with pytest.raises(ConfigError, match="storage.preset='floppy' is not one of"):
         storage_lib.get("floppy")
     with pytest.raises(ConfigError, match="storage.queue_depth=0 must be an integer >= 1"):
         storage_lib.get("hdd", queue_depth=0)
-    with pytest.raises(ConfigError, match="storage.read_gbps=-1.0 must be a number positive"):
+    with pytest.raises(ConfigError, match="storage.read_gbps=-1.0 must be a finite number > 0"):
         storage_lib.get("hdd", read_gbps=-1.0)
     # Queue depth overlaps latencies; the bandwidth is shared.
     q = StorageQueue(Storage("q", read_gbps=1.0, read_latency_s=1e-3, queue_depth=2))

@@ -32,8 +32,11 @@ BYTES = ("storage_bytes",)
 SECONDS = ("storage_stall_s",)
 # What only a live run measures (the store's wall clock and reads), in `to_dict` beside the
 # model's numbers: reads made, most reads in flight at once, wall time device loads waited for
-# reads, wall time of the reads before the first token.
-LIVE_KEYS = ("reads", "max_reads_in_flight", "storage_wait_s", "preload_s")
+# reads, wall time of the reads before the first token, and the reader's reusable buffers
+# (`checkpoint.read_buffers`): how many it made (the most alive at once: the tier's, and those
+# JAX still reads) and their bytes (0 with io.mode=mmap, which reads into no buffer).
+LIVE_KEYS = ("reads", "max_reads_in_flight", "storage_wait_s", "preload_s", "read_buffers",
+             "read_buffer_bytes")
 
 
 class HostSink(Protocol):

@@ -6,8 +6,10 @@ expert's `(gate_up, down)` — numpy arrays `[H, 2I]`, `[I, H]` in the model's d
 expert's slice of what `checkpoint.load` / `checkpoint.read_quantized_experts` return.
 
 Packed layout (`moejax.checkpoint.packed`): an expert is one page-aligned range of its layer's
-file. With `mode="pread"` (the default, `io.mode`) the read lands in one buffer allocated
-for it up front; `split` cuts the range into that
+file. With `mode="pread"` (the default, `io.mode`) the read lands in one page-aligned buffer
+taken for it up front from a pool of buffers that earlier reads' experts have let go of
+(`read_buffers.ReadBuffers`: no fresh allocation per read, and no copy after the read — the
+buffer's views are the expert's arrays); `split` cuts the range into that
 many page-aligned pieces (whole pages each), read concurrently by a persistent pool of
 `workers` threads — Anemll's `--cache-io-split` (page-aligned chunks over a pool of 8 I/O
 workers), which keeps several requests in flight to the device where one large read may not.
@@ -50,8 +52,9 @@ aligned numpy array instead of copying: mmap's views always are aligned, so the 
 entry is the page-cache page itself — one copy, but not pinned and not the tier's own: under
 memory pressure the kernel may evict it and fault it back in from storage when a device load
 next touches it (that load then waits on the disk), and dropping the entry frees no memory at
-once (the pages stay cached until reclaimed). pread's buffer is page-aligned (`_page_aligned`,
-as `mode="direct"` needs), so it becomes the entry without a copy; the page cache and the entry
+once (the pages stay cached until reclaimed). pread's buffer is page-aligned (`ReadBuffers`,
+as `mode="direct"` needs), so it becomes the entry without a copy (and goes back to the pool
+only when the entry, and every computation reading it, has let it go); the page cache and the entry
 still hold two copies while the pages stay cached. `mode="direct"` is pread through `O_DIRECT`
 descriptors: the page cache is bypassed (nothing cached, every read from the device), and the
 entry is the one copy. On a GPU backend `device_put` copies into CUDA pinned memory in either mode (not
@@ -80,6 +83,7 @@ import numpy as np
 
 from moejax.checkpoint import expert_store, packed
 from moejax.checkpoint.meta import ADD_PRECISIONS_HINT, expert_layout, read_expert_index
+from moejax.checkpoint.read_buffers import ReadBuffers, page_aligned
 from moejax.errors import CheckpointError, ConfigError
 from moejax.model_config import ModelConfig
 from moejax.quant import formats
@@ -88,7 +92,6 @@ MAX_SPLIT = 8
 # "direct": pread through `O_DIRECT` descriptors into page-aligned buffers — every read goes
 # to the device, bypassing the page cache (a cold read each time; a VM's host may still cache).
 IO_MODES = ("pread", "mmap", "direct")
-PAGE = 4096  # O_DIRECT's alignment of buffer addresses, offsets and lengths here
 
 
 def _positive_int(value) -> bool:
@@ -184,21 +187,13 @@ class _PackedRead:
         self.future.set_result(self._result())
 
 
-def _page_aligned(nbytes: int) -> np.ndarray:
-    """A uint8 buffer of `nbytes` starting on a page boundary (what `O_DIRECT` needs; pieces of
-    a packed record are whole pages at page-aligned offsets, so every read is aligned)."""
-    raw = np.empty(nbytes + PAGE, np.uint8)
-    skip = -raw.ctypes.data % PAGE
-    return raw[skip:skip + nbytes]
-
-
 class _PreadRead(_PackedRead):
-    """`os.preadv` of each piece into one buffer allocated for the expert up front."""
+    """`os.preadv` of each piece into one page-aligned buffer taken for the expert up front
+    (`buffer`: from the reader's `ReadBuffers`, or fresh)."""
 
-    def __init__(self, fd: int, *args):
+    def __init__(self, fd: int, buffer: np.ndarray, *args):
         super().__init__(*args)
-        self.fd = fd
-        self.buffer = _page_aligned(self.record.stride)
+        self.fd, self.buffer = fd, buffer
 
     def _load(self, start: int, stop: int) -> np.ndarray:
         offset = self.expert * self.record.stride + start
@@ -240,7 +235,8 @@ class ExpertReader:
     thread may submit."""
 
     def __init__(self, path: str, cfg: ModelConfig, precisions: dict[str, dict], *,
-                 split: int = 1, workers: int = 8, mode: str = "pread"):
+                 split: int = 1, workers: int = 8, mode: str = "pread",
+                 reuse_buffers: bool = True):
         self.split, self.workers = check_io(split, workers)
         if mode not in IO_MODES:
             raise ConfigError(f"io.mode={mode!r} is not one of {IO_MODES}")
@@ -270,6 +266,11 @@ class ExpertReader:
         self._maps: dict[str, mmap.mmap | None] = {}  # None: an empty file (nothing to map)
         self._mapped: dict[str, np.ndarray] = {}  # each mapping as uint8, the reads' base
         self._zarr_nbytes: dict[str, int] = {}
+        # pread / direct: reads land in reusable page-aligned buffers, one pool per precision
+        # (`reuse_buffers=False`: a fresh buffer per read, for benchmarks/reader_cpu.py).
+        self.reuse_buffers = reuse_buffers
+        self._buffers: dict[str, ReadBuffers] = {}
+        self.buffer_limit: int | None = None  # buffers a pool keeps (the host tier's bound)
         self._closed = False
 
     # -- what a read moves -------------------------------------------------------------------
@@ -348,10 +349,12 @@ class ExpertReader:
                 future.set_exception(e)
                 return future
             pieces = self._pieces(precision)
-            kind = _MappedRead if self.mode == "mmap" else _PreadRead
-            read = kind(source, future, path, layer, expert, self._index.records[precision],
-                        self._index.checksums[precision][layer][expert], len(pieces),
-                        self.cfg.num_experts)
+            record = self._index.records[precision]
+            args = (future, path, layer, expert, record,
+                    self._index.checksums[precision][layer][expert], len(pieces),
+                    self.cfg.num_experts)
+            read = (_MappedRead(source, *args) if self.mode == "mmap"
+                    else _PreadRead(source, self._buffer(precision, record.stride), *args))
             for i, ((start, stop), _) in enumerate(pieces):
                 self._pool.submit(read.piece, i, start, stop)
         return future
@@ -359,6 +362,24 @@ class ExpertReader:
     def read(self, layer: int, expert: int, precision: str) -> tuple:
         """`submit(...).result()`."""
         return self.submit(layer, expert, precision).result()
+
+    def _buffer(self, precision: str, nbytes: int) -> np.ndarray:
+        """A page-aligned buffer for one record (the caller holds `_lock`)."""
+        if not self.reuse_buffers:
+            return page_aligned(nbytes)
+        if precision not in self._buffers:
+            self._buffers[precision] = ReadBuffers(nbytes, self.buffer_limit)
+        return self._buffers[precision].take()
+
+    def buffer_stats(self) -> dict:
+        """The read buffers over all precisions (pread / direct): `taken` (reads), `allocated`
+        (buffers made; `taken - allocated` reads reused one), `peak_alive` (the most in use at
+        once) and `peak_bytes` (their bytes)."""
+        pools = list(self._buffers.values())
+        return {"taken": sum(p.taken for p in pools),
+                "allocated": sum(p.allocated for p in pools),
+                "peak_alive": sum(p.peak_alive for p in pools),
+                "peak_bytes": sum(p.peak_alive * p.nbytes for p in pools)}
 
     def _probe_direct(self, precision: str) -> None:
         """Opens one layer file with `O_DIRECT`: a ConfigError where the file system refuses

@@ -42,6 +42,8 @@ class HostExperts:
         tier's bound in experts (None: unbounded)."""
         self.reader, self.precision, self.to_host = reader, precision, to_host
         self.capacity = capacity
+        if capacity is not None and hasattr(reader, "buffer_limit"):
+            reader.buffer_limit = capacity  # idle read buffers stay within the bound
         self.pending: dict[Key, Future] = {}
         self.entries: dict[Key, tuple] = {}
         self.dropped: dict[Key, Future | tuple] = {}
@@ -137,9 +139,12 @@ class HostExperts:
 
     def stats(self) -> dict:
         """What `HostTier.to_dict` reports of the live store."""
+        buffers = self.reader.buffer_stats() if hasattr(self.reader, "buffer_stats") else {}
         return {"peak_held": self.peak_held, "reads": self.reads,
                 "max_reads_in_flight": self.max_reads_in_flight,
-                "storage_wait_s": self.storage_wait_s, "preload_s": self.preload_s}
+                "storage_wait_s": self.storage_wait_s, "preload_s": self.preload_s,
+                "read_buffers": buffers.get("peak_alive", 0),
+                "read_buffer_bytes": buffers.get("peak_bytes", 0)}
 
     def __len__(self) -> int:
         return len(self.entries) + len(self.pending)
