@@ -62,6 +62,9 @@ def load_config_module(path: str) -> types.ModuleType:
         raise FileNotFoundError(f"config file {path!r} does not exist")
     name = "_moejax_sweep_config_" + hashlib.sha1(os.path.abspath(path).encode()).hexdigest()[:12]
     spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None:  # not a .py file: no loader for it
+        raise SweepError(f"{path} is not a Python file: a config file is a .py defining "
+                         f"get_config()")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

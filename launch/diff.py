@@ -1,15 +1,17 @@
 """Two sweeps, cell by cell: is every results.json the same?
 
-    python -m launch.diff SWEEP_A SWEEP_B [--ignore=replay.seconds,replay.requests_per_s]
+    python -m launch.diff SWEEP_A SWEEP_B [--ignore=replay.seconds,replay.requests_per_s,...]
 
 For checking that a change to moejax (a refactor, another engine, a new machine) leaves every
 number a sweep reports unchanged. Each finished cell of A is compared, field by field, with the
 cell of B that has the same overrides (read from each sweep's sweep.json, paths relative to the
 root it ran from; by directory name when there is no sweep.json). What may differ between two identical runs is left out: the wall
-clock of the replay (`replay.seconds`, `replay.requests_per_s`, by default) and, in paths, the
+clock of the replay (`replay.seconds`, `replay.requests_per_s`, `replay.setup_s`, by default)
+and, in paths, the
 checkout each sweep ran from (`--root_a` / `--root_b`, the repository roots, are replaced by
 `<root>` before comparing). Prints the cells that differ with their first differing fields;
-exits 1 if any cell differs or is missing from one side.
+exits 1 if any cell differs or is missing from one side, 2 for a path that is not a sweep or a
+results.json that does not parse (named).
 """
 
 from __future__ import annotations
@@ -19,7 +21,21 @@ import json
 import os
 import sys
 
-DEFAULT_IGNORE = ("replay.seconds", "replay.requests_per_s")
+from moejax import cli
+from moejax.analysis.sweep_cells import CORRUPT_HINT, check_sweep_dir
+from moejax.cli import UsageError, guarded
+
+PROG = "python -m launch.diff"
+DEFAULT_IGNORE = ("replay.seconds", "replay.requests_per_s", "replay.setup_s")
+
+
+def _load_json(path: str):
+    """A JSON file of a sweep; one that does not parse is an error naming it."""
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except ValueError as e:
+        raise UsageError(f"{path}: {CORRUPT_HINT} ({type(e).__name__}: {e})") from None
 
 
 def _cells(sweep_dir: str, root: str) -> dict[str, dict]:
@@ -27,20 +43,23 @@ def _cells(sweep_dir: str, root: str) -> dict[str, dict]:
     when the sweep has a sweep.json, else by its directory name."""
     cells_dir = os.path.join(sweep_dir, "cells")
     if not os.path.isdir(cells_dir):
-        raise SystemExit(f"{sweep_dir}: no cells/ directory (not a sweep directory)")
+        raise UsageError(f"{sweep_dir}: not a sweep directory (it has no cells/ folder)")
     keys = {}
     manifest = os.path.join(sweep_dir, "sweep.json")
     if os.path.isfile(manifest):
-        with open(manifest) as f:
-            for cell in json.load(f)["cells"]:
+        listed = _load_json(manifest)
+        try:
+            for cell in listed["cells"]:
                 keys[cell["name"]] = json.dumps(_normalise(cell["overrides"], root),
                                                 sort_keys=True)
+        except (KeyError, TypeError):
+            raise UsageError(f"{manifest}: not a sweep.json of launch.sweep (each of its "
+                             f"\"cells\" has a \"name\" and \"overrides\")") from None
     out = {}
     for name in sorted(os.listdir(cells_dir)):
         path = os.path.join(cells_dir, name, "results.json")
         if os.path.isfile(path):
-            with open(path) as f:
-                out[keys.get(name, name)] = json.load(f)
+            out[keys.get(name, name)] = _load_json(path)
     return out
 
 
@@ -98,7 +117,7 @@ def compare(sweep_a: str, sweep_b: str, ignore=DEFAULT_IGNORE, root_a: str = "",
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m launch.diff",
+    p = cli.ArgumentParser(prog=PROG,
                                 description=__doc__.split("\n\n")[0])
     p.add_argument("sweep_a")
     p.add_argument("sweep_b")
@@ -107,6 +126,12 @@ def main(argv=None) -> int:
     p.add_argument("--root_a", default="", help="repository root A ran from (paths)")
     p.add_argument("--root_b", default="", help="repository root B ran from (paths)")
     args = p.parse_args(argv)
+    return guarded(PROG, lambda: _main(args))
+
+
+def _main(args: argparse.Namespace) -> int:
+    check_sweep_dir(args.sweep_a, "SWEEP_A")
+    check_sweep_dir(args.sweep_b, "SWEEP_B")
     ignore = tuple(x for x in args.ignore.split(",") if x)
     n, differ, one_sided = compare(args.sweep_a, args.sweep_b, ignore, args.root_a, args.root_b)
     print(f"{n} cells in both; {len(differ)} differ; {len(one_sided)} finished on one side only"

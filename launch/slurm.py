@@ -1,5 +1,6 @@
 """A sweep as a Slurm job array: `cells.txt` holds one command line per cell, `slurm.sbatch`
-runs line `$SLURM_ARRAY_TASK_ID + 1` of it unless that cell already has a results.json."""
+runs line `$SLURM_ARRAY_TASK_ID + 1` of it unless that cell already has a results.json, and
+then records the cell's wall time (`launch.worker.WALL_TIME`) for the launcher's estimate."""
 
 from __future__ import annotations
 
@@ -8,9 +9,9 @@ import hashlib
 import os
 import shlex
 import sys
-import tempfile
 
 from launch import cells as cells_lib
+from moejax.results import write_text_atomic
 
 # Slurm's default MaxArraySize is 1001 (indices 0-1000); larger arrays need splitting.
 MAX_ARRAY = 1001
@@ -82,23 +83,16 @@ def sbatch_script(sweep_dir: str, n: int, options: SlurmOptions, repo: str,
         "  exit 0",
         "fi",
         'echo "cell $LINE: $CMD"',
-        'exec "$@"',
+        "START=$(date +%s.%N)",
+        '"$@"',
+        "# The cell's wall time, for the launcher's run-time estimate (launch/worker.py).",
+        'if [ -n "$WORKDIR" ]; then',
+        '  python -c "import sys, time; from launch.worker import record_wall_time; '
+        'record_wall_time(sys.argv[1], time.time() - float(sys.argv[2]))" "$WORKDIR" "$START"'
+        ' || true',
+        "fi",
     ]
     return "\n".join(header + [""] + body) + "\n"
-
-
-def write_text_atomic(path: str, text: str) -> None:
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 def write(sweep_dir: str, config: str, arg: str | None, cells: list[cells_lib.Cell],

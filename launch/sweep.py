@@ -8,6 +8,12 @@ Locally, cells run in a pool of `--workers` spawned processes (this process neve
 JAX); finished cells are skipped, so re-running an interrupted sweep finishes it. Failed cells
 are listed in DIR/failures.json and make the exit status 1. `--slurm` writes DIR/cells.txt and
 DIR/slurm.sbatch (a job array) instead of running anything. See launch/README.md.
+
+Before anything runs (and in `--dry_run`) it prints the sweep's size and an estimate of its run
+time: the median wall time of the cells this sweep directory has finished (each cell's
+`wall_time.json`), or "unknown" until some have. A mistake in what was typed (a flag, the
+config file or its argument, the sweep directory) is one line and exit status 2, before
+anything is written (`moejax.cli.guarded`).
 """
 
 from __future__ import annotations
@@ -19,13 +25,18 @@ import fcntl
 import json
 import multiprocessing
 import os
+import re
 import signal
+import statistics
 import sys
 import time
+import traceback
 from concurrent.futures.process import BrokenProcessPool
 
 from launch import cells as cells_lib
 from launch import slurm, worker
+from moejax import cli
+from moejax.cli import UsageError, debug, guarded, message_of
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Several JAX processes share one accelerator in a local pool: none may grab most of its
@@ -33,30 +44,64 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKER_ENV = {"XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
 
 
+PROG = "python -m launch.sweep"
+# What Slurm's --time and --mem take (sbatch(1)); anything else would fail only at submission.
+_SLURM_TIME = re.compile(r"(\d+-\d{1,2}(:\d{1,2}){0,2}|\d+(:\d{1,2}){0,2}|UNLIMITED|INFINITE)\Z",
+                         re.IGNORECASE)
+_SLURM_MEM = re.compile(r"\d+[KMGT]?\Z", re.IGNORECASE)
+
+
+def _regex(text: str) -> str:
+    try:
+        re.compile(text)
+    except re.error as e:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a regular expression ({e}); it "
+                                         f"takes one as re.search does, e.g. 'eviction=lru,'")
+    return text
+
+
+def _slurm_field(pattern: re.Pattern | None, example: str):
+    """An argparse type: one #SBATCH value (no white space), matching `pattern` if given."""
+    def check(text: str) -> str:
+        if any(c.isspace() for c in text) or (pattern is not None and text
+                                                and not pattern.match(text)):
+            raise argparse.ArgumentTypeError(f"{text!r} is not a Slurm value such as {example}")
+        return text
+    return check
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m launch.sweep", description="Runs a config file's sweep(add): one "
+    p = cli.ArgumentParser(prog=PROG, description="Runs a config file's sweep(add): one "
                                 "job per cell, locally in a process pool or as a Slurm array.",
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--config", required=True, help="config file, PATH[:ARG]")
     p.add_argument("--sweep_dir", required=True, help="output directory of the sweep")
     p.add_argument("--workers", type=int, default=2, help="local pool processes")
-    p.add_argument("--only", default=None, help="only cells whose name matches this regex "
-                                                "(re.search)")
+    p.add_argument("--only", default=None, type=_regex,
+                   help="only cells whose name matches this regex (re.search)")
     p.add_argument("--dry_run", action="store_true", help="list the cells; run nothing")
     p.add_argument("--slurm", action="store_true", help="write a Slurm job array, run nothing")
     d = slurm.SlurmOptions()
-    p.add_argument("--time", default=d.time, help="Slurm --time per cell")
-    p.add_argument("--partition", default=d.partition, help="Slurm --partition (empty: default)")
-    p.add_argument("--gres", default=d.gres, help="Slurm --gres (empty: none)")
+    p.add_argument("--time", default=d.time, type=_slurm_field(_SLURM_TIME, "04:00:00"),
+                   help="Slurm --time per cell")
+    p.add_argument("--partition", default=d.partition, type=_slurm_field(None, "gpu"),
+                   help="Slurm --partition (empty: default)")
+    p.add_argument("--gres", default=d.gres, type=_slurm_field(None, "gpu:1"),
+                   help="Slurm --gres (empty: none)")
     p.add_argument("--cpus_per_task", type=int, default=d.cpus_per_task)
-    p.add_argument("--mem", default=d.mem, help="Slurm --mem per cell")
+    p.add_argument("--mem", default=d.mem, type=_slurm_field(_SLURM_MEM, "64G"),
+                   help="Slurm --mem per cell")
     p.add_argument("--max_parallel", type=int, default=d.max_parallel,
                    help="Slurm array throttle %%K (0: none)")
-    p.add_argument("--job_name", default=d.job_name, help="Slurm job name "
-                                                          "(empty: moejax-<sweep dir>)")
+    p.add_argument("--job_name", default=d.job_name, type=_slurm_field(None, "moejax-grid"),
+                   help="Slurm job name (empty: moejax-<sweep dir>)")
     args = p.parse_args(argv)
     if args.workers < 1:
-        p.error("--workers must be >= 1")
+        p.error(f"--workers={args.workers}: must be >= 1")
+    if args.cpus_per_task < 1:
+        p.error(f"--cpus_per_task={args.cpus_per_task}: must be >= 1")
+    if args.max_parallel < 0:
+        p.error(f"--max_parallel={args.max_parallel}: must be >= 0 (0: no limit)")
     return args
 
 
@@ -85,7 +130,9 @@ def _sweep_lock(sweep_dir: str):
         fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         f.close()
-        raise SystemExit(f"error: another launcher is running the sweep in {sweep_dir}")
+        raise UsageError(f"--sweep_dir={sweep_dir}: another launcher is running this sweep "
+                         f"(it holds {os.path.join(sweep_dir, '.lock')}); wait for it, or "
+                         f"stop it first") from None
     try:
         yield
     finally:
@@ -258,54 +305,155 @@ def run_local(config: str, arg: str | None, sweep_dir: str, selected: list[cells
     return 0
 
 
-def dry_run(sweep_dir: str, selected: list[cells_lib.Cell], total: int) -> int:
-    n_done = 0
+# -- the size and the estimate --------------------------------------------------------------
+def duration(seconds: float) -> str:
+    """A rough duration: "40 s", "12 min", "3.5 h", "2.1 days"."""
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 90 * 60:
+        return f"{seconds / 60:.0f} min"
+    if seconds < 48 * 3600:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86400:.1f} days"
+
+
+def estimate(sweep_dir: str, cells: list[cells_lib.Cell], to_run: int, workers: int | None
+             ) -> str:
+    """What running `to_run` cells will take, from the wall times the sweep's finished cells
+    recorded (`worker.WALL_TIME`): their median x cells / workers (`workers` None: the total
+    cell time, as a Slurm array spends it). Never a number the sweep did not measure."""
+    if to_run == 0:
+        return "nothing to run"
+    times = [t for t in (worker.read_wall_time(cells_lib.cell_dir(sweep_dir, c.name))
+                         for c in cells) if t is not None]
+    if not times:
+        return ("estimate unknown until the first cells finish (then run this command with "
+                "--dry_run again)")
+    median = statistics.median(times)
+    basis = (f"the median wall time of the {len(times)} finished cell"
+             f"{'s' if len(times) != 1 else ''} here, {duration(median)}")
+    if workers is None:
+        return (f"estimate ~{duration(median * to_run)} of cell time ({basis}, x {to_run}); "
+                f"the array's wall time depends on how many tasks run at once")
+    return (f"estimate ~{duration(median * to_run / workers)} with {workers} worker"
+            f"{'s' if workers != 1 else ''} ({basis}, x {to_run} / {workers})")
+
+
+def size_line(sweep_dir: str, all_cells: list[cells_lib.Cell], selected: list[cells_lib.Cell],
+              workers: int | None) -> str:
+    """"N cells (M to run, K done); estimate ..." of the selected cells."""
+    todo = [c for c in selected
+            if not cells_lib.is_finished(cells_lib.results_path(sweep_dir, c.name))]
+    failed = sum(os.path.exists(os.path.join(cells_lib.cell_dir(sweep_dir, c.name), "error.txt"))
+                 for c in todo)
+    to_run = len(todo)
+    n = (f"{len(selected)} cells" if len(selected) == len(all_cells)
+         else f"{len(selected)} of {len(all_cells)} cells selected")
+    again = f", {failed} of them failed before" if failed else ""
+    return (f"{n} ({to_run} to run{again}, {len(selected) - to_run} done); "
+            f"{estimate(sweep_dir, all_cells, to_run, workers)}")
+
+
+def dry_run(sweep_dir: str, all_cells: list[cells_lib.Cell], selected: list[cells_lib.Cell],
+            workers: int) -> int:
     for c in selected:
         done = cells_lib.is_finished(cells_lib.results_path(sweep_dir, c.name))
         failed = os.path.exists(os.path.join(cells_lib.cell_dir(sweep_dir, c.name), "error.txt"))
-        n_done += done
         status = "finished" if done else ("failed" if failed else "todo")
         print(f"{status:9} {c.name}  {json.dumps(c.overrides)}")
-    print(f"{len(selected)} of {total} cells selected, {n_done} finished, "
-          f"{len(selected) - n_done} to run")
+    print(size_line(sweep_dir, all_cells, selected, workers))
     return 0
+
+
+# -- checking what was typed -----------------------------------------------------------------
+def check_sweep_dir(sweep_dir: str) -> None:
+    """The sweep directory is a directory, or can become one."""
+    if os.path.exists(sweep_dir) and not os.path.isdir(sweep_dir):
+        raise UsageError(f"--sweep_dir={sweep_dir}: is a file, not a directory")
+    cells_dir = os.path.join(sweep_dir, "cells")
+    if os.path.exists(cells_dir) and not os.path.isdir(cells_dir):
+        raise UsageError(f"--sweep_dir={sweep_dir}: its cells/ is a file, not a directory "
+                         f"(not a sweep directory)")
+
+
+def _config_frame(e: BaseException, config: str) -> str:
+    """Where in the config file `e` was raised from: " (configs/x.py, line 76)", or ""."""
+    if isinstance(e, SyntaxError) and e.filename:
+        return f" ({e.filename}, line {e.lineno})"
+    frames = [f for f in traceback.extract_tb(e.__traceback__)
+              if os.path.abspath(f.filename) == config]
+    shown = os.path.relpath(config)
+    shown = config if shown.startswith("..") else shown
+    return f" ({shown}, line {frames[-1].lineno})" if frames else ""
+
+
+def load_cells(spec: str, config: str, arg: str | None) -> list[cells_lib.Cell]:
+    """The config's cells. A config file that is missing or does not load, and a sweep(add)
+    that rejects its argument (`configs/grid_specmd.py:traces=bogus`) or adds a malformed
+    cell, are usage errors naming `--config`."""
+    if os.path.isdir(config):
+        raise UsageError(f"--config={spec}: {config} is a directory, not a config file")
+    if not os.path.isfile(config):
+        raise UsageError(f"--config={spec}: {config} does not exist")
+    try:
+        return cells_lib.cells_from_config(config, arg)
+    except cells_lib.SweepError as e:
+        raise UsageError(f"--config={spec}: {e}") from None
+    except (ValueError, KeyError, TypeError, AttributeError, SyntaxError, NameError,
+            ImportError, OSError) as e:
+        if debug() or message_of(e) is not None and isinstance(e, ImportError):
+            raise  # an optional extra missing: the shared error path names it
+        if isinstance(e, SyntaxError):
+            what = f"SyntaxError: {e.msg}"
+        elif isinstance(e, (ValueError, OSError)):
+            what = str(e).strip("'\"")
+        else:  # more likely a defect of the config file: its kind helps find it
+            what = f"{type(e).__name__}: {e}"
+        raise UsageError(f"--config={spec}: {what}{_config_frame(e, config)}") from None
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    return guarded(PROG, lambda: _main(args),
+                   kept=lambda: "finished cells are kept; run the same command again to finish "
+                                "the sweep")
+
+
+def _main(args: argparse.Namespace) -> int:
     path, arg = cells_lib.split_config(args.config)
     config = os.path.abspath(path)
     sweep_dir = os.path.abspath(args.sweep_dir)
-    try:
-        all_cells = cells_lib.cells_from_config(config, arg)
-    except (cells_lib.SweepError, FileNotFoundError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    check_sweep_dir(sweep_dir)
+    all_cells = load_cells(args.config, config, arg)
     selected = cells_lib.select(all_cells, args.only)
-    if args.dry_run:
-        return dry_run(sweep_dir, selected, len(all_cells))
     if not selected:
-        print(f"error: no cell name matches --only={args.only!r}", file=sys.stderr)
-        return 2
+        raise UsageError(f"--only={args.only}: matches none of the {len(all_cells)} cell names "
+                         f"(--dry_run without --only lists them)")
+    if args.dry_run:
+        return dry_run(sweep_dir, all_cells, selected, args.workers)
     os.makedirs(os.path.join(sweep_dir, "cells"), exist_ok=True)
-    write_sweep_json(sweep_dir, config, arg, all_cells)
-    if args.slurm:
-        options = slurm.SlurmOptions(time=args.time, partition=args.partition, gres=args.gres,
-                                     cpus_per_task=args.cpus_per_task, mem=args.mem,
-                                     max_parallel=args.max_parallel, job_name=args.job_name)
-        cells_txt, sbatch = slurm.write(sweep_dir, config, arg, selected, options, REPO)
-        print(f"{len(selected)} cells -> {cells_txt}\nsubmit with:  sbatch {sbatch}")
-        if len(selected) > slurm.MAX_ARRAY:
-            print(f"note: {len(selected)} array tasks exceed Slurm's default MaxArraySize "
-                  f"({slurm.MAX_ARRAY}); split the sweep with --only or raise the limit")
-        return 0
-    signal.signal(signal.SIGTERM, _on_sigterm)
-    try:
-        with _sweep_lock(sweep_dir):
-            return run_local(config, arg, sweep_dir, selected, args.workers)
-    except KeyboardInterrupt:
-        print("interrupted; run the same command again to finish the sweep", file=sys.stderr)
-        return 130
+    # The lock before sweep.json: a second launcher must not rewrite the first one's files.
+    with _sweep_lock(sweep_dir):
+        write_sweep_json(sweep_dir, config, arg, all_cells)
+        if args.slurm:
+            return _write_slurm(args, sweep_dir, config, arg, all_cells, selected)
+        print(size_line(sweep_dir, all_cells, selected, args.workers), flush=True)
+        signal.signal(signal.SIGTERM, _on_sigterm)
+        return run_local(config, arg, sweep_dir, selected, args.workers)
+
+
+def _write_slurm(args, sweep_dir: str, config: str, arg: str | None,
+                 all_cells: list[cells_lib.Cell], selected: list[cells_lib.Cell]) -> int:
+    options = slurm.SlurmOptions(time=args.time, partition=args.partition, gres=args.gres,
+                                 cpus_per_task=args.cpus_per_task, mem=args.mem,
+                                 max_parallel=args.max_parallel, job_name=args.job_name)
+    cells_txt, sbatch = slurm.write(sweep_dir, config, arg, selected, options, REPO)
+    print(size_line(sweep_dir, all_cells, selected, None))
+    print(f"{len(selected)} cells -> {cells_txt}\nsubmit with:  sbatch {sbatch}")
+    if len(selected) > slurm.MAX_ARRAY:
+        print(f"note: {len(selected)} array tasks exceed Slurm's default MaxArraySize "
+              f"({slurm.MAX_ARRAY}); split the sweep with --only or raise the limit")
+    return 0
 
 
 if __name__ == "__main__":

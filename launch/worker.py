@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import difflib
+import json
 import os
 import shutil
 import sys
@@ -20,6 +21,29 @@ from launch import cells as cells_lib
 # results.json and the marker's removal leaves both: the cell is finished, and the launcher
 # removes the stale marker (`clear_stale_marker`) when it next looks at the cell.
 RUNNING = ".running"
+# In a finished cell's directory: {"seconds": its wall time}, written after its results.json
+# (by the worker, or by the Slurm array task). The launcher's run-time estimate reads these.
+WALL_TIME = "wall_time.json"
+
+
+def record_wall_time(workdir: str, seconds: float) -> None:
+    # A plain write, not an atomic one: a process killed here must leave no temporary file
+    # beside a finished cell's results.json, and a cut-off file reads as "not recorded".
+    with open(os.path.join(workdir, WALL_TIME), "w") as f:
+        json.dump({"seconds": round(seconds, 3)}, f)
+
+
+def read_wall_time(workdir: str) -> float | None:
+    """The wall time a finished cell recorded; None for an unfinished cell, or one that ran
+    before the launcher recorded wall times."""
+    if not cells_lib.is_finished(os.path.join(workdir, "results.json")):
+        return None
+    try:
+        with open(os.path.join(workdir, WALL_TIME)) as f:
+            seconds = json.load(f)["seconds"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return float(seconds) if isinstance(seconds, (int, float)) and seconds >= 0 else None
 
 
 def clear_stale_marker(workdir: str) -> bool:
@@ -124,5 +148,8 @@ def run_cell(config_path: str, arg: str | None, name: str, overrides: dict[str, 
     finally:  # whatever ends the run short of killing the process (KeyboardInterrupt too)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(marker)
-    return {"name": name, "ok": error is None, "error": error,
-            "seconds": time.perf_counter() - t0}
+    seconds = time.perf_counter() - t0
+    if error is None:
+        with contextlib.suppress(OSError):  # an estimate's input: never a cell's failure
+            record_wall_time(workdir, seconds)
+    return {"name": name, "ok": error is None, "error": error, "seconds": seconds}

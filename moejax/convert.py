@@ -21,10 +21,11 @@ from typing import Iterator
 import numpy as np
 from absl import app, flags, logging
 
-from moejax import checkpoint
+from moejax import checkpoint, workdir
 from moejax.checkpoint.hf_names import dense_sources, read_layer_experts
 from moejax.checkpoint.params import flat_params
 from moejax.checkpoint.safetensors_dir import SafetensorsDir
+from moejax.cli import UsageError
 from moejax.errors import CheckpointError, ConfigError
 from moejax.families import config_from_hf
 from moejax.model_config import DTYPES, ModelConfig
@@ -113,7 +114,8 @@ def add_precisions(out: str, precisions, group_size: int = DEFAULT_GROUP_SIZE,
 
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("hf_dir", None, "Hugging Face checkpoint directory (config.json + safetensors).")
+flags.DEFINE_string("hf_dir", None,
+                    "Hugging Face checkpoint directory (config.json + safetensors).")
 flags.DEFINE_string("out", None, "Output moejax checkpoint directory.")
 flags.DEFINE_string("dtype", None, f"Stored precision, one of {DTYPES} (default: the source's).")
 flags.DEFINE_enum("compression", None, ["blosc"],
@@ -136,32 +138,70 @@ flags.DEFINE_bool("add_precisions", False,
 
 
 def main(argv):
-    del argv
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     if FLAGS.add_precisions:
         if FLAGS.hf_dir or not FLAGS.out:
             raise app.UsageError("--add_precisions takes --out (an existing moejax checkpoint) "
                                  "and no --hf_dir")
-        try:
+        if not check_quant_flags(FLAGS.precisions, FLAGS.group_size, FLAGS.calibration):
+            raise UsageError(f"--add_precisions needs --precisions (one or more of "
+                             f"{QUANTIZED})")
+        if not os.path.isdir(FLAGS.out):
+            what = "is a file" if os.path.exists(FLAGS.out) else "no such directory"
+            raise UsageError(f"--out={FLAGS.out}: {what} (--add_precisions adds to an existing "
+                             f"moejax checkpoint)")
+        # add_precisions changes nothing until its copies are complete; the claim keeps a
+        # second convert out of the checkpoint meanwhile.
+        with workdir.claimed(FLAGS.out, "--out"):
             present = add_precisions(FLAGS.out, FLAGS.precisions, FLAGS.group_size,
                                      FLAGS.calibration)
-        except (CheckpointError, ConfigError) as e:
-            raise SystemExit(f"error: {e}")
         print(f"{FLAGS.out}: precisions {list(present)}")
         return
     if not FLAGS.hf_dir or not FLAGS.out:
         raise app.UsageError("--hf_dir and --out are required")
+    check_quant_flags(FLAGS.precisions, FLAGS.group_size, FLAGS.calibration)
+    checkpoint.check_expert_layout(FLAGS.layout, FLAGS.compression, "--layout")
+    if not os.path.isdir(FLAGS.hf_dir):
+        raise UsageError(f"--hf_dir={FLAGS.hf_dir}: " + ("is a file, not a directory"
+                         if os.path.exists(FLAGS.hf_dir) else "no such directory"))
+    if not os.path.exists(os.path.join(FLAGS.hf_dir, "config.json")):
+        raise UsageError(f"--hf_dir={FLAGS.hf_dir}: has no config.json (a Hugging Face "
+                         f"checkpoint directory is expected)")
+    if os.path.exists(os.path.join(FLAGS.out, "config.json")):
+        raise UsageError(f"--out={FLAGS.out}: holds a moejax checkpoint already; choose another "
+                         f"--out, or remove it first (--add_precisions adds copies to it)")
+    claim = workdir.claim(FLAGS.out, "--out")
     try:
         cfg = convert(FLAGS.hf_dir, FLAGS.out, FLAGS.dtype, FLAGS.compression,
                       FLAGS.precisions, FLAGS.group_size, FLAGS.calibration, FLAGS.layout)
-    except (CheckpointError, ConfigError) as e:
-        raise SystemExit(f"error: {e}")
+    except BaseException:
+        # A checkpoint without config.json is incomplete: one this run started in a
+        # directory of its own goes; files in a directory that was there are left.
+        claim.discard()
+        raise
+    claim.release()
     print(f"converted {cfg.family}: {cfg.num_layers} layers, {cfg.num_moe_layers} MoE layers x "
           f"{cfg.num_experts} experts (top-{cfg.top_k}), expert {cfg.expert_bytes} bytes, "
           f"{FLAGS.layout} layout -> {FLAGS.out}")
 
 
 def run():
-    app.run(main)
+    """`moejax-convert` and `python -m moejax.convert`: one error path (`moejax.cli`)."""
+    from moejax.cli import run_absl
+
+    run_absl("moejax.convert", main, kept=_kept)
+
+
+def _kept() -> str:
+    if FLAGS.add_precisions:
+        return f"{FLAGS.out} is as it was (no copy is listed until all are complete)"
+    if FLAGS.out and not os.path.exists(os.path.join(FLAGS.out, "config.json")):
+        left = os.path.isdir(FLAGS.out) and any(n != workdir.LOCK_NAME
+                                                for n in os.listdir(FLAGS.out))
+        return (f"{FLAGS.out} holds an incomplete checkpoint (no config.json)" if left
+                else f"nothing written to {FLAGS.out}")
+    return ""
 
 
 if __name__ == "__main__":

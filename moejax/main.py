@@ -1,12 +1,12 @@
 """The door: `python -m moejax.main --config=configs/NAME.py --workdir=DIR`.
 
-Everything else is a library function (`moejax.jobs.run`) that tests import and call.
+Everything else is a library function (`moejax.jobs.run`) that tests import and call. Errors
+go through `moejax.cli.run_absl`: a user's mistake is one line naming the flag, field, file or
+workdir at fault (status 2; 1 for a run that failed; 130 for Ctrl-C, saying what was kept).
 """
 
 from absl import app, flags, logging
 from ml_collections import config_flags
-
-from moejax.errors import CheckpointError, ConfigError
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Job config file (configs/*.py).",
                                           lock_config=True)
@@ -21,11 +21,15 @@ def main(argv):
     logging.set_verbosity(logging.WARNING)  # keep orbax/XLA INFO chatter out of the output
     from moejax import jobs
 
-    try:
-        jobs.run(_CONFIG.value, _WORKDIR.value)
-    except (ConfigError, CheckpointError) as e:
-        raise SystemExit(f"error: {e}")
+    jobs.run(_CONFIG.value, _WORKDIR.value)
+
+
+def _kept() -> str:
+    """What Ctrl-C before the job claimed its workdir kept (once claimed, `jobs.run` says)."""
+    return f"nothing written to {_WORKDIR.value}" if _WORKDIR.value else ""
 
 
 if __name__ == "__main__":
-    app.run(main)
+    from moejax.cli import run_absl
+
+    run_absl("moejax.main", main, kept=_kept)

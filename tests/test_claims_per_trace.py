@@ -198,10 +198,10 @@ def test_every_queue_in_the_sweep_is_reported_in_order(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "| watchdog_idle queue · with score_percentile(p=80) prefetch · 5% · 5 GB/s |" in out
     assert "| immediate queue ·" not in out
-    with pytest.raises(SystemExit) as e:
-        claims.main([f"--sweep_dir={tmp_path}", "--queue=watchdog_busy"])
-    assert str(e.value) == ("claims: --queue=watchdog_busy is not in the sweep; its queues: "
-                            "immediate, watchdog, a_custom_queue, watchdog_idle")
+    assert claims.main([f"--sweep_dir={tmp_path}", "--queue=watchdog_busy"]) == 2
+    assert capsys.readouterr().err == (
+        "python -m moejax.analysis.claims: error: --queue=watchdog_busy is not in the sweep; "
+        "its queues: immediate, watchdog, a_custom_queue, watchdog_idle\n")
 
 
 def test_csv_has_the_group_line_and_one_line_per_trace(tmp_path, capsys):
@@ -332,15 +332,15 @@ def test_an_unchanged_cold_ttft_is_structural_and_a_changed_one_is_not(tmp_path)
     assert f.structural == {} and f.values["cold_pct"] == pytest.approx(-10.0)
 
 
-def test_bad_sweep_directories_are_one_line_errors(tmp_path):
-    with pytest.raises(SystemExit) as e:
-        claims.main([f"--sweep_dir={tmp_path}"])
-    assert str(e.value) == f"claims: {tmp_path} is not a sweep directory (it has no cells/ folder)"
+def test_bad_sweep_directories_are_one_line_errors(tmp_path, capsys):
+    prog = "python -m moejax.analysis.claims: error: "
+    assert claims.main([f"--sweep_dir={tmp_path}"]) == 2
+    assert capsys.readouterr().err.startswith(
+        f"{prog}--sweep_dir={tmp_path}: not a sweep directory (it has no cells/ folder")
     os.makedirs(tmp_path / "cells" / "unfinished_cell")
-    with pytest.raises(SystemExit) as e:
-        claims.main([f"--sweep_dir={tmp_path}"])
-    assert str(e.value) == (f"claims: no finished cells ({tmp_path}: 0 finished cells, "
-                            "1 unfinished, 0 failed)")
+    assert claims.main([f"--sweep_dir={tmp_path}"]) == 2
+    assert capsys.readouterr().err == (f"{prog}no finished cells to read ({tmp_path}: "
+                                       "0 finished cells, 1 unfinished, 0 failed)\n")
 
 
 SUGGESTIONS = ("reproduced", "partly", "refuted", "not in this sweep")

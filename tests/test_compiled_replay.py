@@ -128,8 +128,11 @@ def test_every_recorded_trace_through_the_replay_job_with_the_cost_model(n, path
     eviction = COMPILED_EVICTIONS[n % len(COMPILED_EVICTIONS)]
     prefetch = ("score_percentile(p=80)", "topk(overfetch=1.5, lookahead=2)", "none",
                 "temporal")[n % 4]
+    (trace,) = load_traces(path)
+    # 40 slots, or every expert of a smaller model (a slot count above it is an error).
+    slots = min(40, len(trace.layers) * trace.num_experts)
     for engine in ("reference", "auto"):
-        c = _config(eviction, prefetch, slots=40, replay_engine=engine,
+        c = _config(eviction, prefetch, slots=slots, replay_engine=engine,
                     prefetch_queue=PREFETCH_QUEUES[n % len(PREFETCH_QUEUES)])
         c.job, c.trace, c.model.preset = "replay", path, ""
         c.log.progress = c.log.tensorboard = False
@@ -375,7 +378,8 @@ def test_the_compiled_engine_keeps_the_invariants(data):
     config = _config(eviction, prefetch,
                      pin=data.draw(st.sampled_from(["layer", "request"])),
                      prefetch_queue=data.draw(st.sampled_from(PREFETCH_QUEUES)),
-                     slots=data.draw(st.integers(trace.top_k, 3 * trace.num_experts)))
+                     slots=data.draw(st.integers(trace.top_k, min(3, len(trace.layers))
+                                                 * trace.num_experts)))
     cache = _cache(config, trace)
     assert replay(cache, traces).engine == "compiled"
     cache_checks.check_final(cache)

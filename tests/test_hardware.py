@@ -65,15 +65,15 @@ def test_override_types_are_checked_like_any_declared_field():
 
 
 @pytest.mark.parametrize("flag, message", [
-    ("h2d_gbps=0", r"hardware.h2d_gbps=0.0 must be positive"),
-    ("h2d_gbps=-5", r"hardware.h2d_gbps=-5.0 must be positive"),
-    ("link_gbps=0", r"hardware.link_gbps=0.0 must be positive"),
-    ("peak_tflops=0", r"hardware.peak_tflops=0.0 must be positive"),
-    ("hbm_gbps=-1", r"hardware.hbm_gbps=-1.0 must be positive"),
-    ("h2d_latency_s=-1e-6", r"hardware.h2d_latency_s=-1e-06 must be >= 0"),
-    ("launch_s=-1", r"hardware.launch_s=-1.0 must be >= 0"),
-    ("copy_engines=0", r"hardware.copy_engines=0 must be >= 1"),
-    ("h2d_gbps=nan", r"hardware.h2d_gbps=nan must be positive"),
+    ("h2d_gbps=0", r"hardware.h2d_gbps=0.0 must be a finite number > 0"),
+    ("h2d_gbps=-5", r"hardware.h2d_gbps=-5.0 must be a finite number > 0"),
+    ("link_gbps=0", r"hardware.link_gbps=0.0 must be a finite number > 0"),
+    ("peak_tflops=0", r"hardware.peak_tflops=0.0 must be a finite number > 0"),
+    ("hbm_gbps=-1", r"hardware.hbm_gbps=-1.0 must be a finite number > 0"),
+    ("h2d_latency_s=-1e-6", r"hardware.h2d_latency_s=-1e-06 must be a finite number >= 0"),
+    ("launch_s=-1", r"hardware.launch_s=-1.0 must be a finite number >= 0"),
+    ("copy_engines=0", r"hardware.copy_engines=0 must be an integer >= 1"),
+    ("h2d_gbps=nan", r"hardware.h2d_gbps=nan must be a finite number > 0"),
 ])
 def test_invalid_values_are_errors_naming_the_field(flag, message):
     config = _flags_config(f"--config.hardware.{flag}")

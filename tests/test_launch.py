@@ -170,6 +170,8 @@ def test_pool_runs_every_cell_and_a_rerun_skips_them(main_sweep, env, config_fil
         assert len(r["generated_token_ids"]) == c["overrides"].get("run.max_new_tokens", 2)
         assert r["cache"]["policies"]["eviction"] == c["overrides"].get("policies.eviction",
                                                                        "least_stale")
+    assert "4 cells (4 to run, 0 done); estimate unknown until the first cells finish" in \
+        proc.stdout  # the size, before it started
     assert "4 cells: 0 finished before, 4 ran now, 0 failed" in proc.stdout
     assert not os.path.exists(os.path.join(sweep_dir, "failures.json"))
 
@@ -185,7 +187,7 @@ def test_pool_runs_every_cell_and_a_rerun_skips_them(main_sweep, env, config_fil
     assert dry.returncode == 0, dry.stderr
     listed = [line for line in dry.stdout.splitlines() if line.startswith("finished")]
     assert len(listed) == 1 and "eviction=lfu" in listed[0]
-    assert "1 of 4 cells selected, 1 finished, 0 to run" in dry.stdout
+    assert "1 of 4 cells selected (0 to run, 1 done); nothing to run" in dry.stdout
 
 
 @pytest.mark.slow

@@ -18,7 +18,7 @@ PACKAGE = os.path.join(ROOT, "moejax")
 # Private attributes of other libraries' objects that tests may read (jax's compilation
 # count of a jitted function; NamedTuple's own API; a process pool's workers, which
 # concurrent.futures offers no other way to kill).
-FOREIGN_PRIVATE = {"_cache_size", "_asdict", "_replace", "_fields", "_processes"}
+FOREIGN_PRIVATE = {"_cache_size", "_asdict", "_replace", "_fields", "_processes", "_exit"}
 
 
 def _modules() -> dict[str, str]:

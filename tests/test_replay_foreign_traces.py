@@ -371,7 +371,7 @@ def test_vllm_trace_num_experts(tmp_path):
 def test_table_prints_none_and_unknown_instead_of_crashing():
     m = CacheMetrics([0, 1])  # nothing ran: every rate and the TTFT are None
     text = summary.table(m, "header")
-    assert "TTFT -" in text and "decode -" in text
+    assert "TTFT n/a (no prefill pass ran)" in text and "decode n/a (no decode pass ran)" in text
     text = summary.table(m, "header", bytes_known=False)
     assert "TTFT unknown" in text and "H2D unknown" in text
     lines = text.splitlines()
@@ -402,11 +402,12 @@ def test_unknown_expert_bytes_print_and_save_as_unknown(tmp_path, capsys):
     want = _lru_hits(_capture_sequence(QWEN), 150)
     assert _hits(res) == want and res["replay"]["engine"] == "compiled"
     assert _hits(_replay(QWEN, 150, "reference", tmp_path / "reference")) == want
-    # Named model: sizes known; a decode-only trace has no TTFT, printed as "-".
+    # Named model: sizes known; a decode-only trace has no TTFT, printed as n/a with why.
     c.model.family, c.model.preset = "qwen2_moe", "qwen1.5-moe-a2.7b"
     named = jobs.run(c, str(tmp_path / "named"))
     out = capsys.readouterr().out
-    assert "TTFT -, decode " in out and "H2D unknown" not in out
+    assert "TTFT n/a (the trace has no prefill pass, only decode steps" in out
+    assert "H2D unknown" not in out
     assert named["cache"]["expert_bytes"] > 0 and named["cache"]["total"]["h2d_bytes"] > 0
     assert named["cache"]["total"]["hits"] == res["cache"]["total"]["hits"]
 

@@ -129,7 +129,8 @@ def test_single_trace_single_capacity_and_partial_values(tmp_path):
 
 
 def test_empty_sweep_and_cli(tmp_path, capsys):
-    report.main([f"--sweep_dir={tmp_path}"])
+    os.makedirs(tmp_path / "cells")  # a sweep whose cells have not started
+    assert report.main([f"--sweep_dir={tmp_path}"]) == 0
     out = capsys.readouterr().out.strip()
     assert out == os.path.join(str(tmp_path), "report.md")
     assert "No finished cells" in open(out).read()

@@ -72,13 +72,16 @@ import shlex
 import sys
 from typing import Callable, Iterable
 
+from moejax import cli
 from moejax.analysis.sweep_cells import (
     dropin_pairs,
     lowest_bandwidth,
     mean,
+    open_sweep,
     scan,
     ttft_change_pct,
 )
+from moejax.cli import UsageError, guarded
 
 # Shown first, in this order; any other queue in the sweep (`watchdog_idle`) follows by name.
 QUEUES = ("immediate", "watchdog")
@@ -340,12 +343,19 @@ def least_stale_spec(spec: str, built: str = "") -> str:
 
 
 def parse_capacity(text: str) -> tuple:
-    """`0.05` -> (0, 0.05) (a fraction); `8slots`, `8 slots`, `slots=8` -> (1, 8)."""
+    """`0.05` -> (0, 0.05) (a fraction); `5%` -> (0, 0.05); `8slots`, `8 slots`, `slots=8` ->
+    (1, 8). Anything else is a ValueError saying what it takes."""
     t = str(text).strip().lower().replace(" ", "")
     m = re.fullmatch(r"(?:slots=)?(\d+)slots?|slots=(\d+)", t)
     if m:
         return (1, int(m.group(1) or m.group(2)))
-    v = float(t.rstrip("%")) / (100 if t.endswith("%") else 1)
+    try:
+        v = float(t.rstrip("%")) / (100 if t.endswith("%") else 1)
+    except ValueError:
+        v = math.nan
+    if not 0 < v <= 1:
+        raise ValueError(f"{text!r} is not a capacity: a fraction (0.05), a percentage (5%) "
+                         f"or a slot count (8slots)")
     return (0, v)
 
 
@@ -1054,31 +1064,58 @@ def to_csv(found: list[Finding]) -> str:
     return buf.getvalue()
 
 
-def main(argv: list[str] | None = None) -> None:
+PROG = "python -m moejax.analysis.claims"
+DEFAULT_CAPACITY = "0.05"
+
+
+def _capacity_arg(text: str) -> tuple:
+    try:
+        return parse_capacity(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    ap = argparse.ArgumentParser(prog="python -m moejax.analysis.claims",
+    ap = cli.ArgumentParser(prog=PROG,
                                  description=__doc__.split("\n\n")[0])
     ap.add_argument("--sweep_dir", action="append", required=True,
                     help="a sweep directory (repeat for several)")
-    ap.add_argument("--capacity", default="0.05", type=parse_capacity,
-                    help="the capacity the claims are read at: a fraction (0.05) or N slots "
-                         "('8slots'); claim 2 also at 1%%")
+    ap.add_argument("--capacity", default=None, type=_capacity_arg,
+                    help="the capacity the claims are read at: a fraction (0.05), a "
+                         "percentage (5%%) or N slots ('8slots'); claim 2 also at 1%% "
+                         f"(default: {DEFAULT_CAPACITY})")
     ap.add_argument("--queue", default="all",
                     help="all, or one prefetch queue of the sweep (immediate, watchdog, ...)")
     ap.add_argument("--h2d_gbps", type=float, default=None,
                     help="bandwidth of the cells used (default: each group's lowest)")
     ap.add_argument("--format", default="markdown", choices=("markdown", "csv"))
     a = ap.parse_args(argv)
+    return guarded(PROG, lambda: _main(a, argv))
+
+
+def _main(a: argparse.Namespace, argv: list[str]) -> None:
     for d in a.sweep_dir:
-        if not os.path.isdir(os.path.join(d, "cells")):
-            raise SystemExit(f"claims: {d} is not a sweep directory (it has no cells/ folder)")
+        open_sweep(d)  # a directory with cells/, every results.json parses
     loaded = load(a.sweep_dir)
     if not loaded.rows:
-        raise SystemExit(f"claims: no finished cells ({'; '.join(loaded.summary)})")
+        raise UsageError(f"no finished cells to read ({'; '.join(loaded.summary)})")
     queues = queue_order(r["queue"] for r in loaded.rows)
     if a.queue != "all" and a.queue not in queues:
-        raise SystemExit(f"claims: --queue={a.queue} is not in the sweep; its queues: "
+        raise UsageError(f"--queue={a.queue} is not in the sweep; its queues: "
                          f"{', '.join(queues)}")
+    # A capacity typed that no cell has is a mistake; the default (5%, SpecMD's) is read
+    # whatever the sweep holds: its rows then say "not in this sweep".
+    given = a.capacity is not None
+    a.capacity = a.capacity or parse_capacity(DEFAULT_CAPACITY)
+    if given and not at_capacity(loaded.rows, a.capacity):
+        caps = sorted({tuple(r["capacity_key"]) for r in loaded.rows})
+        raise UsageError(f"--capacity={capacity_text(a.capacity)}: no cell at that capacity; "
+                         f"the sweep's: {', '.join(capacity_text(c) for c in caps)}")
+    bws = sorted({float(r["h2d_gbps"]) for r in loaded.rows if r["h2d_gbps"] is not None})
+    if a.h2d_gbps is not None and not any(math.isclose(a.h2d_gbps, b) for b in bws):
+        raise UsageError(f"--h2d_gbps={a.h2d_gbps:g}: no cell at that bandwidth; the sweep's: "
+                         f"{', '.join(f'{b:g}' for b in bws) or 'none recorded'} GB/s")
     found = findings(loaded.rows, a.capacity, a.queue, a.h2d_gbps)
     command = shlex.join(["python", "-m", "moejax.analysis.claims", *argv])
     sys.stdout.write(to_csv(found) if a.format == "csv"
@@ -1086,4 +1123,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -9,17 +9,24 @@
    hit rates and warm TTFT of LRU, per-layer LRU, full layers, and LRU / `priority` seeded
    with each domain's hotlist.
 
+A --sweep_dir that is not a sweep, holds a results.json that does not parse, or has no cell
+with a host tier, is named with exit status 2.
+
 Trace groups: the embedded model's long traces (`embedded`: prose, code, math) and the real
 captures by model (`olmoe`, `qwen`); numbers of a group are means over its traces.
 """
 
 from __future__ import annotations
 
-import argparse
 import collections
 import re
+import sys
 
-from moejax.analysis.sweep_cells import load_cells, mean
+from moejax import cli
+from moejax.analysis.sweep_cells import load_cells, mean, open_sweep
+from moejax.cli import UsageError, guarded
+
+PROG = "python -m moejax.analysis.disk_tier"
 
 EMBEDDED_DOMAINS = ("prose", "code", "math")
 STORAGE_ORDER = ("nvme_gen4", "sata_ssd", "this_disk")
@@ -145,14 +152,24 @@ def hotlist_tables(rows: list[dict]) -> list[str]:
     return lines
 
 
-def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: list[str] | None = None) -> int:
+    ap = cli.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
     ap.add_argument("--sweep_dir", required=True)
     args = ap.parse_args(argv)
-    rows = load_cells(args.sweep_dir)
-    print("\n".join(["## Policies with a storage tier", "", *policy_tables(rows),
-                     "## Hotlists, full layers and per-layer LRU", "", *hotlist_tables(rows)]))
+    return guarded(PROG, lambda: _main(args.sweep_dir))
+
+
+def _main(sweep_dir: str) -> None:
+    rows = load_cells(sweep_dir, open_sweep(sweep_dir))
+    if not any(r["host_experts"] is not None for r in rows):
+        raise UsageError(f"--sweep_dir={sweep_dir}: none of its {len(rows)} finished cells "
+                         f"ran a host tier (cache.host_capacity_frac): these tables are of "
+                         f"configs/grid_disk.py's sweep")
+    policies, hotlists = policy_tables(rows), hotlist_tables(rows)
+    none = ["(no cell of this part of the grid here)", ""]
+    print("\n".join(["## Policies with a storage tier", "", *(policies or none),
+                     "## Hotlists, full layers and per-layer LRU", "", *(hotlists or none)]))
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

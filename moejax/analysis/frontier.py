@@ -18,7 +18,7 @@ import dataclasses
 import math
 from typing import Sequence
 
-from moejax.analysis.sweep_cells import EMBEDDED_MODEL, spec_base
+from moejax.analysis.sweep_cells import EMBEDDED_MODEL, field_value, identity_keys, spec_base
 
 BASE_MISS = "fetch"
 BASE_ROUTING = "standard"
@@ -92,7 +92,7 @@ def config_label(row: dict, other: Sequence[str] = ()) -> str:
         label += f" @{prec}"
     if _norm(row["routing"]) != BASE_ROUTING:
         label += f" · {row['routing']}"
-    return " · ".join([label, *(str(row[k]) for k in other)])
+    return " · ".join([label, *(field_value(row, k) for k in other)])
 
 
 def model_order(model) -> tuple:
@@ -170,6 +170,10 @@ def frontier_rows(rows: list[dict], speed: str = "decode_tok_per_s",
             not _has(r, speed), -float(r[speed]) if _has(r, speed) else 0.0,
             float(r[loss]) if _has(r, loss) else math.inf, r["name"]))
         other = tuple(k for k in _OTHER_KEYS if len({str(r.get(k)) for r in members}) > 1)
+        # Any further field telling two configurations apart (a config field) joins the
+        # label: two rows of one table never read alike.
+        other += tuple(identity_keys(members, ("miss", "routing", "precision", "pools",
+                                               *other)))
         front = pareto_front([(r.get(speed), r.get(loss)) for r in members])
         marks = [False] * len(members)
         for i in front:

@@ -23,18 +23,29 @@ Hit rates are always shown as ready + late (`ready_hit_rate`: resident and ready
 *configured* capacity (`5%`, or `N slots`), so one model's 5% and another's (different
 effective fractions) share a column; the effective fraction is kept in `capacity_frac`.
 Figures fix the dimensions they do not plot to a baseline: the lowest H2D bandwidth present,
-miss `fetch`, routing `standard`, prefetch `none` (Fig. 4, 5) and eviction `least_stale`
-(Fig. 6), each when present, otherwise the most common value.
+miss `fetch`, routing `standard`, prefetch queue `immediate`, prefetch `none` (Fig. 4, 5) and
+eviction `least_stale` (Fig. 6), each when present, otherwise the most common value.
+
+A table entry and a bar are one configuration: the fields that tell two cells of one entry
+apart (the experts' precision, the queue, any config field: `sweep_cells.identity_keys`) join
+its label, so cells are never averaged across configurations (`*` marks a mean over repeats of
+one). A "best" among configurations tied exactly names all of them ("tie of N").
+
+    python -m moejax.analysis.report --sweep_dir=DIR
+
+checks DIR first: a path that is missing, a file, not a sweep (no cells/), or a sweep with a
+results.json that does not parse, is named with exit status 2 and nothing is written.
 """
 
 from __future__ import annotations
 
-import argparse
 import collections
 import csv
 import os
+import sys
 from typing import Iterable
 
+from moejax import cli
 from moejax.analysis import frontier as frontier_lib
 from moejax.analysis.sweep_cells import (
     EVICTION_ORDER,
@@ -46,15 +57,19 @@ from moejax.analysis.sweep_cells import (
     Sweep,
     capacities,
     dropin_pairs,
+    field_name,
+    field_value,
     gbps_label,
     hit_parts,
+    identity_keys,
     lowest_bandwidth,
     mean,
+    open_sweep,
     order_names,
     scan,
     ttft_change_pct,
-    varying,
 )
+from moejax.cli import guarded
 
 # Written for every sweep (a figure without data says so).
 FIGURES = ("fig4_misses_by_eviction.png", "fig5_collisions_per_layer.png",
@@ -104,7 +119,31 @@ def _signed_pct(x) -> str:
 
 
 def _config_label(row: dict, keys: list[str]) -> str:
-    return " · ".join(row[k] for k in keys)
+    return " · ".join(field_value(row, k) for k in keys)
+
+
+def _keys_header(keys: list[str]) -> str:
+    return " · ".join(field_name(k) for k in keys)
+
+
+# A "best" cell of a table names at most this many of the cells tied for it.
+MAX_TIED = 3
+
+
+def _best(rows: list[dict], key: str, lowest: bool, keys: list[str]) -> tuple[str, dict | None]:
+    """The configuration with the lowest (highest) `key` among `rows`, and its row; every
+    configuration exactly tied for it is named ("tie: a; b; c"), never one picked from them."""
+    rated = [r for r in rows if r[key] is not None]
+    if not rated:
+        return "–", None
+    best = (min if lowest else max)(float(r[key]) for r in rated)
+    tied = [r for r in rated if float(r[key]) == best]
+    labels = order_names({_config_label(r, keys) for r in tied}, EVICTION_ORDER)
+    if len(labels) == 1:
+        return labels[0], tied[0]
+    more = len(labels) - MAX_TIED
+    return (f"tie of {len(labels)}: " + "; ".join(labels[:MAX_TIED])
+            + (f"; and {more} more (cells.csv)" if more > 0 else "")), tied[0]
 
 
 def _table(header: list[str], rows: list[list[str]], numeric: Iterable[int] | None = None
@@ -153,10 +192,13 @@ def _markdown(sweep_dir: str, sweep: Sweep) -> str:
 
     bw = lowest_bandwidth(rows)
     at_bw = [r for r in rows if r["h2d_gbps"] == bw]
-    row_keys = ["eviction"] + varying(at_bw, ("miss", "routing", "queue"))
+    # Every field telling two cells of a table entry apart (the precision, the queue, ...)
+    # joins the row label: an entry is one configuration, never a mean over several.
+    row_keys = ["eviction"] + identity_keys(at_bw, ("trace", "capacity", "eviction",
+                                                    "prefetch"))
     lines += ["", f"## By trace, at H2D {gbps_label(bw)} GB/s (the lowest present)", "",
               "Each entry: hit rate as ready+late / collision-miss rate (all of requests) / "
-              "TTFT (cache clock); `*` = mean of several cells."]
+              "TTFT (cache clock); `*` = mean of several cells of the same configuration."]
     for trace in sorted({r["trace"] for r in at_bw}):
         lines += ["", f"### {trace}"]
         for cap in capacities([r for r in at_bw if r["trace"] == trace]):
@@ -178,30 +220,31 @@ def _markdown(sweep_dir: str, sweep: Sweep) -> str:
                         _pct(mean(r["collision_miss_rate"] for r in group)),
                         _ms(mean(r["ttft_s"] for r in group)))) + star)
                 body.append([label] + cells)
-            head = " · ".join(row_keys) + " \\ prefetch"
+            head = _keys_header(row_keys) + " \\ prefetch"
             lines += ["", f"**capacity {cap}**{_slots_note(sel)}", ""]
             lines += _table([head] + pfs, body)
 
-    config_keys = ["eviction", "prefetch"] + varying(rows, ("miss", "routing", "queue"))
+    config_keys = ["eviction", "prefetch"] + identity_keys(
+        rows, ("trace", "capacity", "h2d_gbps", "eviction", "prefetch"))
     body = []
     groups = collections.defaultdict(list)
     for r in rows:
         bw_key = -1.0 if r["h2d_gbps"] is None else float(r["h2d_gbps"])
         groups[(r["trace"], r["capacity_key"], bw_key, r["capacity"])].append(r)
     for (trace, _, _, cap), group in sorted(groups.items()):
-        timed = [r for r in group if r["ttft_s"] is not None]
-        rated = [r for r in group if r["hit_rate"] is not None]
-        t = min(timed, key=lambda r: r["ttft_s"]) if timed else None
-        h = max(rated, key=lambda r: r["hit_rate"]) if rated else None
+        t_label, t = _best(group, "ttft_s", True, config_keys)
+        h_label, h = _best(group, "hit_rate", False, config_keys)
         body.append([trace, cap, gbps_label(group[0]["h2d_gbps"]),
-                     _config_label(t, config_keys) if t else "–", _ms(t and t["ttft_s"]),
-                     _config_label(h, config_keys) if h else "–",
-                     _row_hits(h) if h else "–"])
+                     t_label, _ms(t and t["ttft_s"]), h_label, _row_hits(h) if h else "–"])
     lines += ["", "## Best configuration per trace and capacity", ""]
-    lines += _table(["trace", "capacity", "H2D GB/s", f"best by TTFT ({' · '.join(config_keys)})",
-                     "TTFT", f"best by hit rate ({' · '.join(config_keys)})",
-                     "hit rate (ready + late)"],
-                    body, numeric=(2, 4, 6))
+    if any(cell.startswith("tie of") for b in body for cell in (b[3], b[5])):
+        lines += ["Where configurations are tied exactly for the best, all of them are named "
+                  "(\"tie of N\"): none is better than the others.", ""]
+    lines += _table(["trace", "capacity", "H2D GB/s",
+                            f"best by TTFT ({_keys_header(config_keys)})", "TTFT",
+                            f"best by hit rate ({_keys_header(config_keys)})",
+                            "hit rate (ready + late)"],
+                           body, numeric=(2, 4, 6))
     lines += ["", "## Figures", "",
               "- `fig4_misses_by_eviction.png`: total (grey) and collision (red) misses per "
               "eviction policy (SpecMD Fig. 4)",
@@ -415,12 +458,19 @@ def write_report(sweep_dir: str) -> str:
     return path
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+PROG = "python -m moejax.analysis.report"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = cli.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
     parser.add_argument("--sweep_dir", required=True, help="the sweep (DIR/cells/*/results.json)")
     args = parser.parse_args(argv)
-    print(write_report(args.sweep_dir))
+
+    def body():
+        open_sweep(args.sweep_dir)  # checked before anything is written
+        print(write_report(args.sweep_dir))
+    return guarded(PROG, body)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

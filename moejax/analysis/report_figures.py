@@ -3,7 +3,13 @@ per-layer collision misses (Fig. 5), prefetch precision/recall and ready / late 
 stall (Fig. 6), TTFT and decode speed per configuration, SpecMD's drop-in (each preset
 with its own eviction vs with Least-Stale) and the quality–speed frontier of quality cells
 (Fig. 5 / 7). Hit rates are drawn as ready and late apart.
-Called by `moejax.analysis.report.write_report`."""
+
+Panels of one quantity share one y scale (a capacity whose numbers are 25x smaller looks 25x
+smaller), and a panel whose numbers are all zero says so, and why where that is known. A bar
+or line is one configuration: fields that tell two cells of a panel apart (the precision, the
+queue, ...: `sweep_cells.identity_keys`) join its label, never averaged together. Each drawing
+function returns its Figure (tests read its axes). Called by
+`moejax.analysis.report.write_report`."""
 
 from __future__ import annotations
 
@@ -17,8 +23,11 @@ from moejax.analysis.sweep_cells import (
     DropInPair,
     baseline,
     capacities,
+    field_name,
+    field_value,
     gbps_label,
     hit_parts,
+    identity_keys,
     mean,
     nan_if_none,
     order_names,
@@ -31,29 +40,67 @@ _OTHER_COLORS = ("tab:blue", "tab:orange", "tab:green", "tab:purple", "tab:brown
 _MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
 
 
-def _figure(nrows: int, ncols: int, w: float = 4.4, h: float = 3.4):
+# Least-Stale's configurations in reds, each its own; the others in the qualitative colours.
+_LEAST_STALE_COLORS = ("tab:red", "darkred", "salmon", "firebrick", "lightcoral")
+# Baseline queue of the figures that fix it (SpecMD's default: prefetches issued at once).
+BASE_QUEUE = "immediate"
+SHARED_Y = "one y scale for every panel"
+
+
+def _figure(nrows: int, ncols: int, w: float = 4.4, h: float = 3.4, sharey: bool | str = False):
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(max(6.4, w * ncols), h * nrows + 0.6), layout="constrained")
     FigureCanvasAgg(fig)  # Agg without pyplot: no display, no global figure state
-    return fig, fig.subplots(nrows, ncols, squeeze=False)
+    axes = fig.subplots(nrows, ncols, squeeze=False, sharey=sharey)
+    if sharey:  # every panel keeps its own tick labels: each is read on its own too
+        for ax in axes.flat:
+            ax.yaxis.set_tick_params(labelleft=True)
+    return fig, axes
 
 
 def _title(fig, title: str, note: str) -> None:
     fig.suptitle(f"{title}\n({note})", fontsize=11)
 
 
-def _empty(path: str, what: str) -> None:
+def _empty(path: str, what: str):
     fig, axes = _figure(1, 1)
     axes[0, 0].text(0.5, 0.5, f"no data for {what}", ha="center", va="center")
     axes[0, 0].set_axis_off()
     fig.savefig(path, dpi=DPI)
+    return fig
 
 
-def _eviction_colors(evictions: list[str]) -> dict[str, str]:
-    others = iter(_OTHER_COLORS * 4)
-    return {e: "tab:red" if e.startswith("least_stale") else next(others) for e in evictions}
+def all_zero(values) -> bool:
+    """Every known value is exactly 0 (and there is at least one)."""
+    known = [float(v) for v in values if v is not None and not math.isnan(float(v))]
+    return bool(known) and all(v == 0 for v in known)
+
+
+def _note_all_zero(ax, values, why: str) -> None:
+    """A panel whose every value is 0 draws nothing visible: it says so, and why."""
+    if all_zero(values):
+        ax.text(0.5, 0.5, f"all zero: {why}", ha="center", va="center", fontsize=9,
+                color="0.25", transform=ax.transAxes, wrap=True,
+                bbox={"facecolor": "white", "edgecolor": "0.7", "boxstyle": "round"})
+
+
+def _eviction_colors(labels: list[str]) -> dict[str, str]:
+    reds, others = iter(_LEAST_STALE_COLORS * 4), iter(_OTHER_COLORS * 4)
+    return {e: next(reds) if e.startswith("least_stale") else next(others) for e in labels}
+
+
+def _configurations(rows: list[dict], shown: tuple[str, ...]
+                    ) -> tuple[list[str], dict[int, str], str]:
+    """The x categories of a panel's bars or lines: each row's eviction joined by the fields
+    that tell its configuration apart from another's at the same `shown` fields; (labels in
+    the paper's eviction order, {id(row): label}, the axis's name of them)."""
+    keys = identity_keys(rows, shown)
+    label = {id(r): " · ".join([r["eviction"], *(field_value(r, k) for k in keys)])
+             for r in rows}
+    name = " · ".join(["eviction policy", *(field_name(k) for k in keys)])
+    return order_names(set(label.values()), EVICTION_ORDER), label, name
 
 
 def _facets(rows: list[dict]) -> list[tuple[str, list[dict]]]:
@@ -75,35 +122,44 @@ def _trace_mean(rows: list[dict], key: str) -> float:
     return nan_if_none(mean(per_trace))
 
 
-def fig4(rows: list[dict], path: str) -> None:
-    base, fixed = baseline(rows, prefetch="none", miss="fetch", routing="standard")
+def fig4(rows: list[dict], path: str):
+    base, fixed = baseline(rows, prefetch="none", miss="fetch", routing="standard",
+                           queue=BASE_QUEUE)
     if not base:
         return _empty(path, "Fig. 4")
-    evictions, caps, facets = order_names({r["eviction"] for r in base}, EVICTION_ORDER), \
-        capacities(base), _facets(base)
-    fig, axes = _figure(len(facets), len(caps), w=max(4.4, 0.9 * len(evictions) + 1.5))
-    x = np.arange(len(evictions))
+    configs, label, xname = _configurations(base, ("trace", "capacity", "eviction"))
+    caps, facets = capacities(base), _facets(base)
+    fig, axes = _figure(len(facets), len(caps), w=max(4.4, 0.9 * len(configs) + 1.5),
+                        sharey=True)
+    x = np.arange(len(configs))
     for i, (facet, frows) in enumerate(facets):
         for j, cap in enumerate(caps):
             ax, sel = axes[i, j], [r for r in frows if r["capacity"] == cap]
-            miss = [100 * _trace_mean([r for r in sel if r["eviction"] == e], "miss_rate")
-                    for e in evictions]
-            coll = [100 * _trace_mean([r for r in sel if r["eviction"] == e],
-                                      "collision_miss_rate") for e in evictions]
+            miss = [100 * _trace_mean([r for r in sel if label[id(r)] == e], "miss_rate")
+                    for e in configs]
+            coll = [100 * _trace_mean([r for r in sel if label[id(r)] == e],
+                                      "collision_miss_rate") for e in configs]
             ax.bar(x - 0.2, miss, 0.4, color="0.6", label="total misses")
             ax.bar(x + 0.2, coll, 0.4, color="tab:red", label="collision misses")
             for k, (m, c) in enumerate(zip(miss, coll)):
                 if math.isnan(m) and math.isnan(c):
                     ax.text(k, 0, "n/a", ha="center", va="bottom", fontsize=8)
-            ax.set_xticks(x, evictions, rotation=30, ha="right")
-            ax.set_xlabel("eviction policy")
+                else:  # a bar of height 0 is invisible: its number says it is there
+                    for dx, v in ((-0.2, m), (0.2, c)):
+                        if v == 0:
+                            ax.text(k + dx, 0, "0", ha="center", va="bottom", fontsize=7)
+            _note_all_zero(ax, miss + coll, "no misses in these cells (every request a hit)")
+            ax.set_xticks(x, configs, rotation=30, ha="right")
+            ax.set_xlabel(xname)
             ax.set_ylabel("misses, % of requests")
             ax.set_title(f"{facet} — capacity {cap}", fontsize=10)
             ax.set_ylim(bottom=0)
             ax.grid(axis="y", alpha=0.3)
     axes[0, 0].legend(fontsize=8)
-    _title(fig, "Total and collision misses by eviction policy", _fixed_note(fixed))
+    _title(fig, "Total and collision misses by eviction policy",
+           f"{_fixed_note(fixed)}; {SHARED_Y}")
     fig.savefig(path, dpi=DPI)
+    return fig
 
 
 def _layer_curve(rows: list[dict]) -> np.ndarray:
@@ -124,25 +180,31 @@ def _layer_curve(rows: list[dict]) -> np.ndarray:
     return np.where(counts > 0, sums / np.maximum(counts, 1), np.nan)
 
 
-def fig5(rows: list[dict], path: str) -> None:
+def fig5(rows: list[dict], path: str):
     from matplotlib.ticker import MaxNLocator
 
-    base, fixed = baseline(rows, prefetch="none", miss="fetch", routing="standard")
+    base, fixed = baseline(rows, prefetch="none", miss="fetch", routing="standard",
+                           queue=BASE_QUEUE)
     if not base or not any(r["layer_collision_miss_rate"] for r in base):
         return _empty(path, "Fig. 5 (no per-layer rows)")
-    evictions, caps, facets = order_names({r["eviction"] for r in base}, EVICTION_ORDER), \
-        capacities(base), _facets(base)
-    colors = _eviction_colors(evictions)
-    fig, axes = _figure(len(facets), len(caps))
+    configs, label, _ = _configurations(base, ("trace", "capacity", "eviction"))
+    caps, facets = capacities(base), _facets(base)
+    colors = _eviction_colors(configs)
+    markers = dict(zip(configs, _MARKERS * 8))
+    fig, axes = _figure(len(facets), len(caps), sharey=True)
     for i, (facet, frows) in enumerate(facets):
         for j, cap in enumerate(caps):
             ax = axes[i, j]
-            for e in evictions:
+            drawn = []
+            for e in configs:
                 curve = _layer_curve([r for r in frows if r["capacity"] == cap
-                                      and r["eviction"] == e])
+                                      and label[id(r)] == e])
                 if curve.size and not np.all(np.isnan(curve)):
-                    ax.plot(np.arange(curve.size), 100 * curve, marker="o", markersize=3,
-                            color=colors[e], label=e, lw=2 if colors[e] == "tab:red" else 1.2)
+                    ax.plot(np.arange(curve.size), 100 * curve, marker=markers[e],
+                            markersize=3.5, color=colors[e], label=e,
+                            lw=2 if e.startswith("least_stale") else 1.2)
+                    drawn += list(curve)
+            _note_all_zero(ax, drawn, "no collision misses in these cells")
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))
             ax.set_xlabel("MoE layer (position)")
             ax.set_ylabel("collision misses, % of requests")
@@ -151,14 +213,22 @@ def fig5(rows: list[dict], path: str) -> None:
             ax.grid(alpha=0.3)
             if ax.get_legend_handles_labels()[0]:
                 ax.legend(fontsize=7)
-    _title(fig, "Per-layer collision-miss rate by eviction policy", _fixed_note(fixed))
+    _title(fig, "Per-layer collision-miss rate by eviction policy",
+           f"{_fixed_note(fixed)}; {SHARED_Y}")
     fig.savefig(path, dpi=DPI)
+    return fig
 
 
-def fig6(rows: list[dict], path: str) -> None:
+# The marker of fig6's ready / ready + late legend: a shape no capacity is drawn with.
+HIT_MARKER = "h"
+
+
+def fig6(rows: list[dict], path: str):
     from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
 
-    base, fixed = baseline(rows, eviction="least_stale", miss="fetch", routing="standard")
+    base, fixed = baseline(rows, eviction="least_stale", miss="fetch", routing="standard",
+                           queue=BASE_QUEUE)
     if not base:
         return _empty(path, "Fig. 6")
     prefetches, caps = order_names({r["prefetch"] for r in base}, PREFETCH_ORDER), capacities(base)
@@ -184,8 +254,16 @@ def fig6(rows: list[dict], path: str) -> None:
         elif r["hit_rate"] is not None:  # the split unknown: a cross-hatched total
             right.scatter(x, 100 * r["hit_rate"], color=c, marker="x", s=36, alpha=0.85)
     if not left.collections:
-        left.text(0.5, 0.5, "no prefetch predictions in these cells", ha="center",
-                  va="center", transform=left.transAxes)
+        why = ("no prefetch in these cells (prefetch none)"
+               if all(r["prefetch"].split("(")[0] == "none" for r in base)
+               else "no prefetch precision or recall in these cells (nothing prefetched)")
+        left.text(0.5, 0.5, why, ha="center", va="center", transform=left.transAxes,
+                  wrap=True)
+    else:
+        pairs = [(r["prefetch_precision"], r["prefetch_recall"]) for r in base
+                 if r["prefetch_precision"] is not None and r["prefetch_recall"] is not None]
+        _note_all_zero(left, [v for p in pairs for v in p],
+                       "no prefetched expert was used (precision and recall 0)")
     left.set_xlabel("prefetch recall, % of requests in predicted layers")
     left.set_ylabel("prefetch precision, % of prefetched used")
     left.set_title("Precision vs recall per prefetch policy", fontsize=10)
@@ -197,49 +275,63 @@ def fig6(rows: list[dict], path: str) -> None:
     right.set_xlim(left=0)
     for ax in (left, right):
         ax.grid(alpha=0.3)
-    handles = [Line2D([], [], color=colors[p], marker="o", ls="", label=p) for p in prefetches]
-    handles += [Line2D([], [], color="0.3", marker=markers[c], ls="", label=f"capacity {c}")
-                for c in caps]
-    handles += [Line2D([], [], color="0.3", marker="o", ls="", label="ready hits"),
-                Line2D([], [], color="0.3", marker="o", ls="", markerfacecolor="none",
-                       label="ready + late hits")]
-    right.legend(handles=handles, fontsize=7, loc="best")
+    # Three legends, one per encoding, so no two entries look alike: colour (a patch) is the
+    # prefetch policy, the marker's shape the capacity, its fill ready vs ready + late.
+    colour = [Patch(facecolor=colors[p], label=p) for p in prefetches]
+    shape = [Line2D([], [], color="black", marker=markers[c], ls="", label=f"capacity {c}")
+             for c in caps]
+    fill = [Line2D([], [], color="0.3", marker=HIT_MARKER, ls="", markersize=8,
+                   label="ready hits (filled)"),
+            Line2D([], [], color="0.3", marker=HIT_MARKER, ls="", markersize=8,
+                   markerfacecolor="none", label="ready + late hits (hollow)")]
+    for handles, title, where in ((colour, "prefetch (colour)", "outside lower left"),
+                                  (shape, "capacity (marker)", "outside lower center"),
+                                  (fill, "hit rate (fill)", "outside lower right")):
+        fig.legend(handles=handles, title=title, loc=where, fontsize=7, title_fontsize=7,
+                   ncols=2 if len(handles) > 3 else 1)
     n_traces = len({r["trace"] for r in base})
     _title(fig, "Prefetch strategies", f"{_fixed_note(fixed)}; one point per cell, "
            f"{n_traces} trace{'s' if n_traces != 1 else ''}")
     fig.savefig(path, dpi=DPI)
+    return fig
 
 
-def fig_ttft_decode(rows: list[dict], path: str) -> None:
-    base, fixed = baseline(rows, miss="fetch", routing="standard")
+def fig_ttft_decode(rows: list[dict], path: str):
+    base, fixed = baseline(rows, miss="fetch", routing="standard", queue=BASE_QUEUE)
     if not base:
         return _empty(path, "TTFT / decode")
-    evictions = order_names({r["eviction"] for r in base}, EVICTION_ORDER)
+    configs, label, xname = _configurations(base, ("trace", "capacity", "eviction", "prefetch"))
     prefetches, caps = order_names({r["prefetch"] for r in base}, PREFETCH_ORDER), capacities(base)
     colors = dict(zip(prefetches, _OTHER_COLORS * 4))
     traces = sorted({r["trace"] for r in base})
     over = traces[0] if len(traces) == 1 else f"mean of {len(traces)} traces"
-    fig, axes = _figure(2, len(caps), w=max(4.4, 0.5 * len(evictions) * len(prefetches) + 1.5))
-    x, width = np.arange(len(evictions)), 0.8 / len(prefetches)
+    fig, axes = _figure(2, len(caps), w=max(4.4, 0.5 * len(configs) * len(prefetches) + 1.5),
+                        sharey="row")
+    x, width = np.arange(len(configs)), 0.8 / len(prefetches)
     for j, cap in enumerate(caps):
         sel = [r for r in base if r["capacity"] == cap]
-        for i, (key, scale, label) in enumerate((("ttft_s", 1e3, "TTFT, ms"),
-                                                 ("decode_tok_per_s", 1.0, "decode, tok/s"))):
+        for i, (key, scale, ylabel) in enumerate((("ttft_s", 1e3, "TTFT, ms"),
+                                                  ("decode_tok_per_s", 1.0, "decode, tok/s"))):
             ax = axes[i, j]
+            drawn = []
             for k, pf in enumerate(prefetches):
-                vals = [scale * _trace_mean([r for r in sel if r["eviction"] == e
-                                             and r["prefetch"] == pf], key) for e in evictions]
+                vals = [scale * _trace_mean([r for r in sel if label[id(r)] == e
+                                             and r["prefetch"] == pf], key) for e in configs]
                 ax.bar(x - 0.4 + (k + 0.5) * width, vals, width, color=colors[pf], label=pf)
-            ax.set_xticks(x, evictions, rotation=30, ha="right")
-            ax.set_xlabel("eviction policy")
-            ax.set_ylabel(label)
-            ax.set_title(f"{label.split(',')[0]} — capacity {cap} ({over})", fontsize=10)
+                drawn += vals
+            _note_all_zero(ax, drawn, f"every cell recorded {ylabel.split(',')[0]} 0")
+            ax.set_xticks(x, configs, rotation=30, ha="right")
+            ax.set_xlabel(xname)
+            ax.set_ylabel(ylabel)
+            ax.set_title(f"{ylabel.split(',')[0]} — capacity {cap} ({over})", fontsize=10)
             ax.set_ylim(bottom=0)
             ax.grid(axis="y", alpha=0.3)
     fig.legend(*axes[0, 0].get_legend_handles_labels(), loc="outside lower center",
                ncols=min(4, len(prefetches)), title="prefetch policy", fontsize=8)
-    _title(fig, "TTFT and decode throughput per configuration", _fixed_note(fixed))
+    _title(fig, "TTFT and decode throughput per configuration",
+           f"{_fixed_note(fixed)}; one y scale per row")
     fig.savefig(path, dpi=DPI)
+    return fig
 
 
 # -- SpecMD's drop-in ------------------------------------------------------------------------
@@ -268,7 +360,7 @@ def _points(ax, xc: float, values: list, color: str = "black") -> None:
     ax.scatter(xc + off, vals, s=9, color=color, zorder=3, alpha=0.8, linewidths=0)
 
 
-def fig_dropin(pairs: list[DropInPair], path: str) -> None:
+def fig_dropin(pairs: list[DropInPair], path: str):
     """Per preset: baseline vs +Least-Stale. Rows: TTFT change, ready / late (hatched) hit
     rate, collision-miss rate; one column per capacity, at the lowest bandwidth of the pairs.
     Bars are means over traces; dots the traces' own values."""
@@ -283,11 +375,12 @@ def fig_dropin(pairs: list[DropInPair], path: str) -> None:
     series = [("baseline", _BASE_COLOR)] + [(lab, colors[lab]) for lab in labels]
     width = 0.8 / len(series)
     fig, axes = _figure(3, len(caps), w=max(4.4, 0.4 * len(groups) * len(series) + 1.6),
-                        h=3.2)
+                        h=3.2, sharey="row")
     x = np.arange(len(groups))
     for i, cap in enumerate(caps):
         at_cap = [p for p in pairs if p.base["capacity"] == cap]
         ax_t, ax_h, ax_c = axes[:, i]
+        drawn = {"ttft": [], "hits": [], "coll": []}
         for k, (lab, color) in enumerate(series):
             xs = x - 0.4 + (k + 0.5) * width
             for j, g in enumerate(groups):
@@ -310,14 +403,17 @@ def fig_dropin(pairs: list[DropInPair], path: str) -> None:
                     ax_h.bar(xs[j], rm, width, color=color, edgecolor="black", lw=0.4)
                     ax_h.bar(xs[j], lm, width, bottom=rm, color=color, alpha=0.45,
                              hatch="///", edgecolor="black", lw=0.4)
+                    drawn["hits"] += [rm, lm]
                     _points(ax_h, xs[j], [100 * (a + b) for a, b in zip(ready, late)])
                 else:  # split unknown: the total, cross-hatched
                     tot = [mean(r["hit_rate"] for r in by_trace[t]) for t in traces]
                     ax_h.bar(xs[j], 100 * nan_if_none(mean(tot)), width, color="white",
                              hatch="xx", edgecolor=color, lw=0.8)
+                    drawn["hits"].append(100 * nan_if_none(mean(tot)))
                 coll = [mean(r["collision_miss_rate"] for r in by_trace[t]) for t in traces]
                 ax_c.bar(xs[j], 100 * nan_if_none(mean(coll)), width, color=color,
                          edgecolor="black", lw=0.4)
+                drawn["coll"].append(100 * nan_if_none(mean(coll)))
                 _points(ax_c, xs[j], [None if v is None else 100 * v for v in coll])
         # TTFT change: one bar per drop-in spec, the mean over traces of each pair's change.
         tw = 0.8 / len(labels)
@@ -332,10 +428,15 @@ def fig_dropin(pairs: list[DropInPair], path: str) -> None:
                            for p in sel if p.base["trace"] == t) for t in traces]
                 m = nan_if_none(mean(ch))
                 ax_t.bar(xs[j], m, tw, color=colors[lab], edgecolor="black", lw=0.4)
+                drawn["ttft"].append(m)
                 if math.isnan(m):
                     ax_t.text(xs[j], 0, "n/a", ha="center", va="bottom", fontsize=7)
                 _points(ax_t, xs[j], ch)
         ax_t.axhline(0, color="black", lw=0.8)
+        _note_all_zero(ax_t, drawn["ttft"], "no pair's TTFT changes (TTFT: the first "
+                                            "request's, from an empty cache)")
+        _note_all_zero(ax_h, drawn["hits"], "no hits in these cells")
+        _note_all_zero(ax_c, drawn["coll"], "no collision misses in these cells")
         names = [_group_name(g) for g in groups]
         for ax, ylabel, title in (
                 (ax_t, "TTFT change vs baseline, %", "TTFT change (drop-in vs baseline)"),
@@ -357,35 +458,24 @@ def fig_dropin(pairs: list[DropInPair], path: str) -> None:
     _title(fig, "SpecMD drop-in: each preset with its own eviction vs Least-Stale",
            (f"x: preset / {' / '.join(other)}; " if other else "")
            + f"H2D {gbps_label(bw)} GB/s; bars: mean over {n_traces} trace"
-           f"{'s' if n_traces != 1 else ''}, dots: each trace")
+           f"{'s' if n_traces != 1 else ''}, dots: each trace; one y scale per row")
     fig.savefig(path, dpi=DPI)
+    return fig
 
 
 # -- the quality–speed frontier --------------------------------------------------------------
 _ROUTING_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "<", ">")
-_POLICY_COLORS = {"fetch": "black", "fetch_priority": "tab:green", "fetch_lowest_bit": "tab:olive",
-                  "substitute": "tab:purple", "drop": "tab:red"}
+# One colour per miss-policy family (plain fetch at each precision its own), in
+# `_family_order`: a qualitative palette whose neighbours differ in hue, not in shade.
+FAMILY_COLORS = ("black", "tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple",
+                 "tab:brown", "tab:pink", "tab:olive", "tab:cyan", "navy", "magenta", "lime",
+                 "tab:gray")
 
 
 def _policy_colors(families: list[str]) -> dict[str, str]:
-    """Plain fetch black; its quantized variants blue shades; the miss policies their own
-    colours (drop variants red / orange); the rest in turn."""
-    out, others = {}, iter(("tab:brown", "tab:pink", "tab:cyan", "tab:gray") * 8)
-    blues = iter(("tab:blue", "royalblue", "navy", "deepskyblue") * 4)
-    drops = iter(("tab:red", "tab:orange", "darkred", "salmon") * 4)
-    for f in families:
-        base = f.split("(")[0].split(" ")[0]
-        if f.startswith("fetch @"):
-            out[f] = next(blues)
-        elif base == "drop":
-            out[f] = next(drops)
-        elif f in _POLICY_COLORS:
-            out[f] = _POLICY_COLORS[f]
-        elif base in _POLICY_COLORS and base not in ("fetch", "drop"):
-            out[f] = _POLICY_COLORS[base]
-        else:
-            out[f] = next(others)
-    return out
+    """Each family its own colour of FAMILY_COLORS, in order (plain fetch first: black); past
+    its end the colours repeat (the legend still names every family)."""
+    return {f: FAMILY_COLORS[i % len(FAMILY_COLORS)] for i, f in enumerate(families)}
 
 
 def _family_order(f: str) -> tuple:
@@ -394,12 +484,13 @@ def _family_order(f: str) -> tuple:
     return (known.index(f) if f in known else len(known), f)
 
 
-def fig_quality_frontier(groups, path: str) -> None:
+def fig_quality_frontier(groups, path: str):
     """SpecMD-style quality–speed frontier: one panel per model (rows) and capacity (columns);
     x decode tok/s (cache clock), y KL mean (log; KL 0 drawn on an "exact" floor line); colour:
     miss policy (plain fetch by precision), marker: routing; the Pareto frontier as a step
     line, its points ringed. `groups`: `moejax.analysis.frontier.frontier_rows` output."""
     from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
 
     from moejax.analysis import frontier as fr
 
@@ -452,15 +543,22 @@ def fig_quality_frontier(groups, path: str) -> None:
             ax.set_xlabel("decode tok/s (cache clock)")
             ax.set_ylabel("KL(reference ‖ cached), nats/token")
             ax.grid(alpha=0.3, which="major")
-    handles = [Line2D([], [], color=colors[f], marker="o", ls="", label=f) for f in families]
-    handles += [Line2D([], [], color="0.3", marker=markers[r], ls="", label=r) for r in routings]
-    handles.append(Line2D([], [], color="0.25", marker="o", markerfacecolor="none",
-                          markeredgecolor="black", markersize=9, label="Pareto frontier"))
-    fig.legend(handles=handles, loc="outside lower center", ncols=min(5, len(handles)),
-               fontsize=8)
+    # One legend per encoding, so no entry looks like another: colour (a patch) is the miss
+    # policy, the marker's shape (hollow) the routing; the ring the frontier.
+    colour = [Patch(facecolor=colors[f], label=f) for f in families]
+    shape = [Line2D([], [], color="black", marker=markers[r], markerfacecolor="none", ls="",
+                    label=r) for r in routings]
+    shape.append(Line2D([], [], color="0.25", marker="o", markerfacecolor="none",
+                        markeredgecolor="black", markersize=9, label="Pareto frontier"))
+    fig.legend(handles=colour, title="miss policy (colour)", loc="outside lower left",
+               ncols=min(3, len(colour)), fontsize=8, title_fontsize=8)
+    fig.legend(handles=shape, title="routing (marker)", loc="outside lower right",
+               ncols=min(2, len(shape)), fontsize=8, title_fontsize=8)
     _title(fig, "Quality–speed frontier", "colour: miss policy (plain fetch by precision); "
-           "marker: routing; lower right is better")
+           "marker: routing; lower right is better;\none KL scale in every panel, tok/s per "
+           "panel")
     fig.savefig(path, dpi=DPI)
+    return fig
 
 
 # -- entry points ----------------------------------------------------------------------------

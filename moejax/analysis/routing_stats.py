@@ -15,12 +15,16 @@ Per trace, over its decode steps (single-token passes), averaged over MoE layers
 
 from __future__ import annotations
 
+import os
 import sys
 
 import numpy as np
 
-from moejax.traces.format import Trace
+from moejax.cli import UsageError, guarded
+from moejax.traces.format import Trace, TraceError
 from moejax.traces.importers import load_traces
+
+PROG = "python -m moejax.analysis.routing_stats"
 
 
 def usage_entropy_frac(ids: np.ndarray, num_experts: int) -> np.ndarray:
@@ -82,11 +86,21 @@ COLUMNS = ("steps", "layers", "experts", "top_k", "entropy_frac", "entropy_frac_
            "reuse_uniform", "spec_topk_precision", "spec_p80_precision", "spec_p80_recall")
 
 
+def _traces(path: str) -> list[Trace]:
+    """The file's traces; a path that is not a trace file is a usage error naming it."""
+    if os.path.isdir(path):
+        raise UsageError(f"{path}: is a directory; give trace files (.npz, .jsonl)")
+    try:
+        return load_traces(path)
+    except TraceError as e:
+        raise UsageError(str(e)) from None
+
+
 def table(paths: list[str]) -> str:
     lines = ["| trace | " + " | ".join(COLUMNS) + " |",
              "| --- |" + " ---: |" * len(COLUMNS)]
     for path in paths:
-        for i, trace in enumerate(load_traces(path)):
+        for i, trace in enumerate(_traces(path)):
             s = summarize(trace)
             name = path.rsplit("/", 1)[-1] + (f"#{i}" if i else "")
             cells = [f"{s[c]:.3f}" if isinstance(s.get(c), float) else str(s.get(c, "–"))
@@ -95,7 +109,14 @@ def table(paths: list[str]) -> str:
     return "\n".join(lines)
 
 
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(f"usage: {PROG} TRACE [TRACE ...]\n\n{__doc__.split(chr(10) * 2)[0]}",
+              file=sys.stderr if not argv else sys.stdout)
+        return 2 if not argv else 0
+    return guarded(PROG, lambda: print(table(argv)))
+
+
 if __name__ == "__main__":
-    if len(sys.argv) < 2:
-        raise SystemExit("usage: python -m moejax.analysis.routing_stats TRACE [TRACE ...]")
-    print(table(sys.argv[1:]))
+    sys.exit(main())

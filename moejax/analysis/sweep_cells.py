@@ -50,6 +50,9 @@ class Sweep:
     rows: list[dict]  # one per finished cell, sorted by name
     unfinished: list[str]  # cell directories without results.json
     failed: dict[str, str]  # cell name -> why its results.json could not be used
+    # cell name -> why its results.json does not parse (also in `failed`): jobs write it
+    # atomically, so such a file was written by something else, or damaged
+    corrupt: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
 # -- loading ---------------------------------------------------------------------------------
@@ -228,15 +231,58 @@ def scan(sweep_dir: str) -> Sweep:
             continue
         try:
             with open(path) as f:
-                sweep.rows.append(cell_row(name, json.load(f)))
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+                results = json.load(f)
+        except (OSError, ValueError) as e:
+            sweep.failed[name] = sweep.corrupt[name] = f"{type(e).__name__}: {e}"
+            continue
+        try:
+            sweep.rows.append(cell_row(name, results))
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
             sweep.failed[name] = f"{type(e).__name__}: {e}"
     return sweep
 
 
-def load_cells(sweep_dir: str) -> list[dict]:
-    """One flat row per finished cell; unfinished and failed cells are skipped and logged."""
+# What to do about a results.json that does not parse (jobs write it whole: something else did).
+CORRUPT_HINT = ("does not parse as JSON: re-run the sweep (launch.sweep re-runs such a cell) or "
+                "delete it")
+
+
+def check_sweep_dir(sweep_dir: str, flag: str = "--sweep_dir") -> None:
+    """`sweep_dir` is a sweep directory (a directory with cells/), or a usage error naming
+    `flag`. The analysis tools check this before they read or write anything."""
+    from moejax.cli import UsageError
+
+    where = f"{flag}={sweep_dir}"
+    if not os.path.exists(sweep_dir):
+        raise UsageError(f"{where}: no such directory")
+    if not os.path.isdir(sweep_dir):
+        raise UsageError(f"{where}: is a file, not a sweep directory")
+    if not os.path.isdir(os.path.join(sweep_dir, "cells")):
+        raise UsageError(f"{where}: not a sweep directory (it has no cells/ folder; "
+                         f"launch.sweep writes DIR/cells/<cell>/results.json)")
+
+
+def open_sweep(sweep_dir: str, flag: str = "--sweep_dir") -> Sweep:
+    """`scan` for a command line: the directory checked (`check_sweep_dir`), and a
+    results.json that does not parse a usage error naming it (the numbers of a sweep with
+    such a cell would be published without it)."""
+    from moejax.cli import UsageError
+
+    check_sweep_dir(sweep_dir, flag)
     sweep = scan(sweep_dir)
+    if sweep.corrupt:
+        names = sorted(sweep.corrupt)
+        first = os.path.join(sweep_dir, "cells", names[0], "results.json")
+        more = f" (and {len(names) - 1} more: {', '.join(names[1:4])}" \
+               f"{', ...' if len(names) > 4 else ''})" if len(names) > 1 else ""
+        raise UsageError(f"{first}{more}: {CORRUPT_HINT} ({sweep.corrupt[names[0]]})")
+    return sweep
+
+
+def load_cells(sweep_dir: str, sweep: Sweep | None = None) -> list[dict]:
+    """One flat row per finished cell (of `sweep`, `scan(sweep_dir)` by default); unfinished
+    and failed cells are skipped and logged."""
+    sweep = scan(sweep_dir) if sweep is None else sweep
     if sweep.unfinished or sweep.failed:
         log.warning("%s: skipped %d unfinished and %d failed cells (%s)", sweep_dir,
                     len(sweep.unfinished), len(sweep.failed),
@@ -293,6 +339,47 @@ def nan_if_none(x) -> float:
 
 def varying(rows: list[dict], keys: Iterable[str]) -> list[str]:
     return [k for k in keys if len({r[k] for r in rows}) > 1]
+
+
+# Row fields that may tell two cells of one trace, capacity, bandwidth and policy apart, in
+# the order a label names them; config fields (`row["setup"]`) by name come after them.
+IDENTITY_FIELDS = ("miss", "routing", "queue", "precision", "pools")
+# The row fields a caller may name as shown; any other key is a config field.
+ROW_FIELDS = (*IDENTITY_FIELDS, "trace", "capacity", "capacity_key", "h2d_gbps", "eviction",
+              "prefetch", "model")
+
+
+def field_value(row: dict, key: str) -> str:
+    """A row field (`ROW_FIELDS`) or config field of a row, as shown in a label ("–": none)."""
+    value = (row.get(key) if key in ROW_FIELDS
+             else _shown((row.get("setup") or {}).get(key, "null")))
+    return "–" if value in (None, "null", "None") else str(value)
+
+
+def field_name(key: str) -> str:
+    """How a table header names a field: a config field by its last component."""
+    return key.rsplit(".", 1)[-1]
+
+
+def identity_keys(rows: list[dict], shown: Iterable[str]) -> list[str]:
+    """The fields beyond `shown` that a label must name so that no two cells differing in
+    their configuration share one (and get averaged into one number or bar): greedily, in
+    order (`IDENTITY_FIELDS`, then config fields by name), each field that still takes two
+    values among rows agreeing on `shown` and the fields taken before it. Cells equal in
+    every field (repeats of one configuration) still share a label."""
+    shown = list(shown)
+    candidates = [k for k in IDENTITY_FIELDS if k not in shown]
+    candidates += sorted({k for r in rows for k in r.get("setup") or {}} - set(ROW_FIELDS))
+    column = {k: [field_value(r, k) for r in rows] for k in shown}
+    where = [tuple(v) for v in zip(*column.values())] if shown else [()] * len(rows)
+    keys: list[str] = []
+    for key in candidates:
+        values = [field_value(r, key) for r in rows]
+        seen: dict[tuple, str] = {}
+        if any(seen.setdefault(w, v) != v for w, v in zip(where, values)):
+            keys.append(key)
+            where = [(*w, v) for w, v in zip(where, values)]
+    return keys
 
 
 def gbps_label(x) -> str:

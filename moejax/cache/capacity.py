@@ -11,8 +11,9 @@
   `slots_P = floor(s_P * C / bytes_P)` slots of `bytes_P` (one expert at P), at most one per
   routed expert, floored at `cache.min_slots`; each must hold at least top-k slots. Slots are
   numbered globally, pool after pool (`PoolSpec.offset`).
-* `cache.slots=N` (absolute) is the slot count of the single pool; with several pools it is
-  an error (give a capacity fraction).
+* `cache.slots=N` (absolute) is the slot count of the single pool, 1 to the routed expert
+  count (0, the default: `capacity_frac` sizes the cache); with several pools it is an error
+  (give a capacity fraction). `cache.min_slots` is at most the routed expert count too.
 
 With `cache.min_slots` lifting a pool above its share, the budget the cache keeps is the
 slots' bytes (`capacity_bytes = max(C, sum of slots_P * bytes_P)`).
@@ -111,6 +112,18 @@ def pools_for(*, in_use: tuple[str, ...], precision_bytes: dict[str, int], total
         raise ConfigError("set exactly one of cache.capacity_frac and cache.slots")
     if min_slots < 0:
         raise ConfigError(f"cache.min_slots={min_slots} must be >= 0")
+    # A pool holds at most every routed expert once: a count above that is no cache size (it
+    # would be cut to the expert count, and results.json would report the count given as the
+    # capacity, above 100% of the experts).
+    if slots is not None and slots > total_experts:
+        raise ConfigError(f"cache.slots={slots} is not a slot count of this model: it takes 1 "
+                          f"to {total_experts} (its routed experts; {total_experts}: every "
+                          "expert resident), or 0 (the schema's default: cache.capacity_frac "
+                          "sizes the cache)")
+    if min_slots > total_experts:
+        raise ConfigError(f"cache.min_slots={min_slots} is above this model's {total_experts} "
+                          f"routed experts: it takes 0 (the default: no floor) to "
+                          f"{total_experts}")
     for p in in_use:
         if p not in precision_bytes:
             raise ConfigError(f"precision {p} is not available: this source has "

@@ -7,6 +7,11 @@ the miss policy's levels when not given), the precision pools and their slots
 (`moejax/cache/capacity.py`) from the bytes of one expert at each precision the source has
 (`precision_bytes`: a checkpoint's, live; `capacity.precision_bytes_of(model config)`, replay),
 then the clock, the cost model, the host tier and the placement.
+
+`check_settings` checks those groups' fields (and `io`) first, against what each field means:
+a value outside it is a `ConfigError` naming `field=value` and what the field takes, and a
+setting given that does not apply to the run (storage without a host tier, io in a replay) is
+one warning line on stderr, said once per config.
 """
 
 from __future__ import annotations
@@ -14,6 +19,9 @@ from __future__ import annotations
 import functools
 import json
 import math
+import os
+import sys
+import weakref
 
 import ml_collections
 
@@ -23,6 +31,7 @@ from moejax.cache.host_tier import HostTier
 from moejax.errors import ConfigError
 from moejax.model_config import ModelConfig
 from moejax.policies import build, presets
+from moejax.policies.registry import policy_class
 from moejax.quant import formats
 from moejax.timing import hardware as hw_lib
 from moejax.timing import storage as storage_lib
@@ -55,7 +64,7 @@ def num_slots(config: ml_collections.ConfigDict, layers: int, num_experts: int, 
     """The slot count of a single native pool with `capacity_of="experts"` (what
     `build_cache_for` computes in that case; kept for callers that need only the number)."""
     c = config.cache
-    slots = c.slots if c.slots > 0 else None
+    slots = given_slots(config)
     frac = None if slots is not None else c.capacity_frac
     if c.min_slots < 0:
         raise ConfigError(f"cache.min_slots={c.min_slots} must be >= 0")
@@ -103,6 +112,156 @@ def host_tier_enabled(config: ml_collections.ConfigDict) -> bool:
     return nbytes > 0 or frac < 1
 
 
+def _count(value, field: str, lo: int, meaning: str) -> int:
+    """`value` of an integer field that takes `lo` and up (`meaning`: what it takes, for the
+    message)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < lo:
+        raise ConfigError(f"{field}={value!r} must be {meaning}")
+    return value
+
+
+def given_slots(config: ml_collections.ConfigDict) -> int | None:
+    """`cache.slots` when given (None: 0, the default, lets `cache.capacity_frac` size the
+    cache). A negative count is an error, not "not set"."""
+    slots = _count(config.cache.slots, "cache.slots", 0,
+                   "a slot count >= 1, or 0 (the schema's default: cache.capacity_frac sizes "
+                   "the cache)")
+    return slots or None
+
+
+def check_settings(config: ml_collections.ConfigDict, *, live: bool | None = None,
+                   defaults: ml_collections.ConfigDict | None = None) -> None:
+    """Checks the fields that feed the cache, the clocks, storage, io and the policies against
+    what each means, before anything runs: a value outside it is a ConfigError naming
+    `field=value` and what the field takes, whether or not this run uses the field. Limits
+    that need the model (a slot count above its experts) are checked where the model is known
+    (`capacity.pools_for`, `build_host_tier`); policy arguments where the policy is built.
+
+    Then, given `defaults` (the schema's `base_config()`: `moejax.jobs.run` passes it; the
+    cache does not import the jobs), a setting that is given (not the schema's default) but
+    does not apply to this run gets one warning line on stderr, once per config
+    (`_warn_once`). `live`: True for a run of the model, False for a replay, None when the
+    caller does not know (only the warnings that hold either way)."""
+    c = config.cache
+    given_slots(config)
+    frac = c.capacity_frac
+    if (isinstance(frac, bool) or not isinstance(frac, (int, float))
+            or not 0 < frac <= 1):  # nan fails too
+        raise ConfigError(f"cache.capacity_frac={frac!r} must be in (0, 1]: the fraction of "
+                          "cache.capacity_of's bytes the cache holds")
+    _count(c.min_slots, "cache.min_slots", 0,
+           "an integer >= 0 (a floor on each pool's slots; 0, the default: no floor)")
+    _count(c.group_size, "cache.group_size", 1, "an integer >= 1 (a quantization group's length)")
+    _count(c.expert_bytes, "cache.expert_bytes", 0,
+           "an integer >= 0 (bytes of one expert; 0, the default: from the trace or the model)")
+    if c.capacity_of not in capacity_lib.CAPACITY_OF:
+        raise ConfigError(f"cache.capacity_of={c.capacity_of!r} is not one of "
+                          f"{capacity_lib.CAPACITY_OF}")
+    if config.clock.kind not in CLOCKS:
+        raise ConfigError(f"clock.kind={config.clock.kind!r} is not one of {CLOCKS}")
+    host_tier_enabled(config)
+    hardware_from(config)
+    storage_from(config)
+    _check_io(config)
+    for kind, spec in presets.resolve(config.policies).items():
+        policy_class(kind, spec)
+    try:
+        policy_class("eviction", c.host_eviction)
+    except ConfigError as e:
+        raise ConfigError(f"cache.host_eviction: {e}") from e
+    if defaults is None:
+        return
+    for field, why in _not_applying(config, live, defaults):
+        _warn_once(config, f"{field}={_shown(config, field)} does not apply: {why}")
+
+
+def _check_io(config: ml_collections.ConfigDict) -> None:
+    """`io.*` checked as the live reader would, where no reader is built too."""
+    from moejax.checkpoint.expert_reader import IO_MODES, check_io  # (jax: only here)
+
+    check_io(config.io.split, config.io.workers)
+    if config.io.mode not in IO_MODES:
+        raise ConfigError(f"io.mode={config.io.mode!r} is not one of {IO_MODES}")
+
+
+# Fields a run of the model does not read (replay sizes experts and picks its engine by them).
+REPLAY_ONLY = ("cache.group_size", "cache.expert_bytes", "cache.replay_engine")
+HOST_TIER = ("cache.host_eviction",)
+STORAGE = tuple(f"storage.{k}" for k in ("preset", *storage_lib.OVERRIDABLE))
+IO = ("io.split", "io.workers", "io.mode")
+
+
+def _value(config: ml_collections.ConfigDict, field: str):
+    for part in field.split("."):
+        config = config[part]
+    return config
+
+
+def _not_applying(config: ml_collections.ConfigDict, live: bool | None,
+                  defaults: ml_collections.ConfigDict):
+    """`(field, why)` for each setting given (other than in `defaults`) that this run does not
+    use. A field left at its default is not "given", even where a config file restated it."""
+    def given(config, field):
+        return _value(config, field) != _value(defaults, field)
+
+    c = config.cache
+    out = []
+    if live and not c.enabled:
+        why = "cache.enabled=False puts every expert on the device"
+        fields = [f"cache.{k}" for k in c.keys() if k not in ("enabled", "precision")]
+        fields += [f"policies.{k}" for k in config.policies.keys()] + list(STORAGE + IO)
+        return [(f, why) for f in fields if given(config, f)]
+    if not host_tier_enabled(config):
+        why = (f"this run has no host tier (cache.host_capacity_frac="
+               f"{_shown(config, 'cache.host_capacity_frac')}: every expert in host memory)")
+        out += [(f, why) for f in HOST_TIER + STORAGE if given(config, f)]
+        if live is not False:  # (a replay's io.* is said below)
+            out += [(f, why + ", so no expert is read from storage") for f in IO
+                    if given(config, f)]
+    if live is False:
+        out += [(f, "a replay reads no checkpoint (io.* sets the live runtime's expert reader)")
+                for f in IO if given(config, f)]
+    if live:
+        out += [(f, "a run of the model takes its experts' sizes from the checkpoint and runs "
+                    "no replay engine") for f in REPLAY_ONLY if given(config, f)]
+    if c.slots > 0:
+        out += [(f, f"cache.slots={c.slots} sets the slot count")
+                for f in ("cache.capacity_frac", "cache.capacity_of") if given(config, f)]
+    return out
+
+
+def _shown(config: ml_collections.ConfigDict, field: str) -> str:
+    value = _value(config, field)
+    if isinstance(value, float):
+        return f"{value:g}"
+    return repr(value) if isinstance(value, str) else str(value)
+
+
+# Warnings already printed, per config object (id -> (weak reference, messages)): a job
+# builds its cache more than once (generate's warm-up), but a warning is said once.
+_WARNED: dict[int, tuple[weakref.ref, set[str]]] = {}
+
+
+def _warn_once(config: ml_collections.ConfigDict, message: str) -> None:
+    entry = _WARNED.get(id(config))
+    if entry is None or entry[0]() is not config:
+        for key in [k for k, (ref, _) in _WARNED.items() if ref() is None]:
+            del _WARNED[key]
+        entry = _WARNED[id(config)] = (weakref.ref(config), set())
+    if message not in entry[1]:
+        entry[1].add(message)
+        print(f"{_prog()}: warning: {message}", file=sys.stderr)
+
+
+def _prog() -> str:
+    """The running program's name as its user typed it (`moejax.main` for `python -m
+    moejax.main`), the prefix of `moejax.cli`'s error lines too."""
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    if spec is not None and spec.name:
+        return spec.name.removesuffix(".__main__")
+    return os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "moejax"
+
+
 def build_host_tier(config: ml_collections.ConfigDict, shape: CacheShape,
                     read_bytes: int, renormalize: bool) -> HostTier | None:
     """The host tier of a run whose experts stay on storage (None: every expert in host
@@ -114,8 +273,13 @@ def build_host_tier(config: ml_collections.ConfigDict, shape: CacheShape,
         raise ConfigError(f"a host tier (cache.host_capacity_frac / cache.host_bytes) needs a "
                           f"cache of one precision; this one has pools {list(shape.precisions)}")
     total = shape.total_experts
+    if c.host_bytes > total * read_bytes:  # (a tier above every expert would be cut to them)
+        raise ConfigError(f"cache.host_bytes={c.host_bytes} is more than all {total} experts "
+                          f"take ({total * read_bytes} bytes at {shape.precision}): it takes "
+                          f"1 to {total * read_bytes}, or 0 (the schema's default: "
+                          "cache.host_capacity_frac sizes the host tier)")
     if c.host_bytes:
-        capacity = min(c.host_bytes // read_bytes, total)
+        capacity = c.host_bytes // read_bytes
         what = (f"cache.host_bytes={c.host_bytes} holds {capacity} experts of {read_bytes} "
                 f"bytes ({shape.precision})")
     else:
@@ -128,7 +292,10 @@ def build_host_tier(config: ml_collections.ConfigDict, shape: CacheShape,
                           "fit in host memory together")
     spec = c.host_eviction
     ctx = {**policy_context(shape, renormalize, config.seed), "num_slots": capacity}
-    policy = build("eviction", spec, **ctx)
+    try:
+        policy = build("eviction", spec, **ctx)
+    except ConfigError as e:  # ("eviction policy ..." alone would not say which of the two)
+        raise ConfigError(f"cache.host_eviction: {e}") from e
     if policy.needs_future or policy.needs_probs:
         raise ConfigError(f"cache.host_eviction={spec!r} reads "
                           f"{'the future routing' if policy.needs_future else 'router scores'}, "
@@ -160,7 +327,7 @@ def _placement(config: ml_collections.ConfigDict, cache: ExpertCache):
     spec, what = (seed, "cache.seed") if seed else (warm, "cache.warm_start")
     if warm != "none" and not warm.startswith("hotlist("):
         raise ConfigError(f"cache.warm_start={warm!r} is not one of {WARM_STARTS}")
-    parsed = hotlist_lib.parse_seed(spec)
+    parsed = hotlist_lib.parse_seed(spec, what)
     if parsed is None:
         return None
     hot = hotlist_lib.from_trace(parsed["trace"])
@@ -255,6 +422,7 @@ def build_cache_for(config: ml_collections.ConfigDict, model_cfg: ModelConfig | 
     if None in (layers, num_layers, num_experts, top_k):
         raise ValueError("build_cache_for needs a model config or the shape "
                          "(layers, num_layers, num_experts, top_k)")
+    check_settings(config, live=False if config.job == "replay" else None)
     specs = specs if specs is not None else presets.resolve(config.policies)
     given = given_precision(config)
     available = [p for p in formats.PRECISIONS if p in precision_bytes]
@@ -271,7 +439,7 @@ def build_cache_for(config: ml_collections.ConfigDict, model_cfg: ModelConfig | 
                           f"source has no {missing} experts (it has {available}); set "
                           "cache.precision or the policy's levels to those it has")
     c = config.cache
-    slots = c.slots if c.slots > 0 else None
+    slots = given_slots(config)
     capacity_of = c.get("capacity_of", "experts")
     budget = capacity_lib.pools_for(
         in_use=levels, precision_bytes=precision_bytes,

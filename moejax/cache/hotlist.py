@@ -204,29 +204,30 @@ def _unquote(value: str) -> str:
     return value
 
 
-def parse_seed(spec: str) -> dict | None:
-    """A `cache.seed` value: None for no seeding (`""`, `none`), else
-    `{"kind": "hotlist", "trace": PATH, "top": N or None}` (see the module docstring for the
-    syntax). Anything else is a ConfigError naming `cache.seed` and the accepted forms."""
+def parse_seed(spec: str, field: str = "cache.seed") -> dict | None:
+    """A `cache.seed` value (or `field`'s, e.g. `cache.warm_start`): None for no seeding (`""`,
+    `none`), else `{"kind": "hotlist", "trace": PATH, "top": N or None}` (see the module
+    docstring for the syntax). Anything else is a ConfigError naming `field` and the accepted
+    forms."""
     text = (spec or "").strip()
     if text.lower() in ("", "none"):
         return None
     m = _SEED.fullmatch(text)
     if m is None:
-        raise ConfigError(f"cache.seed={spec!r} is not understood; accepted: {SEED_FORMS}")
+        raise ConfigError(f"{field}={spec!r} is not understood; accepted: {SEED_FORMS}")
     args: dict[str, str] = {}
     inner = m["args"].strip()
     for part in _ARG_SPLIT.split(inner) if inner else []:
         name, eq, value = part.partition("=")
         name = name.strip()
         if not eq or name not in ("trace", "top"):
-            raise ConfigError(f"cache.seed={spec!r}: unknown argument {part.strip()!r}; "
+            raise ConfigError(f"{field}={spec!r}: unknown argument {part.strip()!r}; "
                               f"accepted: {SEED_FORMS}")
         if name in args:
-            raise ConfigError(f"cache.seed={spec!r}: {name!r} given twice")
+            raise ConfigError(f"{field}={spec!r}: {name!r} given twice")
         args[name] = _unquote(value)
     if not args.get("trace"):
-        raise ConfigError(f"cache.seed={spec!r}: hotlist needs trace=PATH; accepted: "
+        raise ConfigError(f"{field}={spec!r}: hotlist needs trace=PATH; accepted: "
                           f"{SEED_FORMS}")
     top = None
     if "top" in args:
@@ -235,6 +236,6 @@ def parse_seed(spec: str) -> dict | None:
         except ValueError:
             top = 0
         if top < 1:
-            raise ConfigError(f"cache.seed={spec!r}: top must be a positive integer, got "
+            raise ConfigError(f"{field}={spec!r}: top must be a positive integer, got "
                               f"{args['top']!r}")
     return {"kind": "hotlist", "trace": args["trace"], "top": top}

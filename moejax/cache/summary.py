@@ -4,7 +4,11 @@ When expert bytes are unknown (a replay of an id-only trace with no model named 
 `cache.expert_bytes`), the run counts with 1-byte experts: hits and misses are exact, but
 bytes and every time (stall, TTFT, decode rate) are meaningless. They print as "unknown",
 are left out of TensorBoard, and are null in results.json. Values that are None (a rate with
-no denominator, the TTFT of a decode-only trace) print as "-".
+no denominator) print as "-"; a TTFT or decode rate that does not exist (no prefill pass ran,
+no decode pass ran) prints as "n/a" with the reason.
+
+Every time the table prints is on the cache's clock, and its timing line says which
+(`clock_words`): the virtual clock models a hardware profile, the wall clock is this machine's.
 """
 
 from __future__ import annotations
@@ -36,6 +40,22 @@ def _mb(nbytes) -> str:
     return "-" if nbytes is None else f"{nbytes / 1e6:.2f}"
 
 
+def clock_words(kind: str, hardware: str, h2d_gbps: float) -> str:
+    """What a cache-clock time was measured on, for every printed speed: "virtual clock
+    (modelled a100_specmd, 5 GB/s host->device)" or "wall clock (this machine, transfers held
+    to a100_specmd's 5 GB/s host->device)"."""
+    if kind == "virtual":
+        return f"virtual clock (modelled {hardware}, {h2d_gbps:g} GB/s host->device)"
+    return (f"{kind} clock (this machine, transfers held to {hardware}'s {h2d_gbps:g} GB/s "
+            "host->device)")
+
+
+# The host's own clock: what generate's wall timings and replay's run time are measured on.
+WALL_CLOCK = "wall clock (this machine)"
+# Why a table has no TTFT, when nobody says better: TTFT is a prefill pass's time.
+NO_PREFILL = "no prefill pass ran"
+
+
 def host_line(host, bytes_known: bool = True) -> str:
     """One line on the host tier (`moejax.cache.host_tier.HostTier`) for the text report."""
     t = host.totals()
@@ -47,9 +67,12 @@ def host_line(host, bytes_known: bool = True) -> str:
             f"{_int(t['read_ahead'])} read ahead; {read}")
 
 
-def table(metrics: CacheMetrics, header: str, bytes_known: bool = True, host=None) -> str:
+def table(metrics: CacheMetrics, header: str, bytes_known: bool = True, host=None,
+          clock: str = "cache clock", no_ttft: str = NO_PREFILL) -> str:
     """`bytes_known=False`: bytes and times print as "unknown" (counts stay exact); `host`:
-    the cache's host tier, when it has one."""
+    the cache's host tier, when it has one; `clock`: the clock the times are on
+    (`clock_words`); `no_ttft`: why there is no TTFT when no prefill pass ran (a replayed
+    trace says its own reason)."""
     lines = [header,
              f"{'layer':>5} {'req':>6} {'hit':>6} {'late':>5} {'miss':>5} {'coll':>5} "
              f"{'pf':>5} {'prec':>6} {'stall ms':>9}"]
@@ -82,17 +105,24 @@ def table(metrics: CacheMetrics, header: str, bytes_known: bool = True, host=Non
     if host is not None:
         lines.append(host_line(host, bytes_known))
     if not bytes_known:
-        lines.append(f"TTFT {UNKNOWN}, decode {UNKNOWN}, stall {UNKNOWN}; H2D {UNKNOWN} "
-                     "(expert bytes unknown: name the model or give cache.expert_bytes; the "
-                     "counts above are exact)")
+        lines.append(f"{clock}: TTFT {UNKNOWN}, decode {UNKNOWN}, stall {UNKNOWN}; H2D "
+                     f"{UNKNOWN} (expert bytes unknown: name the model or give "
+                     "cache.expert_bytes; the counts above are exact)")
         return "\n".join(lines)
-    ttft = _ms(tm["ttft_s"])
-    if tm["warm_ttft_s"] is not None:
+    if tm["ttft_s"] is None:
+        ttft = f"n/a ({no_ttft})"
+    elif tm["warm_ttft_s"] is not None:
         later = len(tm["ttft_per_request_s"]) - 1
-        ttft = f"{ttft} cold, {_ms(tm['warm_ttft_s'])} warm (mean of {later})"
-    decode = f"{tm['decode_tok_per_s']:.1f} tok/s" if tm["decode_tok_per_s"] else "-"
+        ttft = f"{_ms(tm['ttft_s'])} ms cold, {_ms(tm['warm_ttft_s'])} ms warm (mean of {later})"
+    else:
+        ttft = f"{_ms(tm['ttft_s'])} ms"
+    if tm["decode_tok_per_s"]:
+        decode = f"{tm['decode_tok_per_s']:.1f} tok/s"
+    else:
+        decode = ("n/a (no decode pass ran)" if not tm["decode_tokens"]
+                  else "n/a (the decode passes took no time on this clock)")
     lines.append(
-        f"TTFT {ttft}{' ms' if tm['ttft_s'] is not None else ''}, decode {decode}, stall "
+        f"{clock}: TTFT {ttft}, decode {decode}, stall "
         f"{_ms(t['stall_s'])} ms; H2D {_mb(t['h2d_bytes'])} MB (demand "
         f"{_mb(t['demand_bytes'])}, prefetch {_mb(t['prefetch_bytes'])}, wasted "
         f"{_mb(t['wasted_prefetch_bytes'])})")

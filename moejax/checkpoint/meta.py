@@ -35,6 +35,7 @@ from moejax.errors import CheckpointError, ConfigError
 from moejax.model_config import ModelConfig
 from moejax.quant import formats
 from moejax.quant.formats import QUANTIZED
+from moejax.results import write_text_atomic
 
 PRECISIONS_KEY = "precisions"
 
@@ -69,11 +70,10 @@ def write_config(out: str, cfg: ModelConfig, precisions: dict[str, dict],
         d[PRECISIONS_KEY] = quantized
     if index is not None:
         d[EXPERT_LAYOUT_KEY] = index.to_json()
-    marker = os.path.join(out, "config.json")
-    tmp = marker + ".tmp"
-    with open(tmp, "w") as f:
-        f.write(_INT_LIST.sub(_one_line, json.dumps(d, indent=2, sort_keys=True)))
-    os.replace(tmp, marker)
+    # A uniquely named, synced temporary renamed over it: a failed or concurrent write never
+    # leaves a partial config.json (nor one writer's temporary file under another's).
+    write_text_atomic(os.path.join(out, "config.json"),
+                      _INT_LIST.sub(_one_line, json.dumps(d, indent=2, sort_keys=True)))
 
 
 # A list of integers on one line: a packed index has one checksum per expert and layer, which

@@ -38,7 +38,7 @@ def _quantized_copies(arrays: dict[str, np.ndarray], calibrations: dict[str, str
                           for kind, w in arrays.items()}
 
 
-class _ExpertWriter:
+class ExpertWriter:
     """Writes each layer's experts, one precision at a time, in one expert layout; for the
     packed one it collects the index (records and checksums) to put in config.json."""
 
@@ -90,7 +90,7 @@ def save(out: str, cfg: ModelConfig, dense_params: dict[str, np.ndarray],
     marker = os.path.join(out, "config.json")
     if os.path.exists(marker):
         os.remove(marker)
-    writer = _ExpertWriter(out, cfg, expert_layout,
+    writer = ExpertWriter(out, cfg, expert_layout,
                            {"native": None, **{p: e["groups"] for p, e in entries.items()}})
     written = set()
     for layer, gate_up, down in layer_experts:
@@ -136,13 +136,22 @@ def copy_in_layout(src: str, out: str, expert_layout: str, precisions=(),
                group_size=group_size, calibration=calibration, expert_layout=expert_layout)
 
 
+# Inside a checkpoint, the quantized copies `add_precisions` is writing, until all are complete.
+STAGING = ".add_precisions.tmp"
+
+
 def add_precisions(path: str, precisions, group_size: int = DEFAULT_GROUP_SIZE,
                    calibration=None) -> dict[str, dict]:
     """Quantizes an existing checkpoint's native experts and writes the copies beside them, in
     the checkpoint's expert layout (zarr: with the native arrays' compression); returns the
-    precisions now present. Copies of a precision already present are replaced. config.json is
-    rewritten atomically, first without the precisions being written (so an interrupted run
-    never lists a half-written copy), and last with them."""
+    precisions now present. Copies of a precision already present are replaced.
+
+    Nothing the checkpoint holds changes until every new copy is complete: the copies are
+    written into `PATH/.add_precisions.tmp/`, then moved into place, then config.json is
+    rewritten (atomically) to list them. A failure before the move (a quantizer error, a full
+    disk, Ctrl-C) leaves config.json and every file it lists as they were, and removes the
+    staged copies. Replacing a precision already present, config.json is rewritten without
+    it just before the move, so no config.json ever lists a copy that is half old, half new."""
     precisions = parse_precisions(precisions, "precisions")
     if not precisions:
         raise ConfigError(f"precisions={precisions!r}: nothing to add; expected a subset of "
@@ -150,19 +159,47 @@ def add_precisions(path: str, precisions, group_size: int = DEFAULT_GROUP_SIZE,
     group_size = check_group_size(group_size, "group_size")
     calibrations = resolve_calibrations(precisions, calibration, "calibration")
     cfg, present, index = read_meta(path)
-    kept = {p: v for p, v in present.items() if p != "native" and p not in precisions}
-    kept_index = index.without(precisions) if index is not None else None
-    write_config(path, cfg, kept, kept_index)
+    layout = "zarr" if index is None else "packed"
     entries = precision_entries(cfg, calibrations, group_size)
-    writer = _ExpertWriter(path, cfg, "zarr" if index is None else "packed",
-                           {p: e["groups"] for p, e in entries.items()})
-    for layer in cfg.moe_layers:
-        gate_up, down = read_native_layer(path, cfg, layer, index)
-        compression = (expert_store.compression_of(path, layer, "gate_up") if index is None
-                       else None)
-        for precision, copies in _quantized_copies({"gate_up": gate_up, "down": down},
-                                                   calibrations, group_size):
-            writer.write(layer, precision, copies, compression)
-    new_index = kept_index.merged(writer.index()) if index is not None else None
-    write_config(path, cfg, {**kept, **entries}, new_index)
+    stage = os.path.join(path, STAGING)
+    shutil.rmtree(stage, ignore_errors=True)  # left by a run that was killed
+    writer = ExpertWriter(stage, cfg, layout, {p: e["groups"] for p, e in entries.items()})
+    try:
+        for layer in cfg.moe_layers:
+            gate_up, down = read_native_layer(path, cfg, layer, index)
+            compression = (expert_store.compression_of(path, layer, "gate_up")
+                           if index is None else None)
+            for precision, copies in _quantized_copies({"gate_up": gate_up, "down": down},
+                                                       calibrations, group_size):
+                writer.write(layer, precision, copies, compression)
+        kept = {p: v for p, v in present.items() if p != "native" and p not in precisions}
+        kept_index = index.without(precisions) if index is not None else None
+        if any(p in present for p in precisions):
+            write_config(path, cfg, kept, kept_index)
+        _move_into_place(stage, path, cfg, entries, layout)
+        new_index = kept_index.merged(writer.index()) if index is not None else None
+        write_config(path, cfg, {**kept, **entries}, new_index)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
     return read_precisions(path)
+
+
+def _move_into_place(stage: str, path: str, cfg: ModelConfig, precisions,
+                     layout: str) -> None:
+    """Renames the staged copies of `precisions` over the checkpoint's; a copy being replaced
+    goes into the staging directory first (removed with it)."""
+    old = os.path.join(stage, "replaced")
+    for layer in cfg.moe_layers:
+        for precision in precisions:
+            if layout == "packed":
+                os.replace(packed.file_path(stage, layer, precision),
+                           packed.file_path(path, layer, precision))
+                continue
+            for kind in expert_store.KINDS:
+                src, dst = (os.path.dirname(expert_store.quant_path(root, layer, kind,
+                                                                    precision, "values"))
+                            for root in (stage, path))
+                if os.path.lexists(dst):
+                    os.makedirs(old, exist_ok=True)
+                    os.rename(dst, os.path.join(old, f"{layer}.{kind}.{precision}"))
+                os.rename(src, dst)

@@ -1,12 +1,21 @@
 """The jobs `python -m moejax.main` runs, by `config.job` (each a library function
 `run(config, workdir)`): generate, perplexity, quality, eval, record_traces, replay and train.
 `schema.py` declares every field a job config has (`base_config`); `common.py` is what the jobs
-share (the decoder over the configured expert source, the cache report)."""
+share (the decoder over the configured expert source, the cache report).
+
+`run` is the one door every job goes through (`python -m moejax.main`, a sweep's cells): it
+claims the workdir (`moejax.workdir`: checked before anything is written, one run at a time,
+removed again if the run created it and wrote nothing) around the job. Ctrl-C during a job
+ends it with `cli.Interrupted`, whose message says what the run left in the workdir."""
 
 from __future__ import annotations
 
+from typing import Callable
+
 import ml_collections
 
+from moejax import workdir as workdir_lib
+from moejax.cli import Interrupted
 from moejax.errors import ConfigError
 from moejax.jobs.schema import JOBS, base_config
 
@@ -16,32 +25,53 @@ __all__ = ["JOBS", "base_config", "run"]
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     if config.job not in JOBS:
         raise ConfigError(f"config.job={config.job!r} is not one of {JOBS}")
-    if config.job == "generate":
+    if config.job != "train":  # the cache, clock, storage, io and policy fields: before the
+        from moejax.cache.from_config import check_settings  # model loads or W is created
+
+        check_settings(config, live=config.job != "replay", defaults=base_config())
+    workdir_lib.check(workdir)  # a workdir the run cannot use fails before the job loads
+    job = runner_of(config.job)  # a missing extra fails here, before the workdir is created
+    claim = workdir_lib.claim(workdir)
+    try:
+        return job(config, workdir)
+    except Interrupted:  # the job said what it kept
+        raise
+    except KeyboardInterrupt:
+        claim.release()
+        raise Interrupted(claim.kept()) from None
+    finally:
+        claim.release()
+
+
+def runner_of(name: str) -> Callable[[ml_collections.ConfigDict, str], dict]:
+    """The job's `run(config, workdir)`, imported only when it runs (their imports are heavy,
+    and the eval job's need the `eval` extra)."""
+    if name == "generate":
         from moejax.jobs import generate
 
-        return generate.run(config, workdir)
-    if config.job == "perplexity":
+        return generate.run
+    if name == "perplexity":
         from moejax.jobs import perplexity
 
-        return perplexity.run(config, workdir)
-    if config.job == "quality":
+        return perplexity.run
+    if name == "quality":
         from moejax.jobs import quality
 
-        return quality.run(config, workdir)
-    if config.job == "eval":
-        from moejax.jobs import evaluate  # imports seqio (the `eval` extra) only here
+        return quality.run
+    if name == "eval":
+        from moejax.jobs import evaluate  # seqio (the `eval` extra) loads in a worker process
 
-        return evaluate.run(config, workdir)
-    if config.job == "record_traces":
+        return evaluate.run
+    if name == "record_traces":
         from moejax.jobs import record_traces
 
-        return record_traces.run(config, workdir)
-    if config.job == "replay":
+        return record_traces.run
+    if name == "replay":
         from moejax.jobs import replay
 
-        return replay.run(config, workdir)
-    if config.job == "train":
+        return replay.run
+    if name == "train":
         from moejax.train.loop import train
 
-        return train(config, workdir)
-    raise AssertionError(config.job)
+        return train
+    raise AssertionError(name)

@@ -2,19 +2,28 @@
 
 Every job that runs the model builds its `SteppedDecoder` with `make_decoder` (so `model.*`
 options mean the same everywhere), and every job that ran an expert cache closes it with
-`report_cache` (so results.json's `cache` section, the TensorBoard series and the printed
-table are the same everywhere: generate, perplexity and replay).
+`report_cache` and prints it with `cache_table` (so results.json's `cache` section, the
+TensorBoard series and the printed table are the same everywhere: generate, perplexity,
+quality, eval and replay).
+
+What they print says what each number is: every speed names its clock (`summary.clock_words`,
+`summary.WALL_CLOCK`), every capacity percentage what it is a share of (`cache_header`), and
+every job ends with the line `results -> W/results.json` (`announce_results`). A text file a
+job scores is checked to be text first (`check_text_file`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
+import re
 
 import ml_collections
 import numpy as np
 
 from moejax.cache import summary
 from moejax.cache.expert_cache import ExpertCache
+from moejax.errors import ConfigError
 from moejax.metrics_writer import MetricsWriter
 from moejax.model_source import LoadedModel
 from moejax.models.stepped import SteppedDecoder
@@ -24,6 +33,18 @@ from moejax.serving.build import expert_source, resident_precision
 from moejax.serving.runtime import CachedExperts
 from moejax.tokenizer import ByteTokenizer, Tokenizer
 
+log = logging.getLogger(__name__)
+
+# A text file with more than this share of its bytes not text (not valid UTF-8, or control
+# characters other than whitespace) is refused: its score would be the score of noise. Below
+# it, a warning says the share (a Latin-1 file's accented letters, a stray binary line).
+NOT_TEXT_LIMIT = 0.10
+# Control characters that are not text: C0 but tab, newline, vertical tab, form feed, carriage
+# return; DEL; C1. Invalid UTF-8 bytes decode (surrogateescape) to U+DC80..U+DCFF, one each.
+_CONTROL = re.compile("[\x00-\x08\x0e-\x1f\x7f]")
+_C1 = re.compile("[\x80-\x9f]")  # two bytes each in UTF-8
+_INVALID = re.compile("[\udc80-\udcff]")
+
 
 def progress(enabled: bool, total: int, desc: str, unit: str = "tok"):
     """A tqdm bar the job updates (None, in a null context, when `log.progress` is off)."""
@@ -32,6 +53,37 @@ def progress(enabled: bool, total: int, desc: str, unit: str = "tok"):
     from tqdm import tqdm
 
     return tqdm(total=total, desc=desc, unit=unit, leave=False)
+
+
+def not_text_share(data: bytes) -> float:
+    """The share of `data`'s bytes that are not text: bytes that are not valid UTF-8, and
+    control characters other than whitespace."""
+    if not data:
+        return 0.0
+    text = data.decode("utf-8", "surrogateescape")
+    bad = (len(_INVALID.findall(text)) + len(_CONTROL.findall(text))
+           + 2 * len(_C1.findall(text)))
+    return bad / len(data)
+
+
+def check_text_file(path: str, field: str = "text_file") -> None:
+    """`ConfigError` naming `path` and the share when more than `NOT_TEXT_LIMIT` of its bytes
+    are not text; a warning when some are (they are scored as U+FFFD)."""
+    with open(path, "rb") as f:
+        data = f.read()
+    share = not_text_share(data)
+    what = (f"{field}={path!r}: {100 * share:.1f}% of its {len(data)} bytes are not text "
+            "(invalid UTF-8 or control characters)")
+    if share > NOT_TEXT_LIMIT:
+        raise ConfigError(f"{what}, above the {100 * NOT_TEXT_LIMIT:g}% a text file may have: "
+                          "give a UTF-8 text file")
+    if share > 0:
+        log.warning("%s; they are scored as the replacement character U+FFFD", what)
+
+
+def announce_results(path: str) -> None:
+    """Every job's last line: where its results went."""
+    print(f"results -> {path}")
 
 
 def scored_bytes(tokenizer: Tokenizer, ids: np.ndarray) -> int:
@@ -83,20 +135,56 @@ def experts_precision(config: ml_collections.ConfigDict, experts: ExpertSource) 
     return cache.shape.precision if cache is not None else resident_precision(config)
 
 
+def requested_capacity(config: ml_collections.ConfigDict) -> str:
+    """What the capacity was asked as, and of what: "5% of the routed experts' native bytes",
+    "5% of the model's native bytes" or "cache.slots=12" (and cache.min_slots when set)."""
+    c = config.cache
+    if c.slots > 0:
+        asked = f"cache.slots={c.slots}"
+    else:
+        of = ("the model's native bytes" if c.get("capacity_of", "experts") == "model"
+              else "the routed experts' native bytes")
+        asked = f"{100 * c.capacity_frac:g}% of {of}"
+    return asked + (f", at least cache.min_slots={c.min_slots} per pool" if c.min_slots else "")
+
+
 def cache_header(config: ml_collections.ConfigDict, cache: ExpertCache,
-                 policies: dict | None = None) -> str:
-    """One line naming the cache's size, policies, hardware and clock (above the table)."""
+                 policies: dict | None = None, bytes_known: bool = True) -> str:
+    """One line naming the cache's size (and what each share is of: the slots of the experts,
+    the request of the bytes, and how much smaller a quantized expert is), policies, hardware
+    and clock (above the table)."""
     hw, s = cache.clock.hw, cache.shape
     p = policies or presets.resolve(config.policies)
     if len(s.pools) == 1:
-        slots = (f"{s.num_slots}/{s.total_experts} expert slots at {s.precision} "
-                 f"({100 * s.num_slots / s.total_experts:.1f}% of the experts)")
+        slots = (f"{s.num_slots}/{s.total_experts} expert slots at {s.precision} = "
+                 f"{100 * s.num_slots / s.total_experts:.1f}% of the experts")
     else:
         slots = " + ".join(f"{pool.num_slots} {pool.precision}" for pool in s.pools) + \
             f" slots for {s.total_experts} experts"
-    return (f"cache: {slots}, eviction {p['eviction']}, prefetch "
-            f"{p['prefetch']}, miss {p['miss']}, routing {p['routing']}; {hw.name} at "
-            f"{hw.h2d_gbps:g} GB/s host->device, {cache.clock.kind} clock")
+    native = dict(s.precision_bytes).get("native")
+    smaller = [f"an {pool.precision} expert is {pool.expert_bytes / native:.2f} of a native one"
+               for pool in s.pools if pool.precision != "native" and native and bytes_known]
+    requested = "; ".join([f"requested {requested_capacity(config)}", *smaller])
+    return (f"cache: {slots} ({requested}), eviction "
+            f"{p['eviction']}, prefetch {p['prefetch']}, miss {p['miss']}, routing "
+            f"{p['routing']}; {hw.name} at {hw.h2d_gbps:g} GB/s host->device, "
+            f"{cache.clock.kind} clock")
+
+
+def cache_clock_words(cache: ExpertCache) -> str:
+    """The clock the cache's times are on, in words (`summary.clock_words`)."""
+    return summary.clock_words(cache.clock.kind, cache.clock.hw.name, cache.clock.hw.h2d_gbps)
+
+
+def cache_table(config: ml_collections.ConfigDict, cache: ExpertCache, *, header: str = "",
+                bytes_known: bool = True, policies: dict | None = None,
+                no_ttft: str = summary.NO_PREFILL) -> str:
+    """The printed table of a cache (`summary.table`) under `cache_header` (or `header`), its
+    timing line naming the cache's clock."""
+    header = header or cache_header(config, cache, policies, bytes_known)
+    return summary.table(settle(cache).metrics, header,
+                         bytes_known=bytes_known, host=cache.host,
+                         clock=cache_clock_words(cache), no_ttft=no_ttft)
 
 
 def report_cache(config: ml_collections.ConfigDict, cache: ExpertCache, workdir: str, *,

@@ -34,12 +34,12 @@ import ml_collections
 import numpy as np
 
 from moejax import bundled
-from moejax.cache import summary
 from moejax.errors import ConfigError
 from moejax.eval import data
 from moejax.jobs.common import (
-    cache_header,
+    announce_results,
     cache_of,
+    cache_table,
     configured_decoder,
     experts_precision,
     progress,
@@ -149,8 +149,9 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     path = os.path.join(workdir, "results.json")
     write_json_atomic(path, results)
     if cache is not None:
-        print(summary.table(cache.metrics, cache_header(config, cache), host=cache.host))
+        print(cache_table(config, cache))
     print(_summary(results, path))
+    announce_results(path)
     return results
 
 

@@ -17,11 +17,13 @@ import jax
 import ml_collections
 import numpy as np
 
-from moejax.cache import summary
+from moejax.cache.summary import WALL_CLOCK
 from moejax.errors import ConfigError
 from moejax.jobs.common import (
-    cache_header,
+    announce_results,
+    cache_clock_words,
     cache_of,
+    cache_table,
     configured_decoder,
     experts_precision,
     progress,
@@ -198,31 +200,41 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     if recorder is not None:
         results["trace"] = os.path.join(workdir, "trace.npz")
         recorder.trace().save(results["trace"])
-    write_json_atomic(os.path.join(workdir, "results.json"), results)
+    path = os.path.join(workdir, "results.json")
+    write_json_atomic(path, results)
     for r in requests:
         print(f"{r['prompt']}{r['generated_text']}")
     if cache is not None:
-        print(summary.table(cache.metrics, cache_header(config, cache), host=cache.host))
-    print(_summary(cfg.family, loaded.source, results, cache is not None,
-                   os.path.join(workdir, "results.json")))
+        print(cache_table(config, cache))
+    print(summary_line(cfg.family, loaded.source, results,
+                       cache_clock_words(cache) if cache is not None else None))
+    announce_results(path)
     return results
 
 
-def _summary(family: str, source: str, results: dict, cached: bool, path: str) -> str:
-    """The final line: tokens, TTFT (cold and warm with several requests), decode tok/s."""
+def _decode_rate(tokens: int, seconds: float) -> str:
+    if tokens == 0:
+        return "decode n/a (one token: it came from prefill)"
+    return f"decode {tokens / seconds:.1f} tok/s" if seconds > 0 else "decode n/a (no time)"
+
+
+def summary_line(family: str, source: str, results: dict, cache_clock: str | None) -> str:
+    """The final line: tokens, then the host's wall clock (TTFT, cold and warm with several
+    requests, decode tok/s: what this machine took) and, with several requests through a cache,
+    the cache's clock's TTFT (`cache_clock`: its words; the table above has its decode rate)."""
     t, requests = results["timings"], results["requests"]
     head = f"[{family} from {source}]"
-    if len(requests) == 1:
-        return (f"{head} {len(requests[0]['generated_token_ids'])} tokens, "
-                f"TTFT {t['ttft_s'] * 1e3:.1f} ms, "
-                f"decode {t['decode_tok_per_s'] or 0:.1f} tok/s -> {path}")
-    tokens = sum(len(r["generated_token_ids"]) for r in requests)
     decode_s = sum(r["decode_s"] for r in requests)
     decode_tokens = sum(max(0, len(r["generated_token_ids"]) - 1) for r in requests)
-    ttft = f"TTFT cold {t['cold_ttft_s'] * 1e3:.1f} ms, warm {t['warm_ttft_s'] * 1e3:.1f} ms wall"
-    if cached:
+    decode = _decode_rate(decode_tokens, decode_s)
+    if len(requests) == 1:
+        return (f"{head} {len(requests[0]['generated_token_ids'])} tokens; {WALL_CLOCK}: "
+                f"TTFT {t['ttft_s'] * 1e3:.1f} ms, {decode}")
+    tokens = sum(len(r["generated_token_ids"]) for r in requests)
+    line = (f"{head} {len(requests)} requests, {tokens} tokens; {WALL_CLOCK}: TTFT cold "
+            f"{t['cold_ttft_s'] * 1e3:.1f} ms, warm {t['warm_ttft_s'] * 1e3:.1f} ms, {decode}")
+    if cache_clock is not None:
         cc = t["cache_clock"]
-        ttft += (f" (cache clock cold {cc['cold_ttft_s'] * 1e3:.3f} ms, "
-                 f"warm {cc['warm_ttft_s'] * 1e3:.3f} ms)")
-    return (f"{head} {len(requests)} requests, {tokens} tokens, {ttft}, "
-            f"decode {decode_tokens / decode_s if decode_s > 0 else 0:.1f} tok/s -> {path}")
+        line += (f"; {cache_clock}: TTFT cold {cc['cold_ttft_s'] * 1e3:.3f} ms, "
+                 f"warm {cc['warm_ttft_s'] * 1e3:.3f} ms")
+    return line

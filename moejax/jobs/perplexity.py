@@ -1,7 +1,9 @@
 """The perplexity job: bits per byte (and per token) of a model on a text file.
 
 Runs through the same layer-stepped decoder and `ExpertSource` as generation, so the quality
-cost of a cache configuration is measured by the same code.
+cost of a cache configuration is measured by the same code. Prints a progress bar over the
+scored tokens (`log.progress`), the cache's table as generate prints it, the score, and where
+the results went. A file that is mostly not text (`common.check_text_file`) is refused.
 """
 
 from __future__ import annotations
@@ -15,11 +17,16 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from moejax.cache.summary import WALL_CLOCK
 from moejax.errors import ConfigError
 from moejax.jobs.common import (
+    announce_results,
     cache_of,
+    cache_table,
+    check_text_file,
     configured_decoder,
     experts_precision,
+    progress,
     report_cache,
     scored_bytes,
 )
@@ -40,6 +47,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
         raise ConfigError(f"eval.stride={e.stride} must be in 1..eval.window-1={e.window - 1}")
     if e.max_tokens < 0:
         raise ConfigError(f"eval.max_tokens={e.max_tokens} must be >= 0")
+    check_text_file(config.text_file)
 
 
 @jax.jit
@@ -48,9 +56,11 @@ def _nll(logits: jax.Array, targets: jax.Array) -> jax.Array:
     return -jnp.take_along_axis(logp, targets[:, None], axis=-1)[:, 0]
 
 
-def score(decoder: SteppedDecoder, ids: np.ndarray, window: int, stride: int) -> np.ndarray:
+def score(decoder: SteppedDecoder, ids: np.ndarray, window: int, stride: int,
+          on_scored=None) -> np.ndarray:
     """Negative log-likelihood (nats) of tokens 1..n-1, each scored once: window k covers
-    [s, s+window) and scores the tokens no earlier window scored."""
+    [s, s+window) and scores the tokens no earlier window scored. `on_scored(n)`: after each
+    window, with the tokens it scored (a progress bar's update)."""
     n = len(ids)
     nll = np.full(n, np.nan)
     starts = list(range(0, max(1, n - window + 1), stride))
@@ -66,6 +76,8 @@ def score(decoder: SteppedDecoder, ids: np.ndarray, window: int, stride: int) ->
         first = max(scored_to, s + 1)
         nll[first:e] = values[first - s - 1:]
         scored_to = e
+        if on_scored is not None:
+            on_scored(e - first)
     return nll[1:]
 
 
@@ -85,7 +97,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     # Under the configured cache: drop, substitution and cache-aware routing change quality.
     experts, decoder = configured_decoder(config, loaded, max_len=window)
     t0 = time.perf_counter()
-    nll = score(decoder, ids, window, stride)
+    with progress(config.log.progress, len(ids) - 1, "perplexity") as bar:
+        nll = score(decoder, ids, window, stride, bar.update if bar is not None else None)
     elapsed = time.perf_counter() - t0
     bits = float(nll.sum() / math.log(2))
     # Bytes of the scored tokens: everything after the first token.
@@ -107,9 +120,13 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     cache = cache_of(experts)
     if cache is not None:
         results["cache"] = report_cache(config, cache, workdir, passes=False)
-    write_json_atomic(os.path.join(workdir, "results.json"), results)
+    path = os.path.join(workdir, "results.json")
+    write_json_atomic(path, results)
+    if cache is not None:
+        print(cache_table(config, cache))
     print(f"{config.text_file}: {results['bits_per_byte']:.4f} bits/byte, "
           f"{results['bits_per_token']:.4f} bits/token over {len(nll)} tokens "
-          f"[{loaded.source}, experts at {results['model']['precision']}] -> "
-          f"{os.path.join(workdir, 'results.json')}")
+          f"[{loaded.source}, experts at {results['model']['precision']}]; {WALL_CLOCK}: "
+          f"scored in {elapsed:.1f} s ({len(nll) / elapsed if elapsed > 0 else 0:.1f} tok/s)")
+    announce_results(path)
     return results

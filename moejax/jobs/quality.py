@@ -25,7 +25,6 @@ results.json: `quality` (summary and `drift`), `speed` (cache clock on the drift
 
 from __future__ import annotations
 
-import math
 import os
 import time
 
@@ -36,8 +35,10 @@ import numpy as np
 from moejax.cache import summary
 from moejax.errors import ConfigError
 from moejax.jobs.common import (
-    cache_header,
+    announce_results,
     cache_of,
+    cache_table,
+    check_text_file,
     configured_decoder,
     experts_precision,
     make_decoder,
@@ -63,6 +64,8 @@ def validate(config: ml_collections.ConfigDict) -> None:
                           f"(text_file={config.text_file!r}, eval.task={config.eval.task!r})")
     if config.text_file and not os.path.isfile(config.text_file):
         raise ConfigError(f"text_file={config.text_file!r} is not a file")
+    if config.text_file:
+        check_text_file(config.text_file)
     if q.teacher_forcing not in TEACHER_FORCING:
         raise ConfigError(f"quality.teacher_forcing={q.teacher_forcing!r} is not one of "
                           f"{TEACHER_FORCING}")
@@ -259,15 +262,18 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
         writer.close()
     if cache is not None:
         results["cache"] = report_cache(config, cache, workdir)
-    write_json_atomic(os.path.join(workdir, "results.json"), results)
+    path = os.path.join(workdir, "results.json")
+    write_json_atomic(path, results)
     if cache is not None:
-        print(summary.table(cache.metrics, cache_header(config, cache), host=cache.host))
-    print(describe(results, os.path.join(workdir, "results.json")))
+        print(cache_table(config, cache))
+    print(describe(results))
+    announce_results(path)
     return results
 
 
-def describe(results: dict, path: str) -> str:
-    """The printed summary: divergence, bits per byte of both, drift, speed."""
+def describe(results: dict) -> str:
+    """The printed summary: divergence, bits per byte of both, drift, speed (on the cache's
+    clock, named)."""
     q, d, s = results["quality"], results["quality"]["drift"], results["speed"]
     lines = [
         f"quality vs the reference ({results['model']['source']}, every expert resident at "
@@ -284,10 +290,15 @@ def describe(results: dict, path: str) -> str:
                      f" continuations of {d['new_tokens']} tokens identical, mean "
                      f"{d['mean_tokens_to_divergence']:.1f} tokens to the first divergence")
     if s is not None:
-        decode = s["decode_tok_per_s"]
-        lines.append(f"speed ({s['clock']} clock, drift requests): TTFT "
-                     f"{1e3 * (s['ttft_s'] or math.nan):.3f} ms, decode "
-                     f"{decode if decode is not None else math.nan:.1f} tok/s, stall "
-                     f"{1e3 * s['stall_s']:.3f} ms")
-    lines.append(f"-> {path}")
+        hw = results["cache"]["hardware"]
+        clock = summary.clock_words(s["clock"], hw["name"], hw["h2d_gbps"])
+        if s["ttft_s"] is None:
+            lines.append(f"speed on the {clock}: n/a (no drift request ran: "
+                         "quality.drift_prompts=0)")
+        else:
+            decode = s["decode_tok_per_s"]
+            decode = f"{decode:.1f} tok/s" if decode is not None else "n/a (no decode pass ran)"
+            lines.append(f"speed on the {clock}, drift requests: TTFT "
+                         f"{1e3 * s['ttft_s']:.3f} ms, decode {decode}, stall "
+                         f"{1e3 * s['stall_s']:.3f} ms")
     return "\n".join(lines)

@@ -13,7 +13,9 @@ ids), the checkpoint's own `tokenizer.json` otherwise. A model with neither (a v
 
 Each trace is written to `WORKDIR/{domain}_{i}.npz`, or `WORKDIR/{domain}.npz` when
 `tracing.prompts_per_domain` is 1; `WORKDIR/results.json` lists them with each one's
-`bits_per_token` (and `bits_per_byte` for a byte-level model).
+`bits_per_token` (and `bits_per_byte` for a byte-level model). A progress bar over every
+trace's prompt and decode steps (`log.progress`), a line per trace written, and where the
+results went are printed.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import ml_collections
 import numpy as np
 
 from moejax.errors import ConfigError
-from moejax.jobs.common import make_decoder
+from moejax.jobs.common import announce_results, make_decoder, progress
 from moejax.model_source import load_model_for
 from moejax.models.stepped import ResidentExperts
 from moejax.results import write_json_atomic
@@ -97,7 +99,6 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
                           "run.max_new_tokens must be >= 1")
     loaded = load_model_for(config)
     cfg, tok = loaded.cfg, loaded.tokenizer
-    byte_level = isinstance(tok, ByteTokenizer)
     total = t.prompt_tokens + steps
     if total > cfg.max_position_embeddings:
         raise ConfigError(f"tracing.prompt_tokens + run.max_new_tokens = {total} exceeds "
@@ -108,45 +109,64 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     experts = ResidentExperts.from_host(*loaded.experts_at("native"))
     window = text_window_bytes(tok, total)
     written = []
-    for domain in corpus.DOMAINS:
-        data = heldout[domain].data
-        if len(data) < window + 2:
-            raise ConfigError(f"held-out {domain} has {len(data)} bytes, {window + 2} needed")
-        for i, start in enumerate(_prompt_starts(data, t.prompts_per_domain, window,
-                                                 config.seed)):
-            # `total` ids: the prompt, then the target of each decode step.
-            text = token_ids(tok, data[start:start + window + 1], total, cfg.vocab_size,
-                             f"held-out {domain} at byte {start}")
-            info = {"domain": domain, "heldout_offset": start, "teacher_forced": t.teacher_forced,
-                    "prompt_tokens": t.prompt_tokens, "tokenizer": tok.name,
-                    "prompt": tok.decode(text[:t.prompt_tokens].tolist())}
-            rec = TraceRecorder(cfg, config.model.lookahead, loaded.source, info,
-                                score_dtype=np.float16)  # committed test data: keep it small
-            dec = make_decoder(config, loaded, experts, max_len=total,
-                               gate_observers=(rec.on_gate,), pass_observers=(rec.end_pass,))
-            logits = dec.forward(text[None, :t.prompt_tokens])
-            nll, generated = [], []
-            for step in range(steps):
-                pos = t.prompt_tokens + step
-                logp = jax.nn.log_softmax(logits[0, -1])
-                nll.append(-float(logp[text[pos]]))
-                nxt = int(text[pos]) if t.teacher_forced else int(jnp.argmax(logp))
-                generated.append(nxt)
-                if step < steps - 1:
-                    logits = dec.forward(np.asarray([[nxt]], np.int32))
-            bits = float(np.mean(nll) / math.log(2))
-            rec.meta["info"]["bits_per_token"] = bits
-            if byte_level:
-                rec.meta["info"]["bits_per_byte"] = bits
-            rec.meta["info"]["continuation"] = tok.decode(generated)
-            name = domain if t.prompts_per_domain == 1 else f"{domain}_{i}"
-            path = os.path.join(workdir, f"{name}.npz")
-            rec.trace().save(path)
-            written.append({"path": path, **{k: v for k, v in rec.meta["info"].items()
-                                             if k != "continuation"}})
-            print(f"{path}: {domain}, {total} tokens, bits/"
-                  f"{'byte' if byte_level else 'token'} {bits:.3f}")
+    with progress(config.log.progress, len(corpus.DOMAINS) * t.prompts_per_domain * steps,
+                  "record_traces", unit="step") as bar:
+        for domain in corpus.DOMAINS:
+            written += _record_domain(config, loaded, experts, heldout[domain].data, domain,
+                                      window, workdir, bar)
     results = {"job": "record_traces", "model": loaded.source, "traces": written,
                "config": config.to_dict()}
-    write_json_atomic(os.path.join(workdir, "results.json"), results)
+    path = os.path.join(workdir, "results.json")
+    write_json_atomic(path, results)
+    announce_results(path)
     return results
+
+
+def _record_domain(config: ml_collections.ConfigDict, loaded, experts: ResidentExperts,
+                   data: np.ndarray, domain: str, window: int, workdir: str, bar) -> list[dict]:
+    """The traces of one domain's held-out text, each written as it is done; what results.json
+    lists of each. `bar`: the progress bar (None when off), one step per decode step."""
+    t, steps = config.tracing, config.run.max_new_tokens
+    cfg, tok = loaded.cfg, loaded.tokenizer
+    byte_level = isinstance(tok, ByteTokenizer)
+    total = t.prompt_tokens + steps
+    say = bar.write if bar is not None else print  # a line above the bar, not through it
+    if len(data) < window + 2:
+        raise ConfigError(f"held-out {domain} has {len(data)} bytes, {window + 2} needed")
+    written = []
+    for i, start in enumerate(_prompt_starts(data, t.prompts_per_domain, window, config.seed)):
+        # `total` ids: the prompt, then the target of each decode step.
+        text = token_ids(tok, data[start:start + window + 1], total, cfg.vocab_size,
+                         f"held-out {domain} at byte {start}")
+        info = {"domain": domain, "heldout_offset": start, "teacher_forced": t.teacher_forced,
+                "prompt_tokens": t.prompt_tokens, "tokenizer": tok.name,
+                "prompt": tok.decode(text[:t.prompt_tokens].tolist())}
+        rec = TraceRecorder(cfg, config.model.lookahead, loaded.source, info,
+                            score_dtype=np.float16)  # committed test data: keep it small
+        dec = make_decoder(config, loaded, experts, max_len=total,
+                           gate_observers=(rec.on_gate,), pass_observers=(rec.end_pass,))
+        logits = dec.forward(text[None, :t.prompt_tokens])
+        nll, generated = [], []
+        for step in range(steps):
+            pos = t.prompt_tokens + step
+            logp = jax.nn.log_softmax(logits[0, -1])
+            nll.append(-float(logp[text[pos]]))
+            nxt = int(text[pos]) if t.teacher_forced else int(jnp.argmax(logp))
+            generated.append(nxt)
+            if step < steps - 1:
+                logits = dec.forward(np.asarray([[nxt]], np.int32))
+            if bar is not None:
+                bar.update(1)
+        bits = float(np.mean(nll) / math.log(2))
+        rec.meta["info"]["bits_per_token"] = bits
+        if byte_level:
+            rec.meta["info"]["bits_per_byte"] = bits
+        rec.meta["info"]["continuation"] = tok.decode(generated)
+        name = domain if t.prompts_per_domain == 1 else f"{domain}_{i}"
+        path = os.path.join(workdir, f"{name}.npz")
+        rec.trace().save(path)
+        written.append({"path": path, **{k: v for k, v in rec.meta["info"].items()
+                                         if k != "continuation"}})
+        say(f"{path}: {domain}, {total} tokens, bits/{'byte' if byte_level else 'token'} "
+            f"{bits:.3f}")
+    return written

@@ -3,9 +3,12 @@
     python -m moejax.main --config=configs/replay.py --config.trace=PATH --config.cache.slots=N \\
         --config.policies.eviction=lru --workdir=W
 
-Writes `W/results.json` in the live schema (`cache`: totals, per layer, timing). The model
-shape comes from the trace; expert bytes (and the cost model of the virtual clock) from the
-trace's model config when it has one (moejax traces), else from `model.family`/`model.preset`.
+Writes `W/results.json` in the live schema (`cache`: totals, per layer, timing) and `replay`:
+the engine's own time (`seconds`, `requests_per_s`; this machine's wall clock) with the compiled
+kernel's one-time load apart (`setup_s`). Prints the cache's table (with `log.progress`), the
+replay's speed, and where the results went. The model shape comes from the trace; expert bytes
+(and the cost model of the virtual clock) from the trace's model config when it has one (moejax
+traces), else from `model.family`/`model.preset`.
 Precision pools are sized as live ones (`moejax.cache.build_cache_for`, the same cache
 code), with each quantized expert's bytes computed from that model config and
 `cache.group_size` — no weights are loaded:
@@ -29,7 +32,13 @@ from moejax.cache.capacity import precision_bytes_of
 from moejax.cache.from_config import build_cache_for, clock_kind
 from moejax.errors import ConfigError
 from moejax.families import FAMILIES, preset
-from moejax.jobs.common import cache_header, report_cache
+from moejax.jobs.common import (
+    announce_results,
+    cache_header,
+    cache_table,
+    progress,
+    report_cache,
+)
 from moejax.model_config import ModelConfig
 from moejax.policies import presets
 from moejax.policies.registry import policy_class
@@ -157,19 +166,13 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     context = [prompt if t.prefill_passes == 0 else 0 for t in traces]
 
     passes = sum(t.num_passes for t in traces)
-    bar = None
-    if config.log.progress:
-        from tqdm import tqdm
-
-        bar = tqdm(total=passes, desc="replay", unit="pass", leave=False)
     start = time.perf_counter()
-    try:
+    with progress(config.log.progress, passes, "replay", unit="pass") as bar:
         engine = replay(cache, traces, context, bar.update if bar is not None else None,
                         engine=config.cache.get("replay_engine", "auto"))
-    finally:
-        if bar is not None:
-            bar.close()
-    elapsed = time.perf_counter() - start
+    # The engine's own time: the compiled kernel's one-time load (numba's disk cache, or a
+    # compile) is `setup_s`, apart, or a short replay's rate would mostly measure that load.
+    elapsed = time.perf_counter() - start - engine.setup_s
     requests = cache.metrics.totals()["requests"]
     results = {
         "job": "replay",
@@ -177,18 +180,44 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
                   "name": os.path.splitext(os.path.basename(config.trace))[0],
                   "sequences": len(imported.traces), "requests": len(traces),
                   "request_tokens": config.trace_request_tokens,
-                  "prefill_tokens": config.trace_prefill_tokens, "passes": passes, "has_scores": first.has_scores,
+                  "prefill_tokens": config.trace_prefill_tokens, "passes": passes,
+                  "has_scores": first.has_scores,
                   "layers": layers, "num_experts": first.num_experts, "top_k": first.top_k,
                   **imported.notes.to_dict()},
         # Per-pass timings: in TensorBoard, not in every cell file.
         "cache": report_cache(config, cache, workdir, passes=False,
                               expert_bytes_known=bytes_known, policies=policies),
-        "replay": {"seconds": elapsed, "requests_per_s": requests / elapsed if elapsed else None,
+        "replay": {"seconds": elapsed, "setup_s": engine.setup_s,
+                   "requests_per_s": requests / elapsed if elapsed > 0 else None,
                    "engine": engine.engine, "engine_reason": engine.reason},
         "config": config.to_dict(),
     }
-    write_json_atomic(os.path.join(workdir, "results.json"), results)
+    path = os.path.join(workdir, "results.json")
+    write_json_atomic(path, results)
     if config.log.progress:
-        header = f"replay of {config.trace}: {cache_header(config, cache, specs)}"
-        print(summary.table(cache.metrics, header, bytes_known=bytes_known, host=cache.host))
+        header = f"replay of {config.trace}: {cache_header(config, cache, specs, bytes_known)}"
+        print(cache_table(config, cache, header=header, bytes_known=bytes_known,
+                          no_ttft=_no_ttft(traces)))
+    print(run_line(results["replay"], requests))
+    announce_results(path)
     return results
+
+
+def _no_ttft(traces: list[Trace]) -> str:
+    """Why a replay has no TTFT (TTFT is a request's prefill pass; `summary.table`)."""
+    if any(t.prefill_passes for t in traces):
+        return summary.NO_PREFILL
+    return ("the trace has no prefill pass, only decode steps: --config.trace_request_tokens=N "
+            "--config.trace_prefill_tokens=M cut it into requests that start with one")
+
+
+def run_line(replay_section: dict, requests: int) -> str:
+    """The replay's own speed on this machine's clock, with the one-time kernel load apart."""
+    r = replay_section
+    rate = (f"{r['requests_per_s']:,.0f} requests/s" if r["requests_per_s"] is not None
+            else "too fast to time")
+    line = (f"{summary.WALL_CLOCK}: {requests:,} cache requests replayed in {r['seconds']:.3f} s "
+            f"on the {r['engine']} engine ({rate})")
+    if r["engine"] == "compiled":
+        line += f", after {r['setup_s']:.2f} s loading its kernel (once per process)"
+    return line

@@ -35,7 +35,9 @@ def base_config() -> ml_collections.ConfigDict:
     # What capacity_frac is a fraction of: "experts" (all routed experts' native bytes) or
     # "model" (the whole model's native bytes, dense weights included: SpecMD's meaning).
     c.cache.capacity_of = "experts"
-    c.cache.slots = 0  # an absolute slot count (overrides capacity_frac; one precision pool only)
+    # An absolute slot count, 1 to the routed experts (overrides capacity_frac; one precision
+    # pool only); 0 (not given): capacity_frac sizes the cache.
+    c.cache.slots = 0
     # The precision a plain fetch and a prefetch move: native, int8, int4, int2; "" (not
     # given): native, or the first of a precision-aware miss policy's levels. Several levels
     # (fetch_priority, ...) get one slot pool each, sharing the byte budget
@@ -89,9 +91,10 @@ def base_config() -> ml_collections.ConfigDict:
     c.cache.replay_engine = "auto"
 
     # The storage the disk tier reads (moejax/timing/storage.py): a preset, each field
-    # overridable (None keeps the preset's).
+    # overridable (None keeps the preset's). Without a host tier no storage is read: a field
+    # given then is said not to apply (a warning), as is io.* there and in a replay.
     c.storage = ml_collections.ConfigDict()
-    c.storage.preset = "nvme_gen4"  # nvme_gen4, nvme_gen5, sata_ssd, hdd
+    c.storage.preset = "nvme_gen4"  # nvme_gen4, sata_ssd, hdd (moejax/timing/storage.py)
     c.storage.read_gbps = ml_collections.config_dict.placeholder(float)
     c.storage.read_latency_s = ml_collections.config_dict.placeholder(float)
     c.storage.queue_depth = ml_collections.config_dict.placeholder(int)
@@ -122,6 +125,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.hardware.preset = "a100_specmd"  # a100_specmd, h100_pcie, h200, cpu
     # Overrides of the preset (moejax/timing/hardware.py): None (not given) keeps the preset's
     # value; any given value replaces it, 0 included (`--config.hardware.h2d_latency_s=0`).
+    # Bandwidths are finite and > 0, latencies finite and >= 0.
     c.hardware.h2d_gbps = ml_collections.config_dict.placeholder(float)  # per copy engine, GB/s
     c.hardware.h2d_latency_s = ml_collections.config_dict.placeholder(float)  # per transfer, s
     c.hardware.copy_engines = ml_collections.config_dict.placeholder(int)

@@ -1,9 +1,11 @@
 """What a policy class declares about itself besides its code.
 
 * `ARGS` — the values each of its spec arguments takes (`Choice`, `Ints`, `Floats`,
-  `Levels`): the registry checks that every constructor argument a spec can give has one, the
-  docs list them, and the equality fuzzer (`tests/test_compiled_replay.py`) draws every
-  policy's arguments from them, so a new argument is fuzzed the day it is added.
+  `Levels`): the registry checks that every constructor argument a spec can give has one, and
+  refuses a given value of the wrong kind (`Domain.refuses`) before the constructor sees it,
+  naming the argument and what it takes (`Domain.takes`); the docs list them, and the
+  equality fuzzer (`tests/test_compiled_replay.py`) draws every policy's arguments from
+  them, so a new argument is fuzzed the day it is added.
 * `KERNEL` — what the compiled replay kernel (`moejax/replay/kernel.py`) implements of it: a
   `KernelForm` naming the kernel's form of the policy and, for each spec argument, the values
   the kernel handles. Fail closed: a class that declares no `KERNEL` in its own body (a
@@ -25,6 +27,17 @@ class Domain:
     def contains(self, value: Any) -> bool:
         raise NotImplementedError
 
+    def refuses(self, value: Any) -> bool:
+        """Whether the registry refuses `value` before the constructor sees it: a value of
+        the wrong kind (a string for a number), or outside a range that is the argument's
+        meaning. A range the fuzzer merely draws from (`Floats`) is the constructor's to
+        check, not this."""
+        return not self.contains(value)
+
+    def takes(self) -> str:
+        """What the argument takes, in words, for the message that refuses a value."""
+        raise NotImplementedError
+
 
 @dataclasses.dataclass(frozen=True)
 class Choice(Domain):
@@ -32,6 +45,9 @@ class Choice(Domain):
 
     def contains(self, value):
         return any(value == v and type(value) is type(v) for v in self.values)
+
+    def takes(self):
+        return "one of " + ", ".join(repr(v) for v in self.values)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,10 +62,17 @@ class Ints(Domain):
         return (isinstance(value, int) and not isinstance(value, bool) and value >= self.lo
                 and (self.hi is None or value <= self.hi))
 
+    def takes(self):
+        return (f"an integer >= {self.lo}" if self.hi is None
+                else f"an integer from {self.lo} to {self.hi}")
+
 
 @dataclasses.dataclass(frozen=True)
 class Floats(Domain):
-    """Numbers in `[lo, hi]` (`hi_open`: `[lo, hi)`)."""
+    """Numbers in `[lo, hi]` (`hi_open`: `[lo, hi)`): the values the fuzzer draws. Some of
+    these ranges are narrower than what the argument means (`topk`'s `overfetch` takes any
+    positive number), so the registry refuses only what is not a finite number; the
+    constructor checks the range it means, and says it."""
 
     lo: float
     hi: float
@@ -59,6 +82,14 @@ class Floats(Domain):
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             return False
         return self.lo <= value and (value < self.hi if self.hi_open else value <= self.hi)
+
+    def refuses(self, value):
+        # `not v - v == 0`: inf and nan (a spec may give `1e999`, a literal inf).
+        return (isinstance(value, bool) or not isinstance(value, (int, float))
+                or not value - value == 0)
+
+    def takes(self):
+        return "a finite number"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,6 +110,15 @@ class Levels(Domain):
         ranks = [self.pool.index(p) for p in items if p in self.pool]
         return (len(ranks) == len(items) >= self.min_len
                 and all(a < b for a, b in zip(ranks, ranks[1:])))
+
+    def refuses(self, value):
+        # Only the kind: the constructor parses the levels (`formats.parse_levels`, which
+        # also takes SpecMD's "int8:4") and says what is wrong with them.
+        return not (isinstance(value, str) or (value is None and self.optional))
+
+    def takes(self):
+        return (f"precisions from high to low joined by ':' (of {', '.join(self.pool)}), "
+                f"e.g. {':'.join(self.pool[1:])!r}")
 
 
 ANY = None  # a KernelForm argument the kernel handles whatever its value

@@ -133,6 +133,13 @@ def build(kind: str, spec: str, **context: Any) -> Any:
         if key in bound:
             raise ConfigError(f"{kind} policy {spec!r}: {key!r} given twice")
         bound[key] = value
+    for key, value in bound.items():
+        # Once here for every policy: a constructor comparing a string with a number would
+        # say only "'<=' not supported between 'str' and 'int'".
+        domain = ctor.ARGS.get(key)
+        if domain is not None and domain.refuses(value):
+            raise ConfigError(f"{kind} policy {spec!r}: {key}={value!r} must be "
+                              f"{domain.takes()}")
     ctx = {k: v for k, v in context.items() if k in params}
     try:
         policy = ctor(**bound, **ctx)

@@ -12,6 +12,8 @@ Replay-only policies (Belady eviction, oracle prefetch) see the future through `
 
 from __future__ import annotations
 
+import dataclasses
+
 from moejax.cache import ExpertCache
 from moejax.errors import ConfigError
 from moejax.replay import compiled, coverage
@@ -27,15 +29,16 @@ def replay(cache: ExpertCache, traces: list[Trace], context_start: list[int] | N
     already in context before sequence i's first pass (capture traces start after a prompt
     that is not in the file). `engine`: "auto" takes the compiled engine where everything the
     cache is has a compiled form (`coverage.decide`), "reference" always runs the policy
-    objects request by request. Returns which engine ran and why."""
+    objects request by request. Returns which engine ran, why, and its one-time setup
+    (`Decision.setup_s`: the compiled kernel's load, part of this call's time)."""
     if engine not in ENGINES:
         raise ConfigError(f"cache.replay_engine={engine!r} is not one of {ENGINES}")
     decision = coverage.decide(cache, engine)
     if decision.engine == "compiled":
-        compiled.run(cache, traces, context_start)
+        setup_s = compiled.run(cache, traces, context_start)
         if progress is not None:
             progress(sum(t.num_passes for t in traces))
-        return decision
+        return dataclasses.replace(decision, setup_s=setup_s)
     future = None
     for policy in (cache.eviction, cache.prefetch, cache.miss, cache.routing):
         if policy.needs_future:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import ml_collections
 
 from moejax.cache import ExpertCache, build_cache_for, given_precision
+from moejax.cache.from_config import check_settings
 from moejax.errors import ConfigError
 from moejax.models.stepped import ResidentExperts
 from moejax.serving.runtime import CachedExperts, SlotPool, SlotPools
@@ -63,7 +64,9 @@ def resident_precision(config: ml_collections.ConfigDict) -> str:
 
 def expert_source(config: ml_collections.ConfigDict, loaded):
     """The cache runtime for a loaded model, or every expert on the device (at
-    `cache.precision`) when `cache.enabled` is False."""
+    `cache.precision`) when `cache.enabled` is False. The settings are checked first (and
+    those that do not apply to a run of the model said), the cache's with it or not."""
+    check_settings(config, live=True)
     if not config.cache.enabled:
         return ResidentExperts.from_host(*loaded.experts_at(resident_precision(config)))
     return build_cached_experts(config, loaded)

@@ -57,12 +57,18 @@ class Hardware:
                 raise ConfigError(f"hardware.{field}={v} must be {what}")
 
 
-_POSITIVE = (numbers.Real, lambda v: v > 0, "positive")
-_NON_NEGATIVE = (numbers.Real, lambda v: v >= 0, ">= 0")
+def _finite(v) -> bool:
+    return v - v == 0  # False for inf and nan
+
+
+# An infinite bandwidth or latency is no hardware: its transfers would take no time (or
+# forever) and every number derived from them would be meaningless.
+_POSITIVE = (numbers.Real, lambda v: _finite(v) and v > 0, "a finite number > 0")
+_NON_NEGATIVE = (numbers.Real, lambda v: _finite(v) and v >= 0, "a finite number >= 0")
 # Each field's type and range, checked by `Hardware.validate` (errors name the field).
 _RULES = {"h2d_gbps": _POSITIVE, "link_gbps": _POSITIVE, "peak_tflops": _POSITIVE,
           "hbm_gbps": _POSITIVE, "h2d_latency_s": _NON_NEGATIVE, "launch_s": _NON_NEGATIVE,
-          "copy_engines": (numbers.Integral, lambda v: v >= 1, ">= 1")}
+          "copy_engines": (numbers.Integral, lambda v: v >= 1, "an integer >= 1")}
 
 
 PRESETS: dict[str, Hardware] = {

@@ -26,6 +26,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import zipfile
+import zlib
 
 import numpy as np
 
@@ -89,8 +91,13 @@ class Trace:
             if value is not None:
                 arrays[key] = value
         tmp = f"{path}.tmp.npz"
-        np.savez_compressed(tmp, **arrays)
-        os.replace(tmp, path)
+        try:
+            np.savez_compressed(tmp, **arrays)
+            os.replace(tmp, path)
+        except BaseException:  # an interrupted or failed save leaves no partial file behind
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
 
     def validate(self, path: str = "<trace>") -> None:
         def need(cond, msg):
@@ -100,6 +107,14 @@ class Trace:
         need(isinstance(self.meta, dict), "meta is not a JSON object")
         missing = [k for k in ("layers", "num_experts", "top_k") if k not in self.meta]
         need(not missing, f"meta lacks {missing}")
+        layers = self.meta["layers"]
+        need(isinstance(layers, list) and all(_is_int(x) for x in layers),
+             f"meta layers={layers!r} is not a list of integers")
+        for key in ("num_experts", "top_k"):
+            need(_is_int(self.meta[key]) and self.meta[key] >= 1,
+                 f"meta {key}={self.meta[key]!r} is not a positive integer")
+        need(_is_int(self.meta.get("prefill_passes", 0)),
+             f"meta prefill_passes={self.meta.get('prefill_passes')!r} is not an integer")
         need(self.ids.ndim == 3, f"ids must be [rows, layers, top_k], got shape {self.ids.shape}")
         need(np.issubdtype(self.ids.dtype, np.integer), f"ids have dtype {self.ids.dtype}")
         r, l, k = self.ids.shape
@@ -123,12 +138,44 @@ class Trace:
                  "spec_probs shape does not match [rows, layers, lookahead, E]")
 
 
-def load(path: str) -> Trace:
+def _is_int(v) -> bool:
+    return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
+
+
+def _read_npz(path: str) -> dict[str, np.ndarray]:
+    """The arrays of the .npz at `path`, read whole (so a corrupt member fails here)."""
+    if os.path.isdir(path):
+        raise TraceError(f"{path}: is a directory, not a moejax trace (.npz)")
     try:
-        with np.load(path, allow_pickle=False) as z:
+        if os.path.getsize(path) == 0:
+            raise TraceError(f"{path}: empty (0 bytes), not a moejax trace (.npz)")
+        z = np.load(path, allow_pickle=False)
+        if not isinstance(z, np.lib.npyio.NpzFile):
+            raise TraceError(f"{path}: a single .npy array, not a moejax trace (.npz)")
+        with z:
             data = {k: z[k] for k in z.files}
-    except (OSError, ValueError, EOFError) as e:
+    except TraceError:
+        raise
+    except (zipfile.BadZipFile, EOFError, zlib.error, NotImplementedError) as e:
+        # A zip's index sits at its end: a file cut short has none ("not a zip file") or
+        # members that end early; anything else (a bad checksum) is corruption.
+        cut = isinstance(e, EOFError) or str(e).startswith(("File is not a zip", "Truncated"))
+        what = "not a complete .npz trace (cut short?)" if cut else "a corrupt .npz trace"
+        raise TraceError(f"{path}: {what}: {e}") from e
+    except OSError as e:
+        raise TraceError(f"{path}: not readable: {e.strerror or e}") from e
+    except ValueError as e:  # an array numpy cannot read (a pickled object array, a bad header)
         raise TraceError(f"{path}: not a readable moejax trace (.npz): {e}") from e
+    for key, value in data.items():
+        if not isinstance(value, np.ndarray):  # np.load hands a non-.npy member back as bytes
+            raise TraceError(f"{path}: member {key!r} is not a numpy array")
+    return data
+
+
+def load(path: str) -> Trace:
+    """The trace at `path`, validated; every way the file can be wrong is a TraceError naming
+    it (missing, a directory, empty, cut short, corrupt, arrays missing or malformed)."""
+    data = _read_npz(path)
     missing = [k for k in ("meta", "pass_offsets", "tokens", "ids") if k not in data]
     if missing:
         raise TraceError(f"{path}: missing arrays {missing}")
@@ -140,8 +187,9 @@ def load(path: str) -> Trace:
         raise TraceError(f"{path}: meta is not a JSON object")
     if meta.get("format") != FORMAT:
         raise TraceError(f"{path}: format {meta.get('format')!r}, expected {FORMAT!r}")
-    if not np.issubdtype(data["ids"].dtype, np.integer):
-        raise TraceError(f"{path}: ids have dtype {data['ids'].dtype}, expected integers")
+    for key in ("ids", "pass_offsets", "tokens"):
+        if not np.issubdtype(data[key].dtype, np.integer):
+            raise TraceError(f"{path}: {key} have dtype {data[key].dtype}, expected integers")
     trace = Trace(meta, data["pass_offsets"].astype(np.int64), data["tokens"],
                   data["ids"].astype(np.int64), data.get("weights"), data.get("probs"),
                   data.get("spec_probs"))
