@@ -61,7 +61,8 @@ def debug() -> bool:
 def fail(prog: str, message: str, status: int = USAGE) -> NoReturn:
     """Prints `prog: error: message` on stderr and exits with `status`."""
     print(f"{prog}: error: {message}", file=sys.stderr)
-    sys.stdout.flush() if not sys.stdout.closed else None
+    if not sys.stdout.closed:
+        sys.stdout.flush()
     raise SystemExit(status)
 
 
