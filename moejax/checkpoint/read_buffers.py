@@ -88,12 +88,6 @@ class ReadBuffers:
         return self.taken - self.allocated
 
     @property
-    def held(self) -> int:
-        """Buffers whose memory the pool holds now: alive and kept for reuse."""
-        with self._lock:
-            return self.alive + len(self._free)
-
-    @property
     def free(self) -> int:
         with self._lock:
             return len(self._free)
