@@ -58,6 +58,20 @@ def debug() -> bool:
     return os.environ.get(DEBUG_ENV, "") not in ("", "0")
 
 
+def program() -> str:
+    """The running program's name as its user typed it (`moejax.main` for `python -m
+    moejax.main`), the prefix of this module's lines."""
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    if spec is not None and spec.name:
+        return spec.name.removesuffix(".__main__")
+    return os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "moejax"
+
+
+def warn(message: str) -> None:
+    """One warning line on stderr, `prog: warning: message` (the errors' format)."""
+    print(f"{program()}: warning: {message}", file=sys.stderr)
+
+
 def fail(prog: str, message: str, status: int = USAGE) -> NoReturn:
     """Prints `prog: error: message` on stderr and exits with `status`."""
     print(f"{prog}: error: {message}", file=sys.stderr)

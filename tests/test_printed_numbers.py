@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import logging
 import os
 import time
 
@@ -205,17 +204,17 @@ def test_random_bytes_are_refused_by_name_and_share_before_anything_is_written(t
         quality.validate(q)
 
 
-def test_a_little_non_text_is_a_warning_and_text_is_silent(tmp_path, caplog):
+def test_a_little_non_text_is_a_warning_and_text_is_silent(tmp_path, capsys):
     latin = tmp_path / "latin1.txt"
     latin.write_bytes("Café au lait in Zürich, naïvely.\n".encode("latin-1") * 4)
     clean = tmp_path / "clean.txt"
     clean.write_text("Café au lait in Zürich, naïvely.\n\tand a tab\r\n")
-    with caplog.at_level(logging.WARNING, logger=common.__name__):
-        common.check_text_file(str(clean))
-        assert caplog.records == []
-        common.check_text_file(str(latin))
-    assert len(caplog.records) == 1
-    assert f"text_file={str(latin)!r}: 9.1% of its 132 bytes are not text" in caplog.text
+    common.check_text_file(str(clean))
+    assert capsys.readouterr().err == ""
+    common.check_text_file(str(latin))
+    warnings = [ln for ln in capsys.readouterr().err.splitlines() if ": warning: " in ln]
+    assert len(warnings) == 1
+    assert f"text_file={str(latin)!r}: 9.1% of its 132 bytes are not text" in warnings[0]
     assert common.not_text_share("a\x85b\x00".encode()) == pytest.approx(3 / 5)
 
 

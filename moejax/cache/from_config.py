@@ -19,12 +19,11 @@ from __future__ import annotations
 import functools
 import json
 import math
-import os
-import sys
 import weakref
 
 import ml_collections
 
+from moejax import cli
 from moejax.cache import capacity as capacity_lib
 from moejax.cache.expert_cache import CacheShape, ExpertCache, slots_for
 from moejax.cache.host_tier import HostTier
@@ -250,16 +249,7 @@ def _warn_once(config: ml_collections.ConfigDict, message: str) -> None:
         entry = _WARNED[id(config)] = (weakref.ref(config), set())
     if message not in entry[1]:
         entry[1].add(message)
-        print(f"{_prog()}: warning: {message}", file=sys.stderr)
-
-
-def _prog() -> str:
-    """The running program's name as its user typed it (`moejax.main` for `python -m
-    moejax.main`), the prefix of `moejax.cli`'s error lines too."""
-    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
-    if spec is not None and spec.name:
-        return spec.name.removesuffix(".__main__")
-    return os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "moejax"
+        cli.warn(message)
 
 
 def build_host_tier(config: ml_collections.ConfigDict, shape: CacheShape,

@@ -15,12 +15,12 @@ job scores is checked to be text first (`check_text_file`).
 from __future__ import annotations
 
 import contextlib
-import logging
 import re
 
 import ml_collections
 import numpy as np
 
+from moejax import cli
 from moejax.cache import summary
 from moejax.cache.expert_cache import ExpertCache
 from moejax.errors import ConfigError
@@ -32,8 +32,6 @@ from moejax.seam import ExpertSource
 from moejax.serving.build import expert_source, resident_precision
 from moejax.serving.runtime import CachedExperts
 from moejax.tokenizer import ByteTokenizer, Tokenizer
-
-log = logging.getLogger(__name__)
 
 # A text file with more than this share of its bytes not text (not valid UTF-8, or control
 # characters other than whitespace) is refused: its score would be the score of noise. Below
@@ -78,7 +76,7 @@ def check_text_file(path: str, field: str = "text_file") -> None:
         raise ConfigError(f"{what}, above the {100 * NOT_TEXT_LIMIT:g}% a text file may have: "
                           "give a UTF-8 text file")
     if share > 0:
-        log.warning("%s; they are scored as the replacement character U+FFFD", what)
+        cli.warn(f"{what}; they are scored as the replacement character U+FFFD")
 
 
 def announce_results(path: str) -> None:
