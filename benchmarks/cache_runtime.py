@@ -36,7 +36,7 @@ from moejax.models.stepped import ResidentExperts, SteppedDecoder
 from moejax.policies import build
 from moejax.seam import LayerGate
 from moejax.serving.build import build_cached_experts
-from moejax.serving.runtime import SlotPool
+from moejax.serving.slot_pool import SlotPool
 from moejax.timing import hardware
 from moejax.timing.clock import VirtualClock
 from moejax.traces.importers import load_traces

@@ -29,7 +29,7 @@ from moejax.models.stepped import SteppedDecoder
 from moejax.quant import formats
 from moejax.quant.quantize import quantize
 from moejax.serving.build import build_cached_experts, expert_source
-from moejax.serving.runtime import SlotPool
+from moejax.serving.slot_pool import SlotPool
 
 H, I, E = 2048, 1024, 8  # OLMoE-1B-7B expert shape; E experts in the host table
 REPS = 30

@@ -23,6 +23,10 @@ def base_config() -> ml_collections.ConfigDict:
     c.model.family = "olmoe"
     c.model.gmm_impl = "tiled"  # grouped matmul: "tiled" or "ragged_dot"
     c.model.lookahead = 2  # MoE layers ahead whose gates score this layer's hidden state
+    # A family preset at another width (random weights): 0 keeps the preset's; N keeps its
+    # depth, expert count and top-k and sets the hidden and expert widths to N, so a CPU runs
+    # a real model's routing structure (with `policies.routing='trace(path=T)'`).
+    c.model.width = 0
     # How gate outputs reach the host: "returned" by the router step, or delivered from inside
     # it by an io_callback (SpecMD's gate hook). benchmarks/cache_runtime.py (part 4) compares
     # them.
@@ -89,6 +93,14 @@ def base_config() -> ml_collections.ConfigDict:
     # placement) on it, counter for counter what "reference" (the policy objects, request by
     # request) gives, and everything else on the reference.
     c.cache.replay_engine = "auto"
+    # How a live slot load moves an expert (moejax/serving/slot_pool.py): "fused" (one
+    # compiled step slices the host table, moves and writes the slot), "copy_stream"
+    # (`jax.device_put` from pinned_host on the transfer stream, then a placement step), or
+    # "auto" (copy_stream on an accelerator, fused on the CPU backend).
+    c.cache.load_path = "auto"
+    # Fiddler / llama.cpp --n-cpu-moe: the experts of the first N MoE layers are always
+    # computed on the host, never loaded into a slot.
+    c.cache.host_compute_layers = 0
 
     # The storage the disk tier reads (moejax/timing/storage.py): a preset, each field
     # overridable (None keeps the preset's). Without a host tier no storage is read: a field
@@ -123,6 +135,9 @@ def base_config() -> ml_collections.ConfigDict:
 
     c.hardware = ml_collections.ConfigDict()
     c.hardware.preset = "a100_specmd"  # a100_specmd, h100_pcie, h200, cpu
+    # A hardware.json written by `python -m moejax.sim.calibrate --workdir=W`: its measured
+    # profile replaces the preset's (the overrides below still apply). "" (not given): preset.
+    c.hardware.file = ""
     # Overrides of the preset (moejax/timing/hardware.py): None (not given) keeps the preset's
     # value; any given value replaces it, 0 included (`--config.hardware.h2d_latency_s=0`).
     # Bandwidths are finite and > 0, latencies finite and >= 0.
@@ -134,6 +149,18 @@ def base_config() -> ml_collections.ConfigDict:
     c.hardware.peak_tflops = ml_collections.config_dict.placeholder(float)
     c.hardware.hbm_gbps = ml_collections.config_dict.placeholder(float)
     c.hardware.launch_s = ml_collections.config_dict.placeholder(float)
+
+    # The host CPU that computes missed experts (`policies.miss=host_compute|latency_aware`,
+    # `cache.host_compute_layers`; moejax/timing/host.py): a preset, each field overridable
+    # (None keeps the preset's), or the host part of `hardware.file`.
+    c.host = ml_collections.ConfigDict()
+    c.host.preset = "desktop_ddr5"
+    c.host.mem_gbps = ml_collections.config_dict.placeholder(float)  # memory bandwidth, GB/s
+    c.host.tflops = ml_collections.config_dict.placeholder(float)  # matmul peak, TFLOP/s
+    c.host.threads = ml_collections.config_dict.placeholder(int)
+    c.host.call_overhead_s = ml_collections.config_dict.placeholder(float)  # per host call
+    # Activations moved device->host and back per host call, GB/s each way (None: the link's).
+    c.host.d2h_gbps = ml_collections.config_dict.placeholder(float)
 
     c.clock = ml_collections.ConfigDict()
     c.clock.kind = "auto"  # auto (virtual off-GPU, wall on GPU), virtual, wall

@@ -10,7 +10,8 @@ from moejax.cache import ExpertCache, build_cache_for, given_precision
 from moejax.cache.from_config import check_settings
 from moejax.errors import ConfigError
 from moejax.models.stepped import ResidentExperts
-from moejax.serving.runtime import CachedExperts, SlotPool, SlotPools
+from moejax.serving.runtime import CachedExperts
+from moejax.serving.slot_pool import SlotPool, SlotPools
 
 
 def build_cached_experts(config: ml_collections.ConfigDict, loaded) -> CachedExperts:
