@@ -24,7 +24,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import time
-from typing import Iterator
+from typing import Callable, Iterator
 
 import jax
 import jax.numpy as jnp
@@ -53,6 +53,10 @@ class CachedExperts:
         # Which gate outputs the policies read: the others never leave the device.
         self.needs_probs, self.needs_spec = cache.needs_scores()
         self._host_backend = jax.devices()[0].platform == "cpu"
+        # What the policies see of a layer instead of the router's gate, when set: a function of
+        # the router's `LayerGate` returning the one to decide on (a trace-driven run's recorded
+        # gate). The experts step then runs the replaced selection, never the router's.
+        self.gate_source: Callable[[LayerGate], LayerGate] | None = None
         # Per layer: the slot map last built (`_upload`), reused while the layer's residency is
         # unchanged.
         self._slot_maps: dict[int, tuple[tuple, np.ndarray | jax.Array]] = {}
@@ -213,7 +217,8 @@ class CachedExperts:
         change no residency, the clock only moves on), which `begin_pass` relies on for the
         passes it queues behind a pending one."""
         c = self._cache
-        if (c.routing.name != "standard" or c.miss.name != "fetch" or c.multi or c.queue
+        if (self.gate_source is not None or c.routing.name != "standard"
+                or c.miss.name != "fetch" or c.multi or c.queue
                 or len(c.residency) != c.shape.total_experts):
             return False
         now = c.clock.now()
@@ -279,8 +284,9 @@ class CachedExperts:
 
     def _layer_gate(self, gate: GateOutputs, got: list) -> LayerGate:
         spec = got[-1][: len(gate.spec_layers)] if self.needs_spec else None
-        return LayerGate(gate.layer, got[0], got[1], got[2] if self.needs_probs else None, spec,
+        host = LayerGate(gate.layer, got[0], got[1], got[2] if self.needs_probs else None, spec,
                          gate.spec_layers)
+        return host if self.gate_source is None else self.gate_source(host)
 
     def experts_for(self, gate: GateOutputs) -> Iterator[ExpertWave]:
         if self._open is not None:  # every expert resident: decide after the pass
@@ -292,8 +298,9 @@ class CachedExperts:
         # One host round trip for what the policies read.
         got = self._to_host(self._policy_arrays(gate))
         host = self._layer_gate(gate, got)
+        routed = self.gate_source is None  # the device gate holds what the policies saw
         for wave in self._cache.run_layer(host):
-            unchanged = wave.ids is host.ids and wave.active.all()
+            unchanged = routed and wave.ids is host.ids and wave.active.all()
             ids = gate.ids if unchanged else self._upload(np.asarray(wave.ids, np.int32))
             weights = gate.weights if unchanged and wave.weights is host.weights else \
                 self._upload(np.where(wave.active, wave.weights, 0.0).astype(np.float32))
