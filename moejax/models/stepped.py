@@ -323,50 +323,82 @@ class SteppedDecoder:
         if self.pos + t > self.max_len:
             raise ValueError(f"position {self.pos}+{t} tokens exceeds max_len={self.max_len}")
         pos = jnp.int32(self.pos)
+        if hasattr(self.experts, "speculation_allowed"):
+            # A speculative pass may compute gates twice: only without anyone watching them.
+            self.experts.speculation_allowed = not self.gate_observers
         self.experts.begin_pass(t, self.pos)
         x = embed_step(self.head_graph, self.head_state, tokens)
-        for l in range(self.cfg.num_layers):
-            g, s = self.layer_graph[l], self.layer_state[l]
-            if not self.cfg.is_moe_layer(l):
-                with self.annotate("dense_layer"):
-                    x, self.caches[l] = dense_layer_step(g, s, x, self.caches[l], pos)
-                continue
-            spec, spec_layers = self.spec[l]
-            with self.annotate("attention/router"):
-                if self.gate_path == "io_callback":
-                    h, h_norm, self.caches[l], (ids, w, _, _) = attention_router_step_hooked(
-                        g, s, spec, x, self.caches[l], pos, cfg=self.static_cfg,
-                        deliver=_DELIVER)
-                    jax.effects_barrier()  # the callback has run: the gate is on the host
-                    h_ids, h_w, probs, sp = (np.asarray(a) for a in _GATE_MAILBOX.pop())
-                    gate = GateOutputs(l, ids, w, probs, sp, spec_layers, h_ids, h_w)
-                else:
-                    h, h_norm, self.caches[l], (ids, w, probs, sp) = attention_router_step(
-                        g, s, spec, x, self.caches[l], pos, cfg=self.static_cfg)
-                    gate = GateOutputs(l, ids, w, probs, sp, spec_layers)
-            for observe in self.gate_observers:
-                observe(gate)
-            x, partial = h, None
-            for wave in self.experts.experts_for(gate):
-                args = (h_norm, wave.ids, wave.weights, wave.gate_up, wave.down, wave.slot_of)
-                with self.annotate("moe/experts"):
-                    if wave.last and partial is None:  # the layer in one wave
-                        x = experts_step(g, s, x, *args, cfg=self.static_cfg,
-                                         impl=self.gmm_impl)
-                    elif wave.last:
-                        x = experts_last_wave_step(g, s, x, *args, partial,
-                                                   cfg=self.static_cfg, impl=self.gmm_impl)
-                    else:  # dispatched now: the source may reload these slots for the next
-                        partial = experts_wave_step(*args, partial, cfg=self.static_cfg,
-                                                    impl=self.gmm_impl)
-        self.pos += t
+        saved: dict[int, tuple] = {}
+        x = self._layers(x, pos, 0, saved)
         logits = logits_step(self.head_graph, self.head_state, x)
-        self.experts.end_pass()
+        resume = self.experts.end_pass()
+        while resume is not None:
+            # A speculative pass's check failed at MoE layer `resume`: the layers before it
+            # stand; from its experts step on the pass runs again (attention rewrites the same
+            # KV positions), deciding layer by layer.
+            x = self._layers(None, pos, resume, saved)
+            logits = logits_step(self.head_graph, self.head_state, x)
+            resume = self.experts.end_pass()
+        self.pos += t
         if self.pass_observers:
             host_tokens = np.asarray(tokens)
             for observe in self.pass_observers:
                 observe(host_tokens)
         return logits
+
+    def _layers(self, x, pos, start: int, saved: dict[int, tuple]):
+        """Runs layers `start`.. on `x`, returning the last hidden state. Each MoE layer's
+        attention output, normed input and gate go to `saved`; a run from a MoE layer `start`
+        (x None) takes that layer's from there and runs its experts step only."""
+        for l in range(start, self.cfg.num_layers):
+            g, s = self.layer_graph[l], self.layer_state[l]
+            if not self.cfg.is_moe_layer(l):
+                with self.annotate("dense_layer"):
+                    x, self.caches[l] = dense_layer_step(g, s, x, self.caches[l], pos)
+                continue
+            if l == start and x is None:
+                h, h_norm, gate = saved[l]
+            else:
+                h, h_norm, gate = self._attention_router(l, x, pos)
+                saved[l] = (h, h_norm, gate)
+                for observe in self.gate_observers:
+                    observe(gate)
+            x = self._experts(l, h, h_norm, gate)
+        return x
+
+    def _attention_router(self, l: int, x, pos):
+        g, s = self.layer_graph[l], self.layer_state[l]
+        spec, spec_layers = self.spec[l]
+        with self.annotate("attention/router"):
+            if self.gate_path == "io_callback":
+                h, h_norm, self.caches[l], (ids, w, _, _) = attention_router_step_hooked(
+                    g, s, spec, x, self.caches[l], pos, cfg=self.static_cfg,
+                    deliver=_DELIVER)
+                jax.effects_barrier()  # the callback has run: the gate is on the host
+                h_ids, h_w, probs, sp = (np.asarray(a) for a in _GATE_MAILBOX.pop())
+                gate = GateOutputs(l, ids, w, probs, sp, spec_layers, h_ids, h_w)
+            else:
+                h, h_norm, self.caches[l], (ids, w, probs, sp) = attention_router_step(
+                    g, s, spec, x, self.caches[l], pos, cfg=self.static_cfg)
+                gate = GateOutputs(l, ids, w, probs, sp, spec_layers)
+        return h, h_norm, gate
+
+    def _experts(self, l: int, h, h_norm, gate: GateOutputs):
+        """The layer's routed experts added to `h`, in the waves its source yields."""
+        g, s = self.layer_graph[l], self.layer_state[l]
+        x, partial = h, None
+        for wave in self.experts.experts_for(gate):
+            args = (h_norm, wave.ids, wave.weights, wave.gate_up, wave.down, wave.slot_of)
+            with self.annotate("moe/experts"):
+                if wave.last and partial is None:  # the layer in one wave
+                    x = experts_step(g, s, x, *args, cfg=self.static_cfg, impl=self.gmm_impl)
+                elif wave.last:
+                    x = experts_last_wave_step(g, s, x, *args, partial, cfg=self.static_cfg,
+                                               impl=self.gmm_impl)
+                else:  # dispatched now: the source may reload these slots for the next
+                    partial = experts_wave_step(*args, partial, cfg=self.static_cfg,
+                                                impl=self.gmm_impl)
+        return x
 
     def generate(self, prompt: np.ndarray, max_new_tokens: int, *, eos_id: int | None = None,
                  keep_logits: bool = False,

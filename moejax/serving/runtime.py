@@ -69,6 +69,19 @@ class CachedExperts:
         self._pending: collections.deque[_DeferredPass] = collections.deque()
         self._full_maps: dict[int, tuple[np.ndarray, jax.Array]] = {}
         self.deferred_passes = 0
+        # A speculative pass (`_may_speculate`) runs every layer on the residency the pass
+        # began with and decides after it, checking each layer (`_verify`): `_spec` is the
+        # pass being run. `speculation_allowed` is the decoder's say (it has no gate observers
+        # to mislead); after a pass that failed its check the next `_spec_backoff` passes
+        # decide layer by layer (doubling on each failure, up to `SPEC_BACKOFF_MAX`).
+        self.speculate = True
+        self.speculation_allowed = True
+        self._spec: _SpeculativePass | None = None
+        self._spec_backoff = 0
+        self._spec_skip = 0
+        self.speculative_passes = 0
+        self.speculation_misses = 0
+        self._resume: tuple[GateOutputs, list] | None = None
 
     @property
     def cache(self) -> ExpertCache:
@@ -189,13 +202,22 @@ class CachedExperts:
         if self.defer_complete and self._can_defer():
             self._refresh_full_maps()
             self._open = _DeferredPass(tokens, position, True)
+        elif self._may_speculate():
+            self._spec = _SpeculativePass()
+            self.speculative_passes += 1
 
-    def end_pass(self) -> None:
+    def end_pass(self) -> int | None:
+        """Ends the pass; returns None, or after a speculative pass whose check failed at an
+        MoE layer, that layer: the decoder re-runs the pass from its experts step (the layers
+        before it were checked and decided; this pass now decides layer by layer) and calls
+        `end_pass` again."""
+        if self._spec is not None:
+            return self._verify()
         done, self._open = self._open, None
         if done is None:
             self._flush()
             self._cache.end_pass()
-            return
+            return None
         self._pending.append(done)
         # Pipelined (`_pipelines`), the decisions of the pass before this one are taken now,
         # while the device runs this pass (dispatched, not finished), instead of between the
@@ -206,6 +228,73 @@ class CachedExperts:
         keep = 1 if self._pipelines() else 0
         while len(self._pending) > keep:
             self._decide_deferred(self._pending.popleft())
+        return None
+
+    # -- speculation: a pass on the residency it began with, checked after it ----------------
+    def _may_speculate(self) -> bool:
+        """Whether this pass may run every layer's experts step on the experts of that layer
+        resident when the pass began, without a host round trip per layer, and decide after
+        it (`_verify`). Its decisions are then the same as layer by layer (same gates, same
+        order; the clock's times are the cost model's), and a layer whose decision would read
+        other slots than the step did is re-run from there. That holds when a decision that
+        finds every requested expert resident keeps the router's selection and serves it in
+        one wave from the slots it sits in: standard routing, fetch, one slot pool, no
+        watchdog queue (it may issue a layer's transfers out of order) and no disk tier (its
+        loads wait for reads); and on the virtual clock only (a wall clock would time the
+        decisions when they are taken, after the pass)."""
+        c = self._cache
+        if not (self.speculate and self.speculation_allowed) or self.gate_source is not None \
+                or c.routing.name != "standard" or c.miss.name != "fetch" or c.multi \
+                or c.queue or c.host is not None \
+                or getattr(c.clock, "kind", None) != "virtual" or not c.residency:
+            return False
+        if self._spec_skip:
+            self._spec_skip -= 1
+            return False
+        return True
+
+    def _speculative_wave(self, gate: GateOutputs) -> ExpertWave:
+        """The experts step of `gate.layer` on the router's own selection and the slots the
+        layer's resident experts hold now (a non-resident expert reads slot 0: the check
+        rejects any step that used one)."""
+        layer = gate.layer
+        slot_of = {e: self._cache.residency[(layer, e)] for e in self._cache.in_cache[layer]}
+        self._spec.layers.append((gate, slot_of))
+        wave = Wave(layer, slot_of, None, None, None, True)
+        gate_up, down = self.pool.arrays()
+        return ExpertWave(gate_up, down, self._slot_map(wave), gate.ids, gate.weights, True)
+
+    def _verify(self) -> int | None:
+        """Decides the speculative pass's layers in order, each on its own gate, while its
+        experts step read the slots every expert it requested still holds: then the decision
+        serves exactly that (one wave, all hits, the router's selection) and is taken as if
+        layer by layer. At the first layer where that fails nothing of it is decided: the pass
+        goes on layer by layer from there (returned), the decoder re-running it."""
+        spec, self._spec = self._spec, None
+        cache = self._cache
+        gates = [g for g, _ in spec.layers]
+        hosts = self._to_host([self._policy_arrays(g) for g in gates])
+        for (gate, slot_of), got in zip(spec.layers, hosts):
+            host = self._layer_gate(gate, got)
+            residency = cache.residency
+            requested = np.unique(host.ids).tolist()
+            if any(residency.get((gate.layer, e), -1) != slot_of.get(e, -2) for e in requested):
+                self.speculation_misses += 1
+                self._spec_skip = self._spec_backoff = min(
+                    max(1, 2 * self._spec_backoff), SPEC_BACKOFF_MAX)
+                self._resume = (gate, got)
+                return gate.layer
+            waves = list(cache.run_layer(host))
+            wave = waves[0]
+            if len(waves) != 1 or not wave.active.all() or wave.ids is not host.ids or any(
+                    slot_of.get(e) != s for e, s in wave.slot_of.items()):
+                raise AssertionError(f"layer {gate.layer}: a speculative step's check passed "
+                                     "but its decision served other slots")
+            self._dispatch(None, landed_only=False)  # its prefetches, as after its step
+        self._spec_backoff = 0
+        self._flush()
+        cache.end_pass()
+        return None
 
     # -- a complete cache: decisions after the pass ------------------------------------------
     def _can_defer(self) -> bool:
@@ -295,8 +384,14 @@ class CachedExperts:
             yield ExpertWave(gate_up, down, self._full_maps[gate.layer][1], gate.ids,
                              gate.weights, True)
             return
-        # One host round trip for what the policies read.
-        got = self._to_host(self._policy_arrays(gate))
+        if self._spec is not None:  # on the residency the pass began with: checked after it
+            yield self._speculative_wave(gate)
+            return
+        resume, self._resume = self._resume, None
+        if resume is not None and resume[0] is gate:  # the layer a failed check stopped at
+            got = resume[1]
+        else:  # one host round trip for what the policies read
+            got = self._to_host(self._policy_arrays(gate))
         host = self._layer_gate(gate, got)
         routed = self.gate_source is None  # the device gate holds what the policies saw
         for wave in self._cache.run_layer(host):
@@ -336,6 +431,10 @@ class CachedExperts:
         return device
 
 
+# The most passes decided layer by layer after a speculative pass failed its check.
+SPEC_BACKOFF_MAX = 16
+
+
 def _slot_heads(loads: list[tuple[Key, int, bool]]) -> list[int]:
     """The index of each slot's first load in `loads` (later ones into a slot must wait)."""
     seen, heads = set(), []
@@ -344,6 +443,14 @@ def _slot_heads(loads: list[tuple[Key, int, bool]]) -> list[int]:
             seen.add(slot)
             heads.append(i)
     return heads
+
+
+@dataclasses.dataclass
+class _SpeculativePass:
+    """A pass run on the residency it began with: per MoE layer, its gate and the slots its
+    experts step read (expert -> slot)."""
+
+    layers: list[tuple[GateOutputs, dict[int, int]]] = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass
