@@ -108,6 +108,8 @@ def configured_decoder(config: ml_collections.ConfigDict, loaded: LoadedModel, *
     """The configured expert source (the cache runtime, or every expert resident when
     `cache.enabled` is False) and a decoder over it."""
     experts = expert_source(config, loaded)
+    if isinstance(experts, CachedExperts):
+        experts.speculate = config.cache.speculate
     return experts, make_decoder(config, loaded, experts, max_len=max_len, batch=batch)
 
 
