@@ -89,10 +89,18 @@ def validate_model_config(m: ml_collections.ConfigDict) -> None:
         raise ConfigError(f"model.lookahead={m.lookahead} must be >= 0")
     if m.gate_path not in GATE_PATHS:
         raise ConfigError(f"model.gate_path={m.gate_path!r} is not one of {GATE_PATHS}")
+    width = m.get("width", 0)
+    if width and m.checkpoint:
+        raise ConfigError(f"model.width={width!r} draws a family preset at another width; "
+                          f"model.checkpoint={m.checkpoint!r} has its own widths (leave one out)")
     if m.checkpoint:
         if not os.path.isdir(m.checkpoint):
             raise ConfigError(f"model.checkpoint={m.checkpoint!r} is not a directory")
         return
+    if width and m.preset == EMBEDDED:
+        raise ConfigError(f"model.width={width!r} draws a family preset at another width, and "
+                          f"model.preset={EMBEDDED!r} is trained at its own: name a preset "
+                          "(e.g. model.preset=olmoe-1b-7b)")
     if m.preset == EMBEDDED:
         return
     if m.family not in FAMILIES:
@@ -113,15 +121,17 @@ def load_model(m: ml_collections.ConfigDict, seed: int = 0,
         groups = {p: dict(info["groups"]) for p, info in ck.precisions.items() if p != "native"}
         return LoadedModel(ck.cfg, ck.model, ck.host_gate_up, ck.host_down, tok, ck.path,
                            ck.experts_at, groups, ck.path)
-    cfg = preset(m.family, m.preset)
+    width = m.get("width", 0)
+    cfg = preset(m.family, m.preset, width)
+    name = f"{m.family}/{m.preset}" + (f" at width {width}" if width else "")
     if cfg.total_expert_bytes > 2 ** 30:
         raise ConfigError(
-            f"preset {m.family}/{m.preset} has {cfg.total_expert_bytes / 2**30:.1f} GiB of experts; "
-            "random weights are only drawn for CPU-sized presets: convert a checkpoint and pass "
-            "--config.model.checkpoint")
+            f"preset {name} has {cfg.total_expert_bytes / 2**30:.1f} GiB of experts; random "
+            "weights are only drawn for CPU-sized presets: convert a checkpoint and pass "
+            "--config.model.checkpoint, or narrow the preset with --config.model.width=N")
     model, gate_up, down = random_model(cfg, seed)
     return in_memory(cfg, model, gate_up, down, load_tokenizer(None, cfg.vocab_size),
-                     f"preset:{m.family}/{m.preset}")
+                     f"preset:{m.family}/{m.preset}" + (f"@width={width}" if width else ""))
 
 
 def load_model_for(config: ml_collections.ConfigDict) -> LoadedModel:

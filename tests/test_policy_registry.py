@@ -21,12 +21,19 @@ CTX = dict(num_layers=3, num_experts=8, top_k=2, num_slots=6, seed=0, renormaliz
     ("cache_aware(lam=0.3)", ("cache_aware", [], {"lam": 0.3})),
     ("topk(1.5, lookahead=2)", ("topk", [1.5], {"lookahead": 2})),
     ("topk(overfetch=-1)", ("topk", [], {"overfetch": -1})),
+    # A file argument is its text, quoted or not (the shell strips quotes).
+    ("trace(path=moejax/assets/captures/olmoe_code.jsonl)",
+     ("trace", [], {"path": "moejax/assets/captures/olmoe_code.jsonl"})),
+    ("trace(path=/tmp/t.npz)", ("trace", [], {"path": "/tmp/t.npz"})),
+    ("trace(path='/tmp/a b.npz')", ("trace", [], {"path": "/tmp/a b.npz"})),
+    ("trace(path=olmoe_code.jsonl)", ("trace", [], {"path": "olmoe_code.jsonl"})),
 ])
 def test_parse(spec, expected):
     assert parse(spec) == expected
 
 
-@pytest.mark.parametrize("spec", ["topk(overfetch=1.5", "lru lfu", "1 + 2", "a.b", "topk()()"])
+@pytest.mark.parametrize("spec", ["topk(overfetch=1.5", "lru lfu", "1 + 2", "a.b", "topk()()",
+                                  "topk(overfetch=os.sep)", "trace(path=a/b"])
 def test_parse_rejects_malformed(spec):
     with pytest.raises(ConfigError, match="policy spec"):
         parse(spec)

@@ -1,6 +1,7 @@
 """The model families moejax converts and runs (OLMoE, Mixtral, Qwen1.5/Qwen2-MoE, Phi-3.5-MoE):
 each maps a Hugging Face config to a `ModelConfig` and has presets of published (and tiny)
-dimensions. `get_family(name)`, `family_for_hf(hf_config)`, `preset(family, name)`."""
+dimensions. `get_family(name)`, `family_for_hf(hf_config)`, `preset(family, name, width=0)` (a
+preset at another width: `model.width`, `base.at_width`)."""
 
 from __future__ import annotations
 
@@ -8,10 +9,11 @@ from typing import Any
 
 from moejax.errors import ConfigError
 from moejax.families import mixtral, olmoe, phimoe, qwen_moe
-from moejax.families.base import Family
+from moejax.families.base import WIDTH_STEP, Family, at_width
 from moejax.model_config import ModelConfig
 
-__all__ = ["FAMILIES", "Family", "config_from_hf", "family_for_hf", "get_family", "preset"]
+__all__ = ["FAMILIES", "WIDTH_STEP", "Family", "config_from_hf", "family_for_hf", "get_family",
+           "preset"]
 
 FAMILIES: dict[str, Family] = {
     f.name: f for f in (olmoe.FAMILY, mixtral.FAMILY, qwen_moe.FAMILY, phimoe.FAMILY)}
@@ -36,12 +38,19 @@ def config_from_hf(hf: dict[str, Any]) -> ModelConfig:
     return family_for_hf(hf).config_from_hf(hf)
 
 
-def preset(family: str, name: str) -> ModelConfig:
-    """A `ModelConfig` from a family's published (or tiny) dimensions."""
+def preset(family: str, name: str, width: int = 0) -> ModelConfig:
+    """A `ModelConfig` from a family's published (or tiny) dimensions; `width` N > 0: the same
+    preset with hidden and MLP widths N (`base.at_width`, the rule; a positive multiple of
+    `WIDTH_STEP`)."""
     fam = get_family(family)
     if name not in fam.presets:
         raise ConfigError(f"unknown preset {name!r} for {family}; known: {sorted(fam.presets)}")
-    return fam.config_from_hf(fam.presets[name])
-
-
-__all__ = ["FAMILIES", "Family", "get_family", "family_for_hf", "config_from_hf", "preset"]
+    hf = fam.presets[name]
+    if width:
+        if isinstance(width, bool) or not isinstance(width, int) or width < WIDTH_STEP \
+                or width % WIDTH_STEP:
+            raise ConfigError(f"model.width={width!r} must be a multiple of {WIDTH_STEP} (at "
+                              f"least {WIDTH_STEP}: each attention head keeps 8 dimensions, "
+                              "and int4 / int2 codes fill whole bytes), or 0 (the preset's own)")
+        hf = at_width(hf, width)
+    return fam.config_from_hf(hf)

@@ -98,3 +98,41 @@ def common_fields(hf: dict[str, Any]) -> dict[str, Any]:
 def uniform_window(hf: dict[str, Any], num_layers: int) -> tuple[int | None, ...]:
     w = hf.get("sliding_window")
     return (int(w) if w else None,) * num_layers
+
+
+# `model.width=N` (`at_width`): N is a multiple of this, at least this. A head keeps at least 8
+# dimensions (rope rotates pairs; N // 8 heads of exactly 8 tile N), and int4 / int2 codes,
+# packed two / four to a byte along a weight's contraction axis (the hidden width N for
+# gate_up, the expert width N for down), fill whole bytes.
+WIDTH_STEP = 8
+
+
+def at_width(hf: dict[str, Any], width: int) -> dict[str, Any]:
+    """A preset's Hugging Face config at width N (`model.width`): its depth, layer kinds (dense
+    and MoE), expert count, top-k, router, vocabulary and positions as they are; the hidden
+    width and every MLP width (routed expert, dense layer, shared expert) N. Heads: `h`, the
+    largest count up to min(the preset's heads, N / 8) that divides N into even head
+    dimensions, each `N / h` wide (at the preset's own width, its own heads: OLMoE-1B-7B at
+    2048 is 16 of 128); key/value heads keep the preset's grouping (`h · kv / heads`, at least
+    one, a divisor of `h`); longrope factor lists are resampled to the new `head_dim / 2`
+    entries (the presets' lists are uniform placeholders). N must be a positive multiple of
+    `WIDTH_STEP` (the caller checks and says so)."""
+    heads, kv = hf_int(hf, "num_attention_heads"), int(
+        hf.get("num_key_value_heads") or hf["num_attention_heads"])
+    h = next(d for d in range(min(heads, width // WIDTH_STEP), 0, -1)
+             if width % d == 0 and (width // d) % 2 == 0)
+    kv_heads = max(1, h * kv // heads)
+    while h % kv_heads:
+        kv_heads -= 1
+    out = {**hf, "hidden_size": width, "num_attention_heads": h,
+           "num_key_value_heads": kv_heads, "head_dim": width // h}
+    for key in ("intermediate_size", "moe_intermediate_size", "shared_expert_intermediate_size"):
+        if hf.get(key):  # (a width of 0, no shared expert, stays 0)
+            out[key] = width
+    for key in ("rope_parameters", "rope_scaling"):
+        rope = hf.get(key)
+        if rope and isinstance(rope.get("short_factor"), list):
+            half = width // h // 2
+            out[key] = {**rope, **{f: [rope[f][i * len(rope[f]) // half] for i in range(half)]
+                                   for f in ("short_factor", "long_factor")}}
+    return out

@@ -4,7 +4,14 @@ One prompt (`run.prompt` or `run.prompt_ids`) is one request; `run.prompts` is s
 after another through the same expert cache and the same compiled steps, each a fresh sequence
 (the decoder's KV caches reset). The first request meets a cold cache, the later ones what the
 earlier ones left: results.json reports TTFT per request, cold and warm, on the host wall clock
-(`timings`) and on the cache's clock (`timings.cache_clock`)."""
+(`timings`) and on the cache's clock (`timings.cache_clock`).
+
+Trace-driven (`policies.routing='trace(path=T)'`, `moejax/traces/driven.py`): the requests are
+T's sequences, not prompts. Each is a prompt of its first pass's tokens (T's token ids, or zeros
+when T records none), then one decoded token per remaining pass, without stopping at EOS, so
+the run's passes are T's. `run.max_new_tokens` left at its default follows every pass of T;
+given, it generates that many tokens per request (at most the passes of T's shortest sequence:
+more is an error), so a run can follow the first passes of a long trace."""
 
 from __future__ import annotations
 
@@ -17,6 +24,7 @@ import jax
 import ml_collections
 import numpy as np
 
+from moejax import cli
 from moejax.cache.summary import WALL_CLOCK
 from moejax.errors import ConfigError
 from moejax.jobs.common import (
@@ -29,9 +37,11 @@ from moejax.jobs.common import (
     progress,
     report_cache,
 )
+from moejax.jobs.schema import base_config
 from moejax.model_source import LoadedModel, load_model_for
 from moejax.results import write_json_atomic
 from moejax.tokenizer import parse_ids
+from moejax.traces import driven
 from moejax.traces.recorder import TraceRecorder
 
 
@@ -40,6 +50,8 @@ class Request:
     field: str  # the config field it came from, for errors: "run.prompt", "run.prompts[1]"
     text: str
     ids: list[int]
+    new_tokens: int = 0  # tokens to generate (0: run.max_new_tokens)
+    sequence: int = -1  # a trace-driven run: the sequence of the trace it follows
 
 
 def validate(config: ml_collections.ConfigDict) -> None:
@@ -89,6 +101,44 @@ def requests_of(config: ml_collections.ConfigDict, loaded: LoadedModel) -> list[
     return reqs
 
 
+# The run fields a trace-driven run does not read (its prompts and length are the trace's).
+_DRIVEN_IGNORES = ("run.prompt", "run.prompt_ids", "run.prompts", "run.stop_at_eos")
+
+
+def driven_requests(config: ml_collections.ConfigDict, loaded: LoadedModel,
+                    driving: driven.DrivingTrace) -> list[Request]:
+    """A trace-driven run's requests: one per sequence of the trace (module docstring)."""
+    cfg, r, defaults = loaded.cfg, config.run, base_config().run
+    for field in _DRIVEN_IGNORES:
+        name = field.split(".")[1]
+        if r[name] != defaults[name]:
+            cli.warn(f"{field}={r[name]!r} does not apply: a trace-driven run's requests are "
+                     f"the sequences of {driving.path}")
+    passes = [t.num_passes for t in driving.sequences]
+    limit = None if r.max_new_tokens == defaults.max_new_tokens else r.max_new_tokens
+    if limit is not None and limit > min(passes):
+        which = f" (its shortest of {len(passes)} sequences)" if len(passes) > 1 else ""
+        raise ConfigError(f"run.max_new_tokens={limit}: {driving.path} has {min(passes)} "
+                          f"passes{which}, and a trace-driven run generates one token per pass "
+                          "(leave run.max_new_tokens unset to follow every pass)")
+    reqs = []
+    for i, trace in enumerate(driving.sequences):
+        ids, _ = driven.prompt_of(trace, cfg.vocab_size)
+        q = Request(f"{driving.path}" + (f" sequence {i}" if len(passes) > 1 else ""),
+                    loaded.tokenizer.decode(ids), ids, limit or trace.num_passes, i)
+        total = len(q.ids) + q.new_tokens
+        if total > cfg.max_position_embeddings:
+            raise ConfigError(f"{q.field}: its prompt ({len(q.ids)} tokens) and "
+                              f"{q.new_tokens} passes after it ({total} positions) exceed the "
+                              f"model's max_position_embeddings ({cfg.max_position_embeddings})")
+        reqs.append(q)
+    return reqs
+
+
+def _new_tokens(config: ml_collections.ConfigDict, q: Request) -> int:
+    return q.new_tokens or config.run.max_new_tokens
+
+
 def _batch(ids: list[int], batch: int) -> np.ndarray:
     return np.tile(np.asarray(ids, np.int32)[None], (batch, 1))
 
@@ -97,14 +147,19 @@ def warm_up(config: ml_collections.ConfigDict, loaded: LoadedModel, reqs: list[R
              max_len: int, batch: int) -> None:
     """Compiles every step shape the timed requests use on a throwaway cache and decoder (same
     `max_len`, so the same KV cache shapes): the prefill of each distinct prompt length, and
-    one decode step. Wall TTFT of every request is then free of compile time."""
-    _, warmup = configured_decoder(config, loaded, max_len=max_len, batch=batch)
+    one decode step. Wall TTFT of every request is then free of compile time. Trace-driven, the
+    throwaway runtime has a trace driver of its own, started at each request's sequence: the
+    warm-up walks its own copy of the trace's first passes, not the timed run's."""
+    experts, warmup = configured_decoder(config, loaded, max_len=max_len, batch=batch)
+    driver = driven.driver_of(experts)
     seen: set[int] = set()
     for q in reqs:
         if len(q.ids) in seen:
             continue
+        if driver is not None:
+            driver.start(q.sequence)
         # The first length also runs a decode step (decode shapes do not depend on the prompt).
-        warmup.generate(_batch(q.ids, batch), min(2, config.run.max_new_tokens) if not seen
+        warmup.generate(_batch(q.ids, batch), min(2, _new_tokens(config, q)) if not seen
                         else 1)
         seen.add(len(q.ids))
     del warmup  # nothing keeps it (or its KV caches) alive after this
@@ -116,19 +171,30 @@ def _mean(xs: list[float]) -> float | None:
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     validate(config)
+    driving = None
+    path = driven.trace_path(config)
+    if path is not None:  # checked before the model loads
+        driven.check_run(config)
+        driving = driven.load(config, path)
     os.makedirs(workdir, exist_ok=True)
     t0 = time.perf_counter()
     loaded = load_model_for(config)
     cfg = loaded.cfg
     load_s = time.perf_counter() - t0
 
-    reqs = requests_of(config, loaded)
+    if driving is not None:
+        driven.check_model(cfg, driving)
+        reqs = driven_requests(config, loaded, driving)
+        policies = driven.policies_for(config, driving, warn=True)
+    else:
+        reqs, policies = requests_of(config, loaded), None
     # One decoder (KV caches of the longest request) serves every request.
-    max_len = max(len(q.ids) for q in reqs) + config.run.max_new_tokens
+    max_len = max(len(q.ids) + _new_tokens(config, q) for q in reqs)
     batch = config.run.batch_size
     experts, decoder = configured_decoder(config, loaded, max_len=max_len, batch=batch)
+    driver = driven.driver_of(experts)
     recorder = None
-    eos = cfg.eos_token_id if config.run.stop_at_eos else None
+    eos = cfg.eos_token_id if config.run.stop_at_eos and driving is None else None
 
     if config.run.warmup:  # compile every step shape on a throwaway cache
         warm_up(config, loaded, reqs, max_len=max_len, batch=batch)
@@ -148,11 +214,13 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
         if cache is not None:
             cache.annotate = jax.profiler.TraceAnnotation
     gens = []
-    with tracing, progress(config.log.progress, config.run.max_new_tokens * len(reqs),
+    with tracing, progress(config.log.progress, sum(_new_tokens(config, q) for q in reqs),
                            "decode") as bar:
         for q in reqs:  # `generate` starts each request with a fresh sequence (KV caches reset)
+            if driver is not None:
+                driver.start(q.sequence)
             gens.append(decoder.generate(
-                _batch(q.ids, batch), config.run.max_new_tokens, eos_id=eos,
+                _batch(q.ids, batch), _new_tokens(config, q), eos_id=eos,
                 on_token=(lambda _: bar.update(1)) if bar is not None else None))
 
     requests = []
@@ -193,8 +261,10 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
         "config": config.to_dict(),
     }
     if cache is not None:
-        results["cache"] = report_cache(config, cache, workdir)
+        results["cache"] = report_cache(config, cache, workdir, policies=policies)
         results["timings"]["cache_clock"] = cache.metrics.timing()
+    if driving is not None:
+        results["trace_driven"] = _driven_section(driving, driver, cfg.vocab_size)
     if config.profile.enabled:
         results["profile_dir"] = profile_dir
     if recorder is not None:
@@ -202,14 +272,39 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
         recorder.trace().save(results["trace"])
     path = os.path.join(workdir, "results.json")
     write_json_atomic(path, results)
-    for r in requests:
-        print(f"{r['prompt']}{r['generated_text']}")
+    if driving is not None:  # (the text of a model computing on another's routing)
+        print(_driven_line(results["trace_driven"]))
+    else:
+        for r in requests:
+            print(f"{r['prompt']}{r['generated_text']}")
     if cache is not None:
-        print(cache_table(config, cache))
+        print(cache_table(config, cache, policies=policies))
     print(summary_line(cfg.family, loaded.source, results,
                        cache_clock_words(cache) if cache is not None else None))
     announce_results(path)
     return results
+
+
+def _driven_section(driving: driven.DrivingTrace, driver: driven.TraceDriver,
+                    vocab_size: int) -> dict:
+    """results.json's `trace_driven`: the trace followed, and what the run took of it."""
+    first = driving.first
+    return {"path": os.path.abspath(driving.path), "format": driving.notes.kind,
+            "sequences": len(driving.sequences),
+            "passes_in_trace": sum(t.num_passes for t in driving.sequences),
+            "passes_run": driver.passes_run,
+            "layers": first.layers, "num_experts": first.num_experts, "top_k": first.top_k,
+            "has_scores": first.has_scores, "has_spec": first.spec is not None,
+            "weights": ("the trace's" if driving.has_weights
+                        else "1/top_k each (the trace records ids only)"),
+            "prompt": driven.prompt_of(first, vocab_size)[1],
+            **{k: v for k, v in driving.notes.to_dict().items() if k != "format"}}
+
+
+def _driven_line(section: dict) -> str:
+    return (f"trace-driven: {section['passes_run']} of the {section['passes_in_trace']} passes "
+            f"of {section['path']} ({section['sequences']} sequence(s)); experts weighted by "
+            f"{section['weights']}; prompt: {section['prompt']}")
 
 
 def _decode_rate(tokens: int, seconds: float) -> str:

@@ -61,7 +61,7 @@ def _model_config(config: ml_collections.ConfigDict, trace: Trace) -> ModelConfi
         return None
     if m.family not in FAMILIES:
         raise ConfigError(f"model.family={m.family!r} is not one of {sorted(FAMILIES)}")
-    cfg = preset(m.family, m.preset)
+    cfg = preset(m.family, m.preset, m.get("width", 0))
     if (cfg.num_moe_layers, cfg.num_experts, cfg.top_k) != (len(trace.layers), trace.num_experts,
                                                            trace.top_k):
         raise ConfigError(
@@ -135,6 +135,10 @@ def _policies_for(config: ml_collections.ConfigDict, trace: Trace) -> dict:
 
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
+    routing = presets.resolve(config.policies)["routing"]
+    if policy_class("routing", routing).name == "trace":
+        raise ConfigError(f"policies.routing={routing!r} drives a live run by a trace; a replay "
+                          "already follows its own (config.trace): leave policies.routing unset")
     if not config.trace:
         raise ConfigError("trace is empty: pass --config.trace=PATH")
     if not os.path.isfile(config.trace):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ast
 import inspect
+import re
 from typing import Any
 
 from moejax.errors import ConfigError
@@ -93,12 +94,48 @@ def _literal(node: ast.AST) -> Any:
     return ast.literal_eval(_BareNamesAsStrings().visit(node))
 
 
+# Arguments that name a file (`trace(path=T)`): a path is rarely a Python literal
+# (`moejax/assets/x.jsonl`, `/tmp/t.npz`) and the shell strips the quotes around one, so when a
+# spec does not parse as literals these are read as their text, as `cache.seed` reads its trace.
+TEXT_ARGUMENTS = frozenset({"path"})
+_CALL = re.compile(r"\s*([A-Za-z_]\w*)\s*\((.*)\)\s*", re.S)
+# A `,` that starts the next keyword argument: the only `,` a text argument ends at.
+_NEXT_KEYWORD = re.compile(r",\s*(?=[A-Za-z_]\w*\s*=)")
+
+
+def _with_text_arguments(spec: str) -> tuple[str, list[Any], dict[str, Any]] | None:
+    """`spec` read with its `TEXT_ARGUMENTS` as text (quotes optional) and every other argument
+    a literal; None when it has no text argument or is not `name(key=value, ...)` then."""
+    m = _CALL.fullmatch(spec)
+    if m is None or not m[2].strip():
+        return None
+    kwargs: dict[str, Any] = {}
+    for part in _NEXT_KEYWORD.split(m[2].strip()):
+        key, eq, value = part.partition("=")
+        key, value = key.strip(), value.strip()
+        if not eq or not key.isidentifier() or key in kwargs:
+            return None
+        if key in TEXT_ARGUMENTS:
+            quoted = len(value) >= 2 and value[0] == value[-1] and value[0] in "'\""
+            kwargs[key] = value[1:-1] if quoted else value
+            continue
+        try:
+            kwargs[key] = _literal(ast.parse(value, mode="eval").body)
+        except (SyntaxError, ValueError):
+            return None
+    return (m[1], [], kwargs) if TEXT_ARGUMENTS & set(kwargs) else None
+
+
 def parse(spec: str) -> tuple[str, list[Any], dict[str, Any]]:
     """`"name(1, a=2.5, b=x)"` -> `("name", [1], {"a": 2.5, "b": "x"})`; arguments are
-    Python literals or bare names (strings)."""
+    Python literals or bare names (strings), and a `TEXT_ARGUMENTS` keyword whatever its text
+    (`trace(path=moejax/assets/x.jsonl)`)."""
     try:
         node = ast.parse(spec.strip(), mode="eval").body
     except SyntaxError as e:
+        text = _with_text_arguments(spec)
+        if text is not None:
+            return text
         raise ConfigError(f"cannot parse policy spec {spec!r}: {e.msg}") from e
     if isinstance(node, ast.Name):
         return node.id, [], {}
@@ -110,6 +147,9 @@ def parse(spec: str) -> tuple[str, list[Any], dict[str, Any]]:
             args = [_literal(a) for a in node.args]
             kwargs = {k.arg: _literal(k.value) for k in node.keywords}
         except ValueError as e:
+            text = _with_text_arguments(spec)
+            if text is not None:
+                return text
             raise ConfigError(f"policy spec {spec!r}: arguments must be literals") from e
         return node.func.id, args, kwargs
     raise ConfigError(f"policy spec {spec!r} must look like name or name(arg=value, ...)")

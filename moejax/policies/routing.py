@@ -9,6 +9,13 @@ selection by z' (top-k), contribution weights from the *original* router probabi
 selection nor the bias depends on). `delta_avg` is the running average, per layer, of the
 per-token logit range max(z) - min(z): the historical scale of the logits, so `lam` is a
 fraction of it (SpecMD finds 0.1-0.5 works best).
+
+`trace(path=T)` makes a live run choose exactly the experts the recorded trace T chose, pass by
+pass (`moejax/traces/driven.py`): the runtime hands the cache T's gate in place of the router's
+(`CachedExperts.gate_source`, wired in `moejax/serving/build.py`), so this policy passes the
+selection through like `standard`; only an id-only trace's missing weights become `1/K` each
+for the experts step (the cache counts nothing by weight on such a gate: the miss policies read
+`gate.weights`, still None). Replay already follows its own trace and refuses it.
 """
 
 from __future__ import annotations
@@ -17,7 +24,7 @@ import numpy as np
 
 from moejax.errors import ConfigError
 from moejax.policies.base import LayerGate, RoutingPolicy
-from moejax.policies.declare import Floats, KernelForm
+from moejax.policies.declare import Choice, Floats, KernelForm
 from moejax.policies.registry import register
 
 
@@ -67,3 +74,38 @@ class CacheAware(RoutingPolicy):
         same = (np.sort(ids, -1) == np.sort(gate.ids, -1)).all(-1)
         ids[same], weights[same] = gate.ids[same], gate.weights[same]
         return ids, weights
+
+
+class TracePath(Choice):
+    """A trace file's path: any string (`trace(path=T)`), or None, the default (not given: a
+    live run refuses it). A `Choice` to the tools that dispatch on the declared domain kinds:
+    the policy fuzzers draw its `values` (the path is read only when a live run is built, never
+    by the cache), and a string is a value of its kind."""
+
+    def __init__(self):
+        super().__init__((None, "trace.npz"))
+
+    def contains(self, value):
+        return value is None or isinstance(value, str)
+
+    def takes(self):
+        return "a path to a trace file (moejax .npz, capture JSONL or vLLM rows)"
+
+
+@register("routing", "trace")
+class TraceRouting(RoutingPolicy):
+    """Runs what the trace at `path` chose (module docstring). No compiled form: replay refuses
+    it, and a cache built with it directly runs on the reference engine."""
+
+    name = "trace"
+    ARGS = {"path": TracePath()}
+
+    def __init__(self, path: str | None = None):
+        self.path = path
+
+    def select(self, gate, cached):
+        if gate.weights is not None:
+            return gate.ids, gate.weights
+        # An id-only trace has no weights: the experts step sums the K experts with equal
+        # weights 1/K, keeping the layer's output at the scale of one expert's.
+        return gate.ids, np.full(gate.ids.shape, 1.0 / gate.ids.shape[-1], np.float32)

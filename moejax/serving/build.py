@@ -1,6 +1,7 @@
 """The live cache runtime of a loaded model: its `ExpertCache` (`moejax.cache.from_config`) with
 the device slot pools that hold real expert bytes, fed from host memory or, behind a host tier,
-from the checkpoint on storage."""
+from the checkpoint on storage. Under `policies.routing='trace(path=T)'` the runtime is driven
+by the trace (`moejax/traces/driven.py`): its cache sees T's gates instead of the router's."""
 
 from __future__ import annotations
 
@@ -10,28 +11,45 @@ from moejax.cache import ExpertCache, build_cache_for, given_precision
 from moejax.cache.from_config import check_settings
 from moejax.errors import ConfigError
 from moejax.models.stepped import ResidentExperts
+from moejax.policies import presets
 from moejax.serving.runtime import CachedExperts
 from moejax.serving.slot_pool import SlotPool, SlotPools
+from moejax.traces import driven
 
 
 def build_cached_experts(config: ml_collections.ConfigDict, loaded) -> CachedExperts:
     """The live cache runtime over `loaded` (a `moejax.model_source.LoadedModel`): the cache
     sized from the bytes of the precisions the model has, and one device slot pool per
-    precision the cache uses, fed from the host tables at that precision."""
+    precision the cache uses, fed from the host tables at that precision. Trace-driven
+    (`policies.routing='trace(path=T)'`): the model must have T's shape, the policies are those
+    the replay of T runs (`driven.policies_for`), and a `TraceDriver` of its own replaces the
+    router's gates with T's (`CachedExperts.gate_source`)."""
     if config.cache.pin_scope != "layer":
         raise ConfigError(f"cache.pin_scope={config.cache.pin_scope!r}: a live run computes a "
                           "layer's experts as one grouped matmul, so they must be resident "
                           "together (pin_scope='layer'); 'request' is for replay")
     cfg = loaded.cfg
-    cache = build_cache_for(config, cfg, loaded.precision_bytes(), cfg.norm_topk_prob)
+    driving, specs = None, None
+    path = driven.trace_path(config)
+    if path is not None:
+        driven.check_run(config)
+        driving = driven.load(config, path)
+        driven.check_model(cfg, driving)
+        specs = {k: v for k, v in driven.policies_for(config, driving).items()
+                 if k in presets.FIELDS}
+    cache = build_cache_for(config, cfg, loaded.precision_bytes(), cfg.norm_topk_prob, specs)
     for policy in cache.policies():
         if policy.replay_only:
             raise ConfigError(f"{policy.kind} policy {policy.name!r} needs the future routing: "
                               "it runs in trace replay only (configs/replay.py)")
     if cache.host is None:
-        return CachedExperts(cache, SlotPools.for_shape(cache.shape, loaded.experts_at),
-                             cfg.num_experts)
-    return _storage_backed(config, cache, loaded)
+        runtime = CachedExperts(cache, SlotPools.for_shape(cache.shape, loaded.experts_at),
+                                cfg.num_experts)
+    else:
+        runtime = _storage_backed(config, cache, loaded)
+    if driving is not None:
+        runtime.gate_source = driven.TraceDriver(driving, cfg.moe_layers)
+    return runtime
 
 
 def _storage_backed(config: ml_collections.ConfigDict, cache: ExpertCache,
@@ -68,6 +86,8 @@ def expert_source(config: ml_collections.ConfigDict, loaded):
     `cache.precision`) when `cache.enabled` is False. The settings are checked first (and
     those that do not apply to a run of the model said), the cache's with it or not."""
     check_settings(config, live=True)
+    if driven.trace_path(config) is not None:
+        driven.check_run(config)  # (a trace-driven run needs the cache)
     if not config.cache.enabled:
         return ResidentExperts.from_host(*loaded.experts_at(resident_precision(config)))
     return build_cached_experts(config, loaded)

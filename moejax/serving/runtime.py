@@ -365,6 +365,8 @@ class CachedExperts:
         one `device_get` (host arrays, from the io_callback gate path, pass through)."""
         wanted = [gate.ids if gate.host_ids is None else gate.host_ids,
                   gate.weights if gate.host_weights is None else gate.host_weights]
+        if self.gate_source is not None:  # the policies read the trace's gate: the round trip
+            return wanted[:1]  # stays (as with the router's), but only the ids make it
         if self.needs_probs:
             wanted.append(gate.probs)
         if self.needs_spec:
@@ -372,10 +374,11 @@ class CachedExperts:
         return wanted
 
     def _layer_gate(self, gate: GateOutputs, got: list) -> LayerGate:
+        if self.gate_source is not None:  # `got` is the router's ids alone
+            return self.gate_source(LayerGate(gate.layer, got[0], None, None))
         spec = got[-1][: len(gate.spec_layers)] if self.needs_spec else None
-        host = LayerGate(gate.layer, got[0], got[1], got[2] if self.needs_probs else None, spec,
+        return LayerGate(gate.layer, got[0], got[1], got[2] if self.needs_probs else None, spec,
                          gate.spec_layers)
-        return host if self.gate_source is None else self.gate_source(host)
 
     def experts_for(self, gate: GateOutputs) -> Iterator[ExpertWave]:
         if self._open is not None:  # every expert resident: decide after the pass
