@@ -81,15 +81,29 @@ def requests_in_rank_order(ids: np.ndarray, active: np.ndarray | None = None) ->
 
 @dataclasses.dataclass
 class Wave:
-    """Experts of one layer resident together, and the contributions computed with them."""
+    """Experts of one layer resident together, and the contributions computed with them.
+
+    Host compute (`policies.miss=host_compute|latency_aware`, `cache.host_compute_layers`):
+    the layer's first wave also names the experts computed on the host, `host_experts`, and
+    their contributions, `host_active`; `active` never covers them (a host contribution is
+    computed by the host, never by the device). What the consumer computes, so that the
+    layer's output is the resident model's: for each `(n, k)` where `host_active`, the
+    contribution `weights[n, k] * expert_{ids[n, k]}(x_n)` from the host's copy of that
+    expert (at the cache's plain precision), in float32, placed at `(n, k)` of the layer's
+    per-contribution outputs exactly as a wave's partial outputs are; the device computes
+    the contributions where `active`, wave by wave; after the last wave the sum over k (and
+    the shared expert) as always. `host_active` and every wave's `active` are disjoint, and
+    together they are the contributions that run."""
 
     layer: int
     slot_of: dict[int, int]  # expert -> slot, for the experts of this wave
     ids: np.ndarray  # [N, K] after routing and miss policies
     weights: np.ndarray  # [N, K]
-    active: np.ndarray  # [N, K] bool: contributions computed in this wave
+    active: np.ndarray  # [N, K] bool: contributions the device computes in this wave
     first: bool  # the first wave of its layer (adds the shared expert)
     last: bool = True  # the last wave of its layer (the layer's output is complete after it)
+    host_experts: tuple[int, ...] = ()  # experts computed on the host (first wave only)
+    host_active: np.ndarray | None = None  # [N, K] bool: their contributions (None: none)
 
 
 class ExpertWave(NamedTuple):

@@ -14,6 +14,9 @@ def check_row(row: dict) -> None:
     assert row["recall_served"] <= row["recall_requests"], row
     assert row["predicted_routed"] <= min(row["predicted"], row["routed"]), row
     assert row["upgrades"] <= row["misses"], row
+    # Host compute: misses that moved no weights, and contributions the host computed.
+    assert row["host_computed"] + row["upgrades"] <= row["misses"], row
+    assert row["host_products"] <= row["products"], row
     if "stall_behind_prefetch_s" in row:  # (snapshots carry counts only)
         assert 0.0 <= row["stall_behind_prefetch_s"] <= row["stall_s"] + 1e-12, row
         if not row["misses"]:  # only a wave with a demand fetch waits behind prefetches
@@ -25,8 +28,9 @@ def check_totals(totals: dict, expert_bytes: int | None = None) -> None:
     when the cache has one (demand bytes are then misses times it)."""
     check_row(totals)
     assert totals["h2d_bytes"] == totals["demand_bytes"] + totals["prefetch_bytes"]
-    if expert_bytes is not None:
-        assert totals["demand_bytes"] == totals["misses"] * expert_bytes
+    if expert_bytes is not None:  # (a miss computed on the host fetched nothing)
+        assert totals["demand_bytes"] == (totals["misses"] - totals["host_computed"]) * \
+            expert_bytes
         assert totals["prefetch_bytes"] == totals["prefetch_issued"] * expert_bytes
 
 

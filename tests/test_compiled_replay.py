@@ -262,12 +262,16 @@ def test_the_fuzzer_runs_the_compiled_engine_for_every_compiled_form():
     (so the fuzzer above compares engines for each), and each policy without one does not."""
     rng = np.random.default_rng(0)
     trace = random_scored_trace(rng, 3, 6, 2, [3, 1, 1], BYTES_AT["native"])
+    # (A model: the miss policies that compute on the host model it from its shapes.)
+    model_cfg = _model_cfg(list(trace.layers), max(trace.layers) + 1, trace.num_experts,
+                           trace.top_k, 0)
     for kind, default in (("eviction", "lru"), ("prefetch", "none"), ("miss", "fetch"),
                           ("routing", "standard")):
         for name in names(kind):
             specs = {"eviction": "lru", "prefetch": "none", "miss": "fetch",
                      "routing": "standard", kind: name}
-            cache = _cache(_config(**specs, capacity_frac=0.5, min_slots=2), trace)
+            cache = _cache(_config(**specs, capacity_frac=0.5, min_slots=2), trace,
+                           model_cfg=model_cfg)
             declared = "KERNEL" in vars(policy_class(kind, name))
             decision = coverage.decide(cache)
             assert (decision.engine == "compiled") == declared, (kind, name, decision)

@@ -21,7 +21,9 @@ from hypothesis import strategies as st
 
 from moejax.cache.capacity import PoolSpec
 from moejax.cache.expert_cache import PREFETCH_QUEUES, CacheShape, ExpertCache
+from moejax.cache.host_compute import HostPath
 from moejax.errors import ConfigError
+from moejax.families import preset
 from moejax.policies import build, names
 from moejax.policies.base import KINDS
 from moejax.policies.registry import policy_class
@@ -29,6 +31,7 @@ from moejax.replay.engine import replay
 from moejax.replay.gates import layer_gates
 from moejax.testing import random_scored_trace
 from moejax.timing import hardware
+from moejax.timing import host as host_lib
 from moejax.timing.clock import VirtualClock
 from tests import cache_checks
 from tests.fuzzing import examples
@@ -45,6 +48,15 @@ def _shape(miss_policy, layers: int, experts: int, k: int, slots: list[int]) -> 
         pools.append(PoolSpec(level, BYTES_AT[level], n, offset))
         offset += n
     return CacheShape.with_pools(tuple(range(layers)), layers, experts, k, tuple(pools))
+
+
+def _host_path(miss_policy) -> HostPath | None:
+    """The host model a miss policy that computes on the host needs (the tiny OLMoE's shapes:
+    what its host calls and activations cost), None for the others."""
+    if not miss_policy.computes_on_host:
+        return None
+    return HostPath(host_lib.get("desktop_ddr5"), hardware.get("a100_specmd"),
+                    preset("olmoe", "tiny"), EXPERT_BYTES)
 
 
 class _CheckingCache(ExpertCache):
@@ -89,7 +101,7 @@ def test_every_policy_combination_keeps_the_invariants(eviction, prefetch, miss,
                            build("prefetch", prefetch, **ctx), miss_policy,
                            build("routing", routing, **ctx),
                            VirtualClock(hardware.get("a100_specmd")), pin_scope=pin_scope,
-                           prefetch_queue=queue)
+                           prefetch_queue=queue, host_path=_host_path(miss_policy))
     assert replay(cache, [trace]).engine == "reference"
     assert cache.passes_checked == trace.num_passes
     t = cache.metrics.totals()
@@ -122,7 +134,8 @@ def test_capabilities_match_what_the_policy_reads():
             policies[kind] = build(kind, name, **ctx)
             cache = ExpertCache(_shape(policies["miss"], 3, 6, 2, [5] * 4),
                                 policies["eviction"], policies["prefetch"], policies["miss"],
-                                policies["routing"], VirtualClock(hardware.get("a100_specmd")))
+                                policies["routing"], VirtualClock(hardware.get("a100_specmd")),
+                                host_path=_host_path(policies["miss"]))
             for p in range(trace.num_passes):
                 cache.begin_pass("decode", 1, p + 1)
                 for gate in layer_gates(trace, p):

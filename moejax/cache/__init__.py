@@ -3,8 +3,9 @@
 `ExpertCache` (`expert_cache.py`) runs the four policies layer by layer, for the live runtime
 (`moejax.serving`) and for trace replay (`moejax.replay`) alike; `metrics.py` counts what
 DESIGN.md defines; `capacity.py` turns a byte budget into per-precision slot pools;
-`host_tier.py` is the bounded host tier in front of storage; `hotlist.py` the placement a
-trace's request counts give; `from_config.py` builds a cache from a job config; `summary.py`
+`host_tier.py` is the bounded host tier in front of storage; `host_compute.py` the host path
+of experts computed on the host and the planner a miss policy reads to choose it;
+`hotlist.py` the placement a trace's request counts give; `from_config.py` builds a cache from a job config; `summary.py`
 prints its table, writes its TensorBoard series and its results.json section.
 """
 
@@ -33,8 +34,10 @@ from moejax.cache.from_config import (
     build_host_tier,
     build_policies,
     clock_kind,
+    computes_on_host,
     given_precision,
     hardware_from,
+    host_cpu_from,
     host_tier_enabled,
     model_bytes_of,
     num_slots,
@@ -42,15 +45,28 @@ from moejax.cache.from_config import (
     seed_cache,
     storage_from,
 )
+from moejax.cache.host_compute import HostPath, HostSpan, LayerPlan, LayerPlanner
 from moejax.cache.host_tier import HostTier
-from moejax.cache.metrics import BYTES, COUNTERS, SECONDS, CacheMetrics, PassTiming, WaveOutcome
+from moejax.cache.metrics import (
+    BYTES,
+    COUNTERS,
+    HOST_BYTES,
+    HOST_COUNTERS,
+    HOST_SECONDS,
+    SECONDS,
+    CacheMetrics,
+    PassTiming,
+    WaveOutcome,
+)
 
 __all__ = [
-    "BYTES", "CAPACITY_OF", "CLOCKS", "COUNTERS", "PIN_SCOPES", "PREFETCH_QUEUES", "SECONDS",
-    "WARM_STARTS", "Budget", "CacheMetrics", "CacheShape", "ExpertCache", "HostTier",
+    "BYTES", "CAPACITY_OF", "CLOCKS", "COUNTERS", "HOST_BYTES", "HOST_COUNTERS", "HOST_SECONDS",
+    "PIN_SCOPES", "PREFETCH_QUEUES", "SECONDS", "WARM_STARTS", "Budget", "CacheMetrics",
+    "CacheShape", "ExpertCache", "HostPath", "HostSpan", "HostTier", "LayerPlan", "LayerPlanner",
     "PassTiming", "PoolSpec", "SlotSink", "WaveOutcome", "build_cache", "build_cache_for",
-    "build_host_tier", "build_policies", "clock_kind", "given_precision", "hardware_from",
-    "host_tier_enabled", "hotlist", "model_bytes_of", "num_slots", "parse_shares",
+    "build_host_tier", "build_policies", "clock_kind", "computes_on_host", "given_precision",
+    "hardware_from", "host_cpu_from", "host_tier_enabled", "hotlist", "model_bytes_of",
+    "num_slots", "parse_shares",
     "policy_context", "pools_for", "precision_bytes_of", "seed_cache", "slots_for",
     "storage_from", "summary",
 ]

@@ -32,6 +32,13 @@ prefetch goes only if the host tier can hold its expert, and predictions without
 (immediate queue) or waiting in the watchdog's queue are read ahead into host memory.
 Placement: `full_layers` reserves slots for whole layers (always hits, never shown to the
 eviction policy), and `seed` fills free slots before the first pass.
+
+Host compute (`moejax/cache/host_compute.py`): experts the miss policy names
+(`MissDecision.host`) and every expert of the first `host_compute_layers` MoE layers (the miss
+policy is not asked there: every selected expert runs, on the host) are computed on the host:
+no slot, no transfer, no eviction, never prefetched or seeded. Their path starts when the
+router has decided and runs beside the device's waves; the layer ends at the later of the two
+(`host_path`, the model of it; counted by `CacheMetrics.count_host`).
 """
 
 from __future__ import annotations
@@ -44,10 +51,17 @@ from typing import Iterator, Protocol
 import numpy as np
 
 from moejax.cache.capacity import PoolSpec
+from moejax.cache.host_compute import HostPath, HostSpan, LayerPlanner
 from moejax.cache.host_tier import HostTier
 from moejax.cache.metrics import CacheMetrics, PassTiming, WaveOutcome
 from moejax.errors import ConfigError
-from moejax.policies.base import EvictionPolicy, MissPolicy, PrefetchPolicy, RoutingPolicy
+from moejax.policies.base import (
+    EvictionPolicy,
+    MissDecision,
+    MissPolicy,
+    PrefetchPolicy,
+    RoutingPolicy,
+)
 from moejax.seam import Key, LayerGate, Wave, requests_in_rank_order
 from moejax.timing import timeline
 from moejax.timing.cost import CostModel
@@ -151,6 +165,11 @@ PREFETCH_QUEUES = ("immediate", "watchdog", "watchdog_idle")
 
 
 class SlotSink(Protocol):
+    """What moves experts into slots (the live runtime; replay has none). A sink whose
+    consumer computes a wave's host experts (`Wave.host_experts`) says so with a true
+    `computes_host_experts` attribute; the cache refuses to hand host work to one that does
+    not (its consumer would skip those contributions)."""
+
     def load(self, key: Key, slot: int, prefetch: bool) -> None:
         """Start copying expert `key` into `slot` (asynchronously)."""
 
@@ -190,7 +209,8 @@ class ExpertCache:
                  miss: MissPolicy, routing: RoutingPolicy, clock, cost: CostModel | None = None,
                  sink: SlotSink | None = None, lookahead_scores: int = 0,
                  pin_scope: str = "layer", prefetch_queue: str = "immediate",
-                 host: HostTier | None = None, full_layers: int = 0):
+                 host: HostTier | None = None, full_layers: int = 0,
+                 host_compute_layers: int = 0, host_path: HostPath | None = None):
         # Every constructor argument as given: the compiled replay engine runs a cache only
         # when it declares each of them (moejax/replay/coverage.py), so a new option runs on
         # this reference until the kernel learns it.
@@ -240,6 +260,12 @@ class ExpertCache:
         self.wave_slots = s  # slots a wave of an ordinary layer may use
         if full_layers:
             self._reserve_full_layers(full_layers)
+        self.host_path = host_path
+        self.host_layers = self._host_compute_layers(host_compute_layers)
+        if miss.computes_on_host or self.host_layers:
+            self._check_host_compute(full_layers)
+        if miss.computes_on_host:
+            miss.set_planner(LayerPlanner(self))
         # Prefetched and not yet used: key -> (pass, layer) it was fetched for.
         self.prefetch_origin: dict[Key, tuple[int, int]] = {}
         # (pass, layer) -> the experts predicted for it (every prefetch call's selection,
@@ -431,13 +457,28 @@ class ExpertCache:
         ids, weights = self.routing.select(gate, self.in_cache[layer])
         if weights is None:  # id-only traces: the experts step is not run
             weights = np.ones(ids.shape, np.float32)
-        decision = self.miss.handle(gate, ids, weights, self.in_cache[layer])
+        if layer in self.host_layers:  # every selected expert runs, on the host
+            decision = MissDecision(ids, weights, np.ones(ids.shape, bool),
+                                    host=frozenset(np.unique(ids).tolist()))
+        else:
+            decision = self.miss.handle(gate, ids, weights, self.in_cache[layer])
         ids, weights, active = decision.ids, decision.weights, decision.active
         if decision.dropped or decision.substituted:
             self.metrics.count_decision(pos, decision.dropped, decision.substituted)
+        if decision.host and self.in_cache[layer] & decision.host:
+            raise AssertionError(f"miss policy {self.miss.name} computes resident experts "
+                                 f"{sorted(self.in_cache[layer] & decision.host)} of layer "
+                                 f"{layer} on the host")
         here = (self.pass_id, layer)
         if self.queue and self.idle_engine_rule:  # what an idle engine took meanwhile
             self._watchdog(self.clock.now(), True, self.running_pins)
+        host_mask = span = None
+        if decision.host:  # (less what an idle engine took meanwhile: a late hit now)
+            host_mask, span = self._host_work(layer, ids, active,
+                                              decision.host - self.in_cache[layer])
+        if span is not None:  # the host path starts now, beside the device's waves
+            host_back = self.clock.now() + span.down_s + span.compute_s + span.back_s
+            active = active & ~host_mask  # the device's contributions
         self.running_pos = pos
         if self.queue:
             self._drop_queued(pos)
@@ -447,6 +488,12 @@ class ExpertCache:
             truth = set(gate.ids.ravel().tolist())
             self.metrics.count_prediction(pos, len(prediction), len(prediction & truth),
                                           len(truth))
+        if span is not None:
+            seen = self.seen_this_pass
+            self.metrics.count_host(pos, len(span.experts), span.pairs,
+                                    sum((layer, e) in seen for e in span.experts),
+                                    span.compute_s, span.down_bytes, span.back_bytes,
+                                    had_prediction)
 
         waves = self._waves(layer, self._requests(layer, ids, active), decision.precision)
         for w, (wave, last) in enumerate(waves):  # each wave planned after the previous ran
@@ -472,9 +519,27 @@ class ExpertCache:
             residency = self.residency
             # (With pin_scope="request" an expert of the wave may already be gone again.)
             yield Wave(layer, {e: residency[(layer, e)] for e in chunk if (layer, e) in residency},
-                       ids, weights, wave_active, first=(w == 0), last=last)
+                       ids, weights, wave_active, first=(w == 0), last=last,
+                       host_experts=span.experts if w == 0 and span is not None else (),
+                       host_active=host_mask if w == 0 else None)
             if self.cost is not None:
                 self.clock.compute(self.cost.experts(pairs, len(chunk), tokens, shared=(w == 0)))
+        if span is not None:  # the layer ends when the later of its two paths does
+            self.metrics.count_host_wait(pos, self.clock.wait(host_back))
+
+    def _host_work(self, layer: int, ids: np.ndarray, active: np.ndarray, host: frozenset[int]
+                   ) -> tuple[np.ndarray | None, HostSpan | None]:
+        """The contributions of the experts `host` names and the host's work on them (None,
+        None when none of them runs)."""
+        if self.sink is not None and not getattr(self.sink, "computes_host_experts", False):
+            what = (f"cache.host_compute_layers={len(self.host_layers)}"
+                    if layer in self.host_layers else f"policies.miss={self.miss.name}")
+            raise ConfigError(f"{what}: this live runtime does not compute experts on the host "
+                              "yet; replay it (configs/replay.py) instead")
+        mask = active & np.isin(ids, list(host))
+        if not mask.any():
+            return None, None
+        return mask, self.host_path.span(ids, mask)
 
     def _requests(self, layer: int, ids: np.ndarray, active: np.ndarray) -> list[int]:
         """The layer's distinct experts in router-rank order (rank-major over tokens, first
@@ -670,6 +735,8 @@ class ExpertCache:
                 continue
             predicted = self.predicted.setdefault((self.pass_id, target), set())
             predicted.update(int(e) for e in experts)
+            if target in self.host_layers:  # computed on the host: never given a slot
+                continue
             tpos = self.pos_of[target]
             for e in experts:
                 key = (target, int(e))
@@ -708,6 +775,8 @@ class ExpertCache:
                 continue
             predicted = self.predicted.setdefault((self.pass_id, target), set())
             predicted.update(int(e) for e in experts)
+            if target in self.host_layers:  # computed on the host: never queued for a slot
+                continue
             for e in experts:
                 key = (target, int(e))
                 if key in residency:
@@ -822,6 +891,33 @@ class ExpertCache:
         self.fixed = frozenset(fixed)
         self.wave_slots = max(shape.num_slots - reserved, 1)
 
+    def _host_compute_layers(self, n) -> frozenset[int]:
+        """The first `n` MoE layers (`cache.host_compute_layers`), computed on the host."""
+        layers = self.shape.layers
+        if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= len(layers):
+            raise ConfigError(f"cache.host_compute_layers={n!r} must be an integer from 0 to "
+                              f"{len(layers)} (the MoE layers whose experts always run on the "
+                              "host)")
+        return frozenset(layers[:n])
+
+    def _check_host_compute(self, full_layers: int) -> None:
+        """Host compute needs a host model and every expert in host memory, and is not ds4's
+        full layers (both place the first layers, one on the device, one on the host)."""
+        what = (f"miss policy {self.miss.name!r}" if self.miss.computes_on_host
+                else f"cache.host_compute_layers={len(self.host_layers)}")
+        if self.host_path is None:
+            raise ConfigError(f"{what} computes experts on the host, which needs the host's "
+                              "model and the model's shapes: name the model "
+                              "(--config.model.family=F --config.model.preset=P)")
+        if self.host is not None:
+            raise ConfigError(f"{what} computes experts from host memory, so every expert "
+                              "must be there: it needs cache.host_capacity_frac=1 and "
+                              "cache.host_bytes=0 (no disk tier)")
+        if full_layers and self.host_layers:
+            raise ConfigError(f"cache.full_layers={full_layers} and cache.host_compute_layers="
+                              f"{len(self.host_layers)} both place the first MoE layers (on "
+                              "the device, on the host): set one")
+
     def seed(self, keys: list[Key], priorities: dict[Key, int] | None = None) -> int:
         """Seeds the device slots with `keys` (hottest first) before the first pass: resident
         and ready from the start (loaded before the first token, not counted as fetches), up
@@ -831,8 +927,8 @@ class ExpertCache:
             raise AssertionError("seed the cache before its first pass")
         if priorities is not None and hasattr(self.eviction, "set_priorities"):
             self.eviction.set_priorities(priorities)
-        chosen = [k for k in dict.fromkeys(keys)
-                  if k not in self.residency and k[0] in self.pos_of][:len(self.free)]
+        chosen = [k for k in dict.fromkeys(keys) if k not in self.residency
+                  and k[0] in self.pos_of and k[0] not in self.host_layers][:len(self.free)]
         # Coldest first: within one priority (and for a recency policy) the hottest is the
         # most recently admitted, so it goes last.
         for key in reversed(chosen):

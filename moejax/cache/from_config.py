@@ -26,6 +26,7 @@ import ml_collections
 from moejax import cli
 from moejax.cache import capacity as capacity_lib
 from moejax.cache.expert_cache import CacheShape, ExpertCache, slots_for
+from moejax.cache.host_compute import HostPath
 from moejax.cache.host_tier import HostTier
 from moejax.errors import ConfigError
 from moejax.model_config import ModelConfig
@@ -33,6 +34,7 @@ from moejax.policies import build, presets
 from moejax.policies.registry import policy_class
 from moejax.quant import formats
 from moejax.timing import hardware as hw_lib
+from moejax.timing import host as host_lib
 from moejax.timing import storage as storage_lib
 from moejax.timing.clock import VirtualClock, WallClock
 from moejax.timing.cost import CostModel
@@ -41,10 +43,31 @@ CLOCKS = ("auto", "virtual", "wall")
 
 
 def hardware_from(config: ml_collections.ConfigDict) -> hw_lib.Hardware:
-    """The `hardware.preset` profile with the group's overrides: a field left None keeps the
-    preset's value, any given value (0 included) replaces it and is validated."""
+    """The `hardware.file` profile (a hardware.json of `python -m moejax.sim.calibrate`) when
+    given, else the `hardware.preset` profile, with the group's overrides: a field left None
+    keeps the profile's value, any given value (0 included) replaces it and is validated. A
+    preset given beside a file does not apply (`check_settings` warns)."""
     h = config.hardware
-    return hw_lib.get(h.preset, **{k: h[k] for k in hw_lib.OVERRIDABLE if k in h})
+    overrides = {k: h[k] for k in hw_lib.OVERRIDABLE if k in h}
+    path = h.get("file", "") or ""
+    if path:
+        return hw_lib.from_file(path, **overrides)
+    return hw_lib.get(h.preset, **overrides)
+
+
+def host_cpu_from(config: ml_collections.ConfigDict) -> host_lib.HostCPU:
+    """The `host.preset` profile with the group's overrides (None keeps the preset's): the
+    host CPU that computes missed experts."""
+    h = config.host
+    return host_lib.get(h.preset, **{k: h[k] for k in host_lib.OVERRIDABLE if k in h})
+
+
+def computes_on_host(config: ml_collections.ConfigDict) -> bool:
+    """Whether a run computes experts on the host (a miss policy that does, or
+    `cache.host_compute_layers`)."""
+    miss = presets.resolve(config.policies)["miss"]
+    return (policy_class("miss", miss).computes_on_host
+            or config.cache.get("host_compute_layers", 0) > 0)
 
 
 def clock_kind(config: ml_collections.ConfigDict) -> str:
@@ -158,8 +181,12 @@ def check_settings(config: ml_collections.ConfigDict, *, live: bool | None = Non
                           f"{capacity_lib.CAPACITY_OF}")
     if config.clock.kind not in CLOCKS:
         raise ConfigError(f"clock.kind={config.clock.kind!r} is not one of {CLOCKS}")
+    _count(c.get("host_compute_layers", 0), "cache.host_compute_layers", 0,
+           "an integer >= 0 (the first MoE layers whose experts always run on the host; 0, "
+           "the default: none)")
     host_tier_enabled(config)
     hardware_from(config)
+    host_cpu_from(config)
     storage_from(config)
     _check_io(config)
     for kind, spec in presets.resolve(config.policies).items():
@@ -187,6 +214,7 @@ def _check_io(config: ml_collections.ConfigDict) -> None:
 REPLAY_ONLY = ("cache.group_size", "cache.expert_bytes", "cache.replay_engine")
 HOST_TIER = ("cache.host_eviction",)
 STORAGE = tuple(f"storage.{k}" for k in ("preset", *storage_lib.OVERRIDABLE))
+HOST_CPU = tuple(f"host.{k}" for k in ("preset", *host_lib.OVERRIDABLE))
 IO = ("io.split", "io.workers", "io.mode")
 
 
@@ -208,7 +236,8 @@ def _not_applying(config: ml_collections.ConfigDict, live: bool | None,
     if live and not c.enabled:
         why = "cache.enabled=False puts every expert on the device"
         fields = [f"cache.{k}" for k in c.keys() if k not in ("enabled", "precision")]
-        fields += [f"policies.{k}" for k in config.policies.keys()] + list(STORAGE + IO)
+        fields += [f"policies.{k}" for k in config.policies.keys()]
+        fields += list(STORAGE + IO + HOST_CPU)
         return [(f, why) for f in fields if given(config, f)]
     if not host_tier_enabled(config):
         why = (f"this run has no host tier (cache.host_capacity_frac="
@@ -223,6 +252,13 @@ def _not_applying(config: ml_collections.ConfigDict, live: bool | None,
     if live:
         out += [(f, "a run of the model takes its experts' sizes from the checkpoint and runs "
                     "no replay engine") for f in REPLAY_ONLY if given(config, f)]
+    if config.hardware.get("file", "") and given(config, "hardware.preset"):
+        out.append(("hardware.preset",
+                    f"hardware.file={config.hardware.file!r} gives the profile"))
+    if not computes_on_host(config):
+        why = (f"no expert is computed on the host (policies.miss="
+               f"{presets.resolve(config.policies)['miss']}, cache.host_compute_layers=0)")
+        out += [(f, why) for f in HOST_CPU if given(config, f)]
     if c.slots > 0:
         out += [(f, f"cache.slots={c.slots} sets the slot count")
                 for f in ("cache.capacity_frac", "cache.capacity_of") if given(config, f)]
@@ -364,11 +400,16 @@ def build_cache(config: ml_collections.ConfigDict, shape: CacheShape,
     full_layers = config.cache.get("full_layers", 0)
     if isinstance(full_layers, bool) or not isinstance(full_layers, int) or full_layers < 0:
         raise ConfigError(f"cache.full_layers={full_layers!r} must be an integer >= 0")
+    host_compute_layers = config.cache.get("host_compute_layers", 0)
+    host_path = None  # (without a model the cache says what host compute needs)
+    if (miss.computes_on_host or host_compute_layers) and model_cfg is not None:
+        host_path = HostPath(host_cpu_from(config), hw, model_cfg, shape.expert_bytes)
     cache = ExpertCache(shape, eviction, prefetch, miss, routing, clock, cost,
                         lookahead_scores=max(1, prefetch.lookahead) if model_cfg else 0,
                         pin_scope=config.cache.pin_scope,
                         prefetch_queue=config.cache.get("prefetch_queue", "immediate"),
-                        host=host, full_layers=full_layers)
+                        host=host, full_layers=full_layers, host_path=host_path,
+                        host_compute_layers=host_compute_layers)
     cache.seeding = seed_cache(config, cache)
     return cache
 

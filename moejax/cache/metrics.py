@@ -41,6 +41,23 @@ and `products_share_by_precision`, `h2d_bytes_by_precision` (demand + prefetch);
   wanted one (the miss policy's `upgrade`). It is a **miss** for the hit/miss counters (and
   its bytes demand bytes), not a collision miss, and not an eviction;
 * served below wanted: a hit on a copy at a lower precision than the one wanted (no upgrade).
+
+Host compute (`moejax/cache/host_compute.py`; `policies.miss=host_compute|latency_aware`,
+`cache.host_compute_layers`), per layer and in total, 0 when nothing ran on the host:
+* `host_computed`: requests computed on the host — per pass and layer, each distinct expert
+  whose contributions the host computed (as misses are counted). Such a request was neither
+  resident nor in flight: it is a **miss** (in `misses`, so SpecMD's hit rate counts it as
+  one, and a collision miss when it was resident at the pass start or admitted since), but
+  it moved no weights (not in `demand_bytes`): misses fetched = `misses - host_computed`;
+  `host_computed_rate` = host_computed / requests. Under several pools it counts under the
+  plain precision (the host computes from its copy at it) in `requests_by_precision`;
+* `host_products`: the contributions the host computed (also in `products`);
+* `host_compute_s`: the host's modelled compute (the sum of its calls, `timing/host.py`);
+* `host_wait_s`: how long layers' ends waited for the host path (activations down, the
+  host's compute, contributions back) after the device's own work was done;
+* `d2h_activation_bytes` / `h2d_activation_bytes`: activations sent to the host (each token's
+  hidden state once) and contributions returned (float32); apart from `h2d_bytes`, which are
+  expert weights.
 """
 
 from __future__ import annotations
@@ -56,6 +73,12 @@ COUNTERS = ("requests", "hits", "late_hits", "misses", "collision_misses", "drop
             "predicted_routed", "routed")
 SECONDS = ("stall_s", "stall_behind_prefetch_s")
 BYTES = ("demand_bytes", "prefetch_bytes", "wasted_prefetch_bytes")
+# Host compute (module docstring), kept apart from the compiled replay kernel's rows (which
+# are COUNTERS + BYTES + SECONDS): the kernel never computes on the host, so they stay 0 there.
+HOST_COUNTERS = ("host_computed", "host_products")
+HOST_SECONDS = ("host_compute_s", "host_wait_s")
+HOST_BYTES = ("d2h_activation_bytes", "h2d_activation_bytes")
+HOST_ZEROS = {**dict.fromkeys(HOST_COUNTERS + HOST_BYTES, 0), **dict.fromkeys(HOST_SECONDS, 0.0)}
 # Kept per precision when the cache has several pools (else they are the totals above).
 BY_PRECISION = ("requests", "products", "demand_bytes", "prefetch_bytes")
 PRECISION_FIELDS = ("requests_by_precision", "products_by_precision",
@@ -103,8 +126,9 @@ class CacheMetrics:
         n = len(layers)
         # Plain Python lists: the cache increments them several times per request, and a list
         # item add is ~10x cheaper than a numpy scalar one (replay runs millions of requests).
-        self.c: dict[str, list] = {k: [0] * n for k in COUNTERS + BYTES}
-        self.c.update({k: [0.0] * n for k in SECONDS})
+        self.c: dict[str, list] = {k: [0] * n for k in COUNTERS + BYTES + HOST_COUNTERS
+                                   + HOST_BYTES}
+        self.c.update({k: [0.0] * n for k in SECONDS + HOST_SECONDS})
         self.passes: list[PassTiming] = []
         # Running totals after each pass (TensorBoard series); the compiled replay path
         # (`moejax/replay/compiled.py`) hands over a function that builds them when read.
@@ -167,6 +191,31 @@ class CacheMetrics:
             pc["products"][i][pos] += products[i]
             pc["demand_bytes"][i][pos] += demand_bytes[i]
 
+    def count_host(self, pos: int, experts: int, pairs: int, collisions: int, compute_s: float,
+                   d2h_bytes: int, h2d_bytes: int, had_prediction: bool) -> None:
+        """A layer's `experts` computed on the host (`pairs` contributions, `collisions` of
+        them resident at the pass start or admitted since): requests and misses that moved no
+        weights (module docstring)."""
+        c = self.c
+        c["requests"][pos] += experts
+        c["misses"][pos] += experts
+        c["collision_misses"][pos] += collisions
+        c["products"][pos] += pairs
+        c["host_computed"][pos] += experts
+        c["host_products"][pos] += pairs
+        c["host_compute_s"][pos] += compute_s
+        c["d2h_activation_bytes"][pos] += d2h_bytes
+        c["h2d_activation_bytes"][pos] += h2d_bytes
+        if had_prediction:
+            c["recall_requests"][pos] += experts
+        if self.pc is not None:  # computed at the plain precision, the first pool's
+            self.pc["requests"][0][pos] += experts
+            self.pc["products"][0][pos] += pairs
+
+    def count_host_wait(self, pos: int, seconds: float) -> None:
+        """The layer's end waited `seconds` for the host path after the device's work."""
+        self.c["host_wait_s"][pos] += seconds
+
     def count_prefetch(self, target_pos: int, nbytes: int, pool: int = 0) -> None:
         self.c["prefetch_issued"][target_pos] += 1
         self.c["prefetch_bytes"][target_pos] += nbytes
@@ -206,6 +255,7 @@ class CacheMetrics:
             "ready_hit_rate": c["hits"] / req if req else None,
             "late_hit_rate": c["late_hits"] / req if req else None,
             "miss_rate": c["misses"] / req if req else None,
+            "host_computed_rate": c["host_computed"] / req if req else None,
             "collision_miss_rate": c["collision_misses"] / req if req else None,
             "collision_share_of_misses": (c["collision_misses"] / c["misses"]
                                           if c["misses"] else None),
@@ -239,7 +289,7 @@ class CacheMetrics:
     @classmethod
     def summary(cls, c: dict) -> dict:
         """Counter sums `c` with `h2d_bytes` and the rates added (a snapshot's fields)."""
-        c = {**c, "h2d_bytes": c["demand_bytes"] + c["prefetch_bytes"]}
+        c = {**HOST_ZEROS, **c, "h2d_bytes": c["demand_bytes"] + c["prefetch_bytes"]}
         return {**c, **cls._rates(c)}
 
     def totals(self, by_precision: bool = True) -> dict:

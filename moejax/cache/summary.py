@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from moejax.cache.metrics import BYTES, SECONDS, CacheMetrics
+from moejax.cache.metrics import BYTES, HOST_BYTES, HOST_SECONDS, SECONDS, CacheMetrics
 from moejax.metrics_writer import MetricsWriter
 
 UNKNOWN = "unknown"
@@ -73,16 +73,20 @@ def table(metrics: CacheMetrics, header: str, bytes_known: bool = True, host=Non
     the cache's host tier, when it has one; `clock`: the clock the times are on
     (`clock_words`); `no_ttft`: why there is no TTFT when no prefill pass ran (a replayed
     trace says its own reason)."""
+    t, tm = metrics.totals(), metrics.timing()
+    # With host compute, a column of the misses computed on the host (part of "miss").
+    on_host = bool(t["host_computed"])
     lines = [header,
-             f"{'layer':>5} {'req':>6} {'hit':>6} {'late':>5} {'miss':>5} {'coll':>5} "
-             f"{'pf':>5} {'prec':>6} {'stall ms':>9}"]
-    for row in metrics.layer_table() + [{"layer": "all", **metrics.totals()}]:
+             f"{'layer':>5} {'req':>6} {'hit':>6} {'late':>5} {'miss':>5} "
+             + (f"{'host':>5} " if on_host else "")
+             + f"{'coll':>5} {'pf':>5} {'prec':>6} {'stall ms':>9}"]
+    for row in metrics.layer_table() + [{"layer": "all", **t}]:
         lines.append(f"{row['layer']!s:>5} {_int(row['requests']):>6} {_int(row['hits']):>6} "
                      f"{_int(row['late_hits']):>5} {_int(row['misses']):>5} "
-                     f"{_int(row['collision_misses']):>5} {_int(row['prefetch_issued']):>5} "
+                     + (f"{_int(row['host_computed']):>5} " if on_host else "")
+                     + f"{_int(row['collision_misses']):>5} {_int(row['prefetch_issued']):>5} "
                      f"{_pct(row['prefetch_precision']):>6} "
                      f"{_ms(row['stall_s'], bytes_known):>9}")
-    t, tm = metrics.totals(), metrics.timing()
     lines.append(
         f"hit rate {_pct(t['hit_rate']).strip()} (ready {_pct(t['ready_hit_rate']).strip()}, "
         f"late {_pct(t['late_hit_rate']).strip()}), "
@@ -102,6 +106,8 @@ def table(metrics: CacheMetrics, header: str, bytes_known: bool = True, host=Non
                      "prefetches already on a copy engine)")
     if len(metrics.precisions) > 1:
         lines.extend(_precision_lines(t, bytes_known))
+    if t["host_computed"]:
+        lines.append(host_compute_line(t, bytes_known))
     if host is not None:
         lines.append(host_line(host, bytes_known))
     if not bytes_known:
@@ -127,6 +133,19 @@ def table(metrics: CacheMetrics, header: str, bytes_known: bool = True, host=Non
         f"{_mb(t['demand_bytes'])}, prefetch {_mb(t['prefetch_bytes'])}, wasted "
         f"{_mb(t['wasted_prefetch_bytes'])})")
     return "\n".join(lines)
+
+
+def host_compute_line(t: dict, bytes_known: bool = True) -> str:
+    """One line on the experts computed on the host (totals `t`), its times on the cache's
+    clock like the table's."""
+    share = _pct(t["host_computed_rate"]).strip()
+    line = (f"computed on the host: {t['host_computed']} requests ({share} of requests, "
+            f"counted as misses), {t['host_products']} contributions")
+    if not bytes_known:
+        return line + f"; host compute {UNKNOWN}"
+    return (line + f"; host compute {_ms(t['host_compute_s'])} ms, layers waited on the host "
+            f"path {_ms(t['host_wait_s'])} ms; activations {_mb(t['d2h_activation_bytes'])} "
+            f"MB down, {_mb(t['h2d_activation_bytes'])} MB back")
 
 
 def _precision_lines(t: dict, bytes_known: bool) -> list[str]:
@@ -180,6 +199,13 @@ def write_tensorboard(writer: MetricsWriter, metrics: CacheMetrics,
             "perf/stall_s": snap["stall_s"],
             "perf/pass_s": snap["pass_s"],
         })
+        if snap["host_computed"]:  # host compute
+            scalars(step, {"host_compute/requests": snap["host_computed"],
+                           "host_compute/rate": snap["host_computed_rate"],
+                           "perf/host_compute_s": snap["host_compute_s"],
+                           "perf/host_wait_s": snap["host_wait_s"],
+                           "transfer/d2h_activation_bytes": snap["d2h_activation_bytes"],
+                           "transfer/h2d_activation_bytes": snap["h2d_activation_bytes"]})
         if "host_requests" in snap:  # the disk tier
             scalars(step, {"host/hit_rate": snap["host_hit_rate"],
                            "host/ready_hit_rate": snap["host_ready_hit_rate"],
@@ -198,7 +224,7 @@ def write_tensorboard(writer: MetricsWriter, metrics: CacheMetrics,
 
 def _without_sizes(out: dict) -> None:
     """Nulls the byte and time values of a `cache` section (sizes unknown; counts stay)."""
-    sized = (*BYTES, "h2d_bytes", *SECONDS)
+    sized = (*BYTES, "h2d_bytes", *SECONDS, *HOST_BYTES, *HOST_SECONDS)
     for section in (out["total"], *out["per_layer"]):
         for key in sized:
             if key in section:
@@ -262,6 +288,10 @@ def cache_results(cache, policies: dict, passes: bool = True,
     if cache.fixed:
         out["full_layers"] = {"layers": sorted({k[0] for k in cache.fixed}),
                               "slots": len(cache.fixed)}
+    if cache.host_path is not None:
+        # The host model the run's host compute was timed with, and the layers always on it.
+        out["host_compute"] = {"host": cache.host_path.to_dict(),
+                               "layers": sorted(cache.host_layers)}
     if cache.seeding is not None:
         out["seed"] = cache.seeding
     if not passes:

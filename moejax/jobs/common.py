@@ -168,7 +168,16 @@ def cache_header(config: ml_collections.ConfigDict, cache: ExpertCache,
     return (f"cache: {slots} ({requested}), eviction "
             f"{p['eviction']}, prefetch {p['prefetch']}, miss {p['miss']}, routing "
             f"{p['routing']}; {hw.name} at {hw.h2d_gbps:g} GB/s host->device, "
-            f"{cache.clock.kind} clock")
+            f"{cache.clock.kind} clock{_host_words(cache)}")
+
+
+def _host_words(cache: ExpertCache) -> str:
+    """The host that computes experts, when the run computes any there."""
+    path = cache.host_path
+    if path is None or not (cache.miss.computes_on_host or cache.host_layers):
+        return ""
+    layers = f", the first {len(cache.host_layers)} MoE layers" if cache.host_layers else ""
+    return f"; experts computed on host {path.host.name}{layers}"
 
 
 def cache_clock_words(cache: ExpertCache) -> str:

@@ -132,7 +132,8 @@ def base_config() -> ml_collections.ConfigDict:
     # the preset's. presets.resolve(config.policies) is the four specs that run.
     c.policies.eviction = ""  # lru, lru_per_layer, lfu, fld, score, least_stale, ...
     c.policies.prefetch = ""  # none, topk(overfetch=1.0, lookahead=1), score_percentile(p=80), ...
-    c.policies.miss = ""  # fetch, drop(keep=2), substitute(tol=0.05)
+    # fetch, drop(keep=2), substitute(tol=0.05), host_compute, latency_aware(admit_after=0)
+    c.policies.miss = ""
     c.policies.routing = ""  # standard, cache_aware(lam=0.3)
     # A named combination (SpecMD Table 2, specmd_1..specmd_5): fills the fields not given, so
     # `preset=specmd_1 eviction=least_stale` is specmd_1 with Least-Stale eviction.

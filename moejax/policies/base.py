@@ -145,6 +145,10 @@ class MissDecision:
     # Expert -> the precision to fetch it at if it misses (or to upgrade to, see
     # `MissPolicy.upgrade`); experts not named (and all when None) want `levels[0]`.
     precision: dict[int, str] | None = None
+    # Missing experts computed on the host from its copy (at the plain precision) instead of
+    # fetched: their contributions stay `active` (they run), but take no slot and no transfer
+    # (`moejax/cache/host_compute.py`). Only a policy that declares `computes_on_host` names any.
+    host: frozenset[int] = frozenset()
 
 
 class MissPolicy(Policy):
@@ -156,12 +160,21 @@ class MissPolicy(Policy):
       counted `served_below_wanted`);
     * `fallback`: when the wanted precision's pool has no room left for the running wave (its
       slots all held by the wave), fetch at the next lower level that has room instead of
-      splitting the wave (SpecMD's "fallback levels ... under capacity constraints")."""
+      splitting the wave (SpecMD's "fallback levels ... under capacity constraints");
+    * `computes_on_host`: may name experts to compute on the host (`MissDecision.host`); the
+      cache then needs a host model (`moejax/cache/host_compute.py`) and hands the policy its
+      layer planner (`set_planner`) before the first pass."""
 
     kind = "miss"
     levels: tuple[str, ...] = ("native",)
     upgrade: bool = False
     fallback: ClassVar[bool] = False
+    computes_on_host: ClassVar[bool] = False
+
+    def set_planner(self, planner) -> None:
+        """The cache's `moejax.cache.host_compute.LayerPlanner`, handed once to a policy that
+        `computes_on_host`: its `plan(layer, ids, active)` is the running layer's modelled end
+        for any choice of host experts."""
 
     def _set_levels(self, precision: str, levels=None) -> None:
         """`levels` given: checked and parsed (and `precision`, when given, must be the

@@ -24,6 +24,14 @@ each, `moejax/cache/capacity.py`):
   one some token ranks in its top `keep`; a resident one runs at its resident precision, a
   top-`keep` one in the drop band is fetched at the lowest level.
 
+Host compute (Fiddler; `computes_on_host`, `MissDecision.host`; the host's model and the
+planner are the cache's, `moejax/cache/host_compute.py`):
+* `host_compute`: every missing expert is computed on the host from its host-resident weights;
+  nothing is loaded into a slot for it;
+* `latency_aware(admit_after=0)`: per layer, fetch or compute on the host, whichever plan the
+  model says ends the layer sooner (see the class); with `admit_after=N`, an expert computed
+  on the host N times is fetched the next time it misses.
+
 Gate score of an expert: its largest contribution weight over the pass's tokens (only
 contributions that run). An id-only source (`LayerGate.weights` None) has no weights: its
 router rank stands in (score `K - best rank`), which is faithful only when the trace keeps the
@@ -32,6 +40,8 @@ router's rank order (the bundled captures are sorted by id: their ranks say noth
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from moejax.errors import ConfigError
@@ -39,6 +49,7 @@ from moejax.policies.base import LayerGate, MissDecision, MissPolicy
 from moejax.policies.declare import Choice, Floats, Ints, KernelForm, Levels
 from moejax.policies.registry import register
 from moejax.quant import formats
+from moejax.seam import requests_in_rank_order
 
 
 def _check_keep(keep) -> None:
@@ -276,3 +287,108 @@ class DropPriorityCascade(_Cascade):
             weights = np.where(active, weights, 0.0)
         return MissDecision(ids, weights, active, dropped=len(dropped),
                             precision=wanted or None)
+
+
+# -- host compute (Fiddler) ------------------------------------------------------------------
+
+def _all_active(cache: dict, shape: tuple) -> np.ndarray:
+    """One shared read-only all-True mask per shape (as `Fetch`'s: nothing writes a
+    decision's mask)."""
+    active = cache.get(shape)
+    if active is None:
+        active = cache[shape] = np.ones(shape, bool)
+        active.setflags(write=False)
+    return active
+
+
+@register("miss", "host_compute")
+class HostCompute(MissPolicy):
+    """Every missing expert is computed on the host from its host-resident weights (at the
+    cache's plain precision), its tokens' hidden states sent down and its contributions sent
+    back (`moejax/cache/host_compute.py`); nothing is loaded into a slot for it. Resident and
+    in-flight experts run on the device as with `fetch`, and prefetches still load slots."""
+
+    name = "host_compute"
+    computes_on_host = True
+
+    def __init__(self, cache_precision: str = ""):
+        self._set_levels(cache_precision)
+        self._all: dict[tuple, np.ndarray] = {}
+
+    def set_planner(self, planner) -> None:
+        pass  # every miss goes to the host: no choice to model
+
+    def handle(self, gate, ids, weights, resident):
+        missing = frozenset(e for e in np.unique(ids).tolist() if e not in resident)
+        return MissDecision(ids, weights, _all_active(self._all, ids.shape), host=missing)
+
+
+@register("miss", "latency_aware")
+class LatencyAware(MissPolicy):
+    """Fiddler's choice, per layer: fetch a missing expert or compute it on the host, whichever
+    the model says ends the layer sooner (the cache's planner,
+    `moejax.cache.host_compute.LayerPlanner`: the transfers already in flight on the copy
+    engines and the link, the expert's bytes, the tokens routed to it, the host).
+
+    The plans tried: for each `j` from 0 (every miss fetched) to all (every miss on the host),
+    the `j` missing experts with the fewest tokens on the host and the others fetched; the
+    plan with the earliest modelled end runs (the fewer host experts among equals: a fetch
+    also makes the expert resident). Among host sets of one size the fewest-tokens ones make
+    the shortest host path (its compute and activations grow with each expert's tokens) and
+    leave the fetches' time unchanged (every expert has the same bytes), so only the device's
+    experts step, which grows with the fetched experts' tokens, is not minimised by this
+    order. A plan whose fetches do not fit one wave beside the layer's resident experts is not
+    tried (the planner plans one wave), except every miss on the host. So a layer's modelled
+    end is at most that of fetching every miss (when they fit one wave) and at most that of
+    computing every miss on the host, from the same state. A decode step (one token per
+    expert) goes to the host where a prefill (many) fetches.
+
+    `admit_after=N > 0`: a missing expert this policy has computed on the host N times since
+    it last fetched it is fetched the next time it misses, whatever the plan (a hot expert
+    earns its slot; the rent-or-buy rule); 0: never forced."""
+
+    name = "latency_aware"
+    computes_on_host = True
+    ARGS = {"admit_after": Ints(0, None, fuzz_hi=4)}
+
+    def __init__(self, admit_after: int = 0, cache_precision: str = ""):
+        if isinstance(admit_after, bool) or not isinstance(admit_after, int) or admit_after < 0:
+            raise ValueError(f"admit_after={admit_after!r} must be an integer >= 0 (0: never "
+                             "forced to fetch)")
+        self.admit_after = admit_after
+        self._set_levels(cache_precision)
+        self._all: dict[tuple, np.ndarray] = {}
+        self.planner = None
+        # (layer, expert) -> times computed on the host since this policy last fetched it.
+        self.host_runs: dict[tuple[int, int], int] = {}
+
+    def set_planner(self, planner) -> None:
+        self.planner = planner
+
+    def handle(self, gate, ids, weights, resident):
+        active = _all_active(self._all, ids.shape)
+        experts, counts = np.unique(ids, return_counts=True)
+        tokens = dict(zip(experts.tolist(), counts.tolist()))
+        order = requests_in_rank_order(ids)
+        missing = [e for e in order if e not in resident]
+        if not missing:
+            return MissDecision(ids, weights, active)
+        layer, runs, n = gate.layer, self.host_runs, self.admit_after
+        forced = {e for e in missing if n and runs.get((layer, e), 0) >= n}
+        # Fewest tokens first; among equals, rank order (`sorted` is stable).
+        candidates = sorted((e for e in missing if e not in forced), key=tokens.__getitem__)
+        plan = self.planner.plan(layer, ids, active)
+        best, best_end = frozenset(candidates), math.inf
+        for j in range(len(candidates) + 1):
+            if len(missing) - j > plan.fetch_room and j < len(candidates):
+                continue  # its fetches need a second wave
+            host = frozenset(candidates[:j])
+            end = plan.end(host)
+            if end < best_end:
+                best, best_end = host, end
+        for e in missing:
+            if e in best:
+                runs[(layer, e)] = runs.get((layer, e), 0) + 1
+            else:
+                runs.pop((layer, e), None)
+        return MissDecision(ids, weights, active, host=best)

@@ -5,6 +5,7 @@ by the trace (`moejax/traces/driven.py`): its cache sees T's gates instead of th
 
 from __future__ import annotations
 
+import jax
 import ml_collections
 
 from moejax.cache import ExpertCache, build_cache_for, given_precision
@@ -38,6 +39,13 @@ def build_cached_experts(config: ml_collections.ConfigDict, loaded) -> CachedExp
         specs = {k: v for k, v in driven.policies_for(config, driving).items()
                  if k in presets.FIELDS}
     cache = build_cache_for(config, cfg, loaded.precision_bytes(), cfg.norm_topk_prob, specs)
+    if (cache.miss.computes_on_host or cache.host_layers) and \
+            jax.devices()[0].platform != "cpu":
+        what = (f"policies.miss={cache.miss.name}" if cache.miss.computes_on_host
+                else f"cache.host_compute_layers={len(cache.host_layers)}")
+        raise ConfigError(f"{what}: a live run computes experts on the host only on the CPU "
+                          "backend so far (compute_on('device_host') is not built: DESIGN.md "
+                          "'Host compute'); replay models it (configs/replay.py)")
     for policy in cache.policies():
         if policy.replay_only:
             raise ConfigError(f"{policy.kind} policy {policy.name!r} needs the future routing: "

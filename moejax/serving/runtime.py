@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import time
 from typing import Callable, Iterator
 
@@ -31,6 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from moejax.cache.expert_cache import ExpertCache
+from moejax.quant.weights import QuantizedWeights
 from moejax.seam import ExpertWave, GateOutputs, Key, LayerGate, Wave
 from moejax.serving.slot_pool import SlotPools
 
@@ -57,6 +59,11 @@ class CachedExperts:
         # the router's `LayerGate` returning the one to decide on (a trace-driven run's recorded
         # gate). The experts step then runs the replaced selection, never the router's.
         self.gate_source: Callable[[LayerGate], LayerGate] | None = None
+        # This runtime computes a wave's host experts (`Wave.host_experts`: host compute) in
+        # a step on the host (`_host_wave`, `moejax.models.stepped.host_experts_step`).
+        self.computes_host_experts = self._host_backend
+        self._identity = None
+        self._host_views: dict[int, tuple] = {}
         # Per layer: the slot map last built (`_upload`), reused while the layer's residency is
         # unchanged.
         self._slot_maps: dict[int, tuple[tuple, np.ndarray | jax.Array]] = {}
@@ -239,13 +246,13 @@ class CachedExperts:
         other slots than the step did is re-run from there. That holds when a decision that
         finds every requested expert resident keeps the router's selection and serves it in
         one wave from the slots it sits in: standard routing, fetch, one slot pool, no
-        watchdog queue (it may issue a layer's transfers out of order) and no disk tier (its
-        loads wait for reads); and on the virtual clock only (a wall clock would time the
+        watchdog queue (it may issue a layer's transfers out of order), no disk tier (its
+        loads wait for reads) and no layer computed on the host; and on the virtual clock only (a wall clock would time the
         decisions when they are taken, after the pass)."""
         c = self._cache
         if not (self.speculate and self.speculation_allowed) or self.gate_source is not None \
                 or c.routing.name != "standard" or c.miss.name != "fetch" or c.multi \
-                or c.queue or c.host is not None \
+                or c.queue or c.host is not None or c.host_layers \
                 or getattr(c.clock, "kind", None) != "virtual" or not c.residency:
             return False
         if self._spec_skip:
@@ -400,6 +407,8 @@ class CachedExperts:
         for wave in self._cache.run_layer(host):
             unchanged = routed and wave.ids is host.ids and wave.active.all()
             ids = gate.ids if unchanged else self._upload(np.asarray(wave.ids, np.int32))
+            if wave.host_experts:  # before the device's waves: it reads no slot
+                yield self._host_wave(wave, ids)
             weights = gate.weights if unchanged and wave.weights is host.weights else \
                 self._upload(np.where(wave.active, wave.weights, 0.0).astype(np.float32))
             if self._queued:
@@ -414,6 +423,37 @@ class CachedExperts:
             # only those whose reads have landed (the rest wait for a later wave or the pass
             # end: compute waits only for what it uses).
             self._dispatch(None, landed_only=self.host_store is not None)
+
+    def _host_wave(self, wave: Wave, ids) -> ExpertWave:
+        """The step computing `wave.host_experts` from the host's copy, before the device's
+        waves: a wave over the layer's host tables at the plain precision (every expert, so
+        the identity slot map) with the host's contributions only (`host_active`), its
+        outputs joining the device waves' as a wave's partial outputs do."""
+        gate_up, down = self._host_tables(wave.layer)
+        if self._identity is None:
+            self._identity = self._upload(np.arange(self.num_experts, dtype=np.int32))
+        weights = np.where(wave.host_active, wave.weights, 0.0).astype(np.float32)
+        return ExpertWave(gate_up, down, self._identity, ids, self._upload(weights), False)
+
+    def _host_tables(self, layer: int) -> tuple:
+        """The host's copy of `layer`'s experts as a step reads them. On the CPU backend the
+        device is the host: the `pinned_host` tables' own bytes, viewed as device arrays (no
+        copy, no slot), so the host computes the experts where their weights are, with the
+        experts step's own function (bit for bit the device's). On an accelerator the step
+        would have to run under `compute_on("device_host")`, whose memory-space typing (JAX
+        0.10) refuses the grouped matmul's gathers: `_check_host_compute` refuses it there."""
+        tables = self._host_views.get(layer)
+        if tables is None:
+            pool = self.pool.pools[0]  # the plain precision's (host compute: no disk tier)
+            on_device = jax.sharding.SingleDeviceSharding(jax.devices()[0],
+                                                          memory_kind="device")
+            view = functools.partial(_alias, sharding=on_device)
+            gate_up = jax.tree.map(view, pool.host_gate_up[layer])
+            down = jax.tree.map(view, pool.host_down[layer])
+            if isinstance(gate_up, QuantizedWeights):  # as the step reads a packed pool
+                gate_up, down = (gate_up,), (down,)
+            tables = self._host_views[layer] = (gate_up, down)
+        return tables
 
     def _upload(self, array: np.ndarray):
         """A host array as an experts step's argument. On the CPU backend the numpy array
@@ -436,6 +476,15 @@ class CachedExperts:
 
 # The most passes decided layer by layer after a speculative pass failed its check.
 SPEC_BACKOFF_MAX = 16
+
+
+def _alias(host_array: jax.Array, sharding) -> jax.Array:
+    """A CPU-backend `pinned_host` array as a device array over the same bytes (numpy's view
+    of it, put on the device without a copy: checked)."""
+    view = jax.device_put(np.asarray(host_array), sharding)
+    if view.unsafe_buffer_pointer() != host_array.unsafe_buffer_pointer():
+        raise AssertionError("the host table's device view is a copy, not its bytes")
+    return view
 
 
 def _slot_heads(loads: list[tuple[Key, int, bool]]) -> list[int]:

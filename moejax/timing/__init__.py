@@ -1,14 +1,16 @@
-"""How long things take, on the virtual clock and the wall clock alike: hardware and storage
-profiles (`hardware.py`, `storage.py`; a preset with a user's overrides, `presets.py`), the
+"""How long things take, on the virtual clock and the wall clock alike: hardware, storage and
+host CPU profiles (`hardware.py`, `storage.py`, `host.py`: the host that computes missed
+experts and its latency model; a preset with a user's overrides, `presets.py`), the
 roofline cost model of compute (`cost.py`), the booking of transfers on copy engines over a
 shared link (`timeline.py`, the maths the compiled replay kernel compiles too), and the two
 clocks (`clock.py`: virtual for replay and CPU runs, wall for GPU runs)."""
 
-from moejax.timing import hardware, storage
+from moejax.timing import hardware, host, storage
 from moejax.timing.clock import Channels, TransferSlot, VirtualClock, WallClock
 from moejax.timing.cost import CostModel
 from moejax.timing.hardware import Hardware
+from moejax.timing.host import HostCPU
 from moejax.timing.storage import Storage, StorageQueue
 
-__all__ = ["Channels", "CostModel", "Hardware", "Storage", "StorageQueue", "TransferSlot",
-           "VirtualClock", "WallClock", "hardware", "storage"]
+__all__ = ["Channels", "CostModel", "Hardware", "HostCPU", "Storage", "StorageQueue",
+           "TransferSlot", "VirtualClock", "WallClock", "hardware", "host", "storage"]
