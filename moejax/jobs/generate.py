@@ -27,6 +27,7 @@ import numpy as np
 from moejax import cli
 from moejax.cache.summary import WALL_CLOCK
 from moejax.errors import ConfigError
+from moejax.jobs import clocks
 from moejax.jobs.common import (
     announce_results,
     cache_clock_words,
@@ -209,6 +210,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     tracing = (jax.profiler.trace(profile_dir) if config.profile.enabled
                else contextlib.nullcontext())
     cache = cache_of(experts)
+    routing = clocks.routing_recorder(config, loaded, decoder, experts, cache)
     if config.profile.enabled:
         decoder.annotate = jax.profiler.TraceAnnotation
         if cache is not None:
@@ -263,6 +265,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     if cache is not None:
         results["cache"] = report_cache(config, cache, workdir, policies=policies)
         results["timings"]["cache_clock"] = cache.metrics.timing()
+    results["clocks"] = clocks.section(config, loaded, gens, cache, routing)
     if driving is not None:
         results["trace_driven"] = _driven_section(driving, driver, cfg.vocab_size)
     if config.profile.enabled:
@@ -281,6 +284,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
         print(cache_table(config, cache, policies=policies))
     print(summary_line(cfg.family, loaded.source, results,
                        cache_clock_words(cache) if cache is not None else None))
+    print(clocks.line(results["clocks"]))
     announce_results(path)
     return results
 

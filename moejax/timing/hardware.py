@@ -16,11 +16,16 @@ The host->device transfer model (`moejax.timing.clock`):
 `link_gbps=None` means the link carries what one engine moves (`link_gbps = h2d_gbps`), so
 overriding `h2d_gbps` alone changes the host->device bandwidth of every preset; set
 `link_gbps` as well to model a link wider (or narrower) than one engine.
+
+A measured profile is a file (`hardware.file`): the `hardware` object of the hardware.json that
+`python -m moejax.sim.calibrate --workdir=W` writes, read by `from_file` with the same
+overrides on top and the same checks, each error naming the file.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import numbers
 
 from moejax.errors import ConfigError
@@ -103,4 +108,61 @@ def get(name: str, **overrides) -> Hardware:
     any other value (0 included) replaces it. The result is validated (errors name the field)
     and has `link_gbps` resolved to a number."""
     hw = with_overrides("hardware", PRESETS, name, overrides, OVERRIDABLE)
+    return dataclasses.replace(hw, link_gbps=hw.link_bandwidth_gbps)
+
+
+# The fields a profile in a file must have (`link_gbps` may be null: one engine's worth).
+FILE_FIELDS = tuple(f.name for f in dataclasses.fields(Hardware))
+# What `python -m moejax.sim.calibrate` names its hardware.json files' layout.
+FILE_FORMAT = "moejax.hardware/1"
+
+
+def as_dict(hw: Hardware) -> dict:
+    """`hw` as the `hardware` object of a hardware.json (what `from_file` reads back)."""
+    return dataclasses.asdict(hw)
+
+
+def from_file(path: str, **overrides) -> Hardware:
+    """The profile in the hardware.json at `path` (its `hardware` object: every field of
+    `Hardware`), with `overrides` applied as `get` applies them to a preset (None keeps the
+    file's value). A missing or unreadable file, one that is not JSON, a missing or unknown
+    field and a value out of range are `ConfigError`s naming `hardware.file=path`."""
+    where = f"hardware.file={path!r}"
+    try:
+        with open(path) as f:
+            text = f.read()
+    except FileNotFoundError:
+        raise ConfigError(f"{where}: no such file (python -m moejax.sim.calibrate "
+                          "--workdir=W writes W/hardware.json)") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{where} is a directory; name its hardware.json") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{where}: cannot be read ({getattr(e, 'strerror', None) or e})"
+                          ) from None
+    try:
+        doc = json.loads(text)
+    except ValueError as e:
+        raise ConfigError(f"{where} is not JSON ({e})") from None
+    profile = doc.get("hardware") if isinstance(doc, dict) else None
+    if not isinstance(profile, dict):
+        raise ConfigError(f"{where} has no \"hardware\" object (a hardware.json of python -m "
+                          f"moejax.sim.calibrate holds one with the fields {list(FILE_FIELDS)})")
+    missing = [k for k in FILE_FIELDS if k not in profile]
+    if missing:
+        raise ConfigError(f"{where}: its \"hardware\" object has no field {missing[0]!r} "
+                          f"(it takes {list(FILE_FIELDS)})")
+    unknown = sorted(set(profile) - set(FILE_FIELDS))
+    if unknown:
+        raise ConfigError(f"{where}: its \"hardware\" object has a field {unknown[0]!r} "
+                          f"that no profile has (it takes {list(FILE_FIELDS)})")
+    if not isinstance(profile["name"], str) or not profile["name"]:
+        raise ConfigError(f"{where}: its profile's name={profile['name']!r} must be a "
+                          "non-empty string")
+    measured = Hardware(**profile)
+    try:
+        measured.validate()
+    except ConfigError as e:  # (a given override's own error names the override, not the file)
+        raise ConfigError(f"{where}: {e}") from None
+    hw = with_overrides("hardware", {measured.name: measured}, measured.name, overrides,
+                        OVERRIDABLE)
     return dataclasses.replace(hw, link_gbps=hw.link_bandwidth_gbps)

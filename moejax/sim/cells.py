@@ -1,0 +1,218 @@
+"""Live against virtual: the same runs timed by this machine's wall clock and predicted by the
+virtual clock, cell by cell, so a user sees how far the virtual clock is from the hardware.
+
+A cell is one cache setting (a capacity, a prefetch policy) of one model run. It runs live on
+the wall clock (`clock.kind=wall`: the cache's transfers held to the profile's host->device
+bandwidth, compute as long as it takes) `reps` times, alternated with the other cells', each
+time on a fresh cache; its wall figures are the medians. Its prediction is what results.json's
+`clocks.virtual` reports for such a run (`moejax.jobs.clocks`): the run's own routing replayed
+through a fresh cache of the same settings on the virtual clock, with the same profile. Each
+cell's error is signed, `(virtual - wall) / wall`: negative when the virtual clock predicts
+less time than the run took.
+
+Runs are the generate job's, in process (`LiveRuns`): its requests (a trace-driven run's, when
+`policies.routing='trace(path=T)'`), its warm-up (compiles out of the timed runs), its decoder
+over the configured expert source. A family preset's model can be drawn at any size
+(`drawn_model`: OLMoE-1B-7B's 12.9 GB of experts on a GPU).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+
+import jax
+import ml_collections
+import numpy as np
+from flax import nnx
+
+from moejax.cache.from_config import hardware_from
+from moejax.families import preset
+from moejax.jobs import clocks
+from moejax.jobs import generate as generate_job
+from moejax.jobs.common import cache_of, configured_decoder, settle
+from moejax.model_source import LoadedModel, in_memory, load_model_for
+from moejax.models.decoder import MoEDecoder
+from moejax.sim.fit import relative_error
+from moejax.traces import driven
+
+
+@dataclasses.dataclass(frozen=True)
+class Cell:
+    capacity_frac: float
+    prefetch: str  # a prefetch policy spec
+
+    @property
+    def name(self) -> str:
+        return f"{100 * self.capacity_frac:g}% {self.prefetch}"
+
+    def config(self, base: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+        """`base` with this cell's capacity and prefetch, on the wall clock."""
+        c = ml_collections.ConfigDict(base.to_dict())
+        c.cache.enabled = True
+        c.cache.capacity_frac, c.cache.slots = self.capacity_frac, 0
+        c.policies.prefetch = self.prefetch
+        c.clock.kind = "wall"
+        return c
+
+
+def drawn_model(family: str, name: str, width: int = 0, seed: int = 0) -> LoadedModel:
+    """A family preset with random weights, at `width` (0: its own), its experts drawn on the
+    device layer by layer (`jax.random`) and moved to host memory: what
+    `model_source.load_model` gives a preset, but at any size (it draws experts with numpy and
+    up to 1 GiB of them; OLMoE-1B-7B's are 12.9 GB). Timing does not depend on the values."""
+    cfg = preset(family, name, width)
+    model = MoEDecoder(cfg, nnx.Rngs(seed))
+    e, h, i = cfg.num_experts, cfg.hidden_size, cfg.expert_intermediate_size
+    dtype = np.dtype(cfg.dtype)
+    key = jax.random.PRNGKey(seed)
+    gate_up, down = {}, {}
+    for layer in cfg.moe_layers:
+        k1, k2 = jax.random.split(jax.random.fold_in(key, layer))
+        gate_up[layer] = np.asarray(jax.random.normal(k1, (e, h, 2 * i), dtype) * h ** -0.5)
+        down[layer] = np.asarray(jax.random.normal(k2, (e, i, h), dtype) * i ** -0.5)
+    at = f" at width {width}" if width else ""
+    return in_memory(cfg, model, gate_up, down,
+                     source=f"preset:{family}/{name}{at} (random experts drawn on the device)")
+
+
+def cells_of(capacities, prefetchers) -> list[Cell]:
+    return [Cell(float(c), p) for c in capacities for p in prefetchers]
+
+
+class LiveRuns:
+    """Live runs of one config, as the generate job runs it: the model and requests built
+    once (and the warm-up run, with `run.warmup`), a fresh runtime per `run()`."""
+
+    def __init__(self, config: ml_collections.ConfigDict, loaded):
+        self.config, self.loaded = config, loaded
+        path = driven.trace_path(config)
+        self.driving = None
+        if path is not None:
+            driven.check_run(config)
+            self.driving = driven.load(config, path)
+            driven.check_model(loaded.cfg, self.driving)
+            self.requests = generate_job.driven_requests(config, loaded, self.driving)
+        else:
+            self.requests = generate_job.requests_of(config, loaded)
+        self.max_len = max(len(q.ids) + self.new_tokens(q) for q in self.requests)
+        if config.run.warmup:
+            generate_job.warm_up(config, loaded, self.requests, max_len=self.max_len, batch=1)
+
+    def new_tokens(self, request) -> int:
+        return request.new_tokens or self.config.run.max_new_tokens
+
+    def run(self) -> dict:
+        """One live run: its `clocks` section, and its cache's size and counts (None without
+        a cache)."""
+        config = self.config
+        experts, decoder = configured_decoder(config, self.loaded, max_len=self.max_len)
+        cache = cache_of(experts)
+        driver = driven.driver_of(experts)
+        routing = clocks.routing_recorder(config, self.loaded, decoder, experts, cache)
+        eos = (self.loaded.cfg.eos_token_id if config.run.stop_at_eos and self.driving is None
+               else None)
+        generations = []
+        for q in self.requests:
+            if driver is not None:
+                driver.start(q.sequence)
+            generations.append(decoder.generate(np.asarray([q.ids], np.int32),
+                                                self.new_tokens(q), eos_id=eos))
+        out = {"slots": None, "total_experts": None, "hit_rate": None, "misses": None,
+               "requests": None}
+        if cache is not None:  # (every expert resident: no cache to report)
+            settle(cache).finish()
+            totals = cache.metrics.totals()
+            out = {"slots": cache.shape.num_slots, "total_experts": cache.shape.total_experts,
+                   "hit_rate": totals["hit_rate"], "misses": totals["misses"],
+                   "requests": totals["requests"]}
+        return {"clocks": clocks.section(config, self.loaded, generations, cache, routing),
+                **out}
+
+
+def _median(values):
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
+def _larger(wall: float | None, virtual: float | None) -> str | None:
+    if wall is None or virtual is None:
+        return None
+    return "equal" if wall == virtual else ("virtual" if virtual > wall else "wall")
+
+
+def run_cells(base: ml_collections.ConfigDict, cells: list[Cell], reps: int = 3,
+              progress=None, loaded: LoadedModel | None = None) -> list[dict]:
+    """Each cell of `cells` on `base` (the model, its requests, the hardware profile): `reps`
+    live runs on the wall clock, the cells alternated run by run, and the virtual clock's
+    prediction. One row per cell (see the module docstring). `loaded`: the model (None: the
+    one `base` names, `load_model_for`)."""
+    if reps < 1:
+        raise ValueError(f"reps={reps} must be >= 1")
+    configs = [cell.config(base) for cell in cells]
+    if loaded is None:  # (the cells differ in cache settings only)
+        loaded = load_model_for(configs[0])
+    runners = [LiveRuns(c, loaded) for c in configs]
+    got: list[list[dict]] = [[] for _ in cells]
+    for r in range(reps):
+        order = range(len(cells)) if r % 2 == 0 else reversed(range(len(cells)))
+        for i in order:
+            got[i].append(runners[i].run())
+            if progress is not None:
+                progress(1)
+    rows = []
+    for cell, config, runs in zip(cells, configs, got):
+        walls = [run["clocks"]["wall"] for run in runs]
+        virtual = runs[0]["clocks"]["virtual"]
+        wall = {k: _median([w[k] for w in walls])
+                for k in ("ttft_s", "decode_s", "decode_tok_per_s")}
+        wall["decode_tokens"] = walls[0]["decode_tokens"]
+        predicted = {k: virtual[k] for k in ("ttft_s", "decode_s", "decode_tok_per_s",
+                                             "decode_tokens")}
+        rows.append({
+            "cell": cell.name, "capacity_frac": cell.capacity_frac, "prefetch": cell.prefetch,
+            "slots": runs[0]["slots"], "total_experts": runs[0]["total_experts"],
+            "hit_rate": runs[0]["hit_rate"], "requests": runs[0]["requests"],
+            "misses": runs[0]["misses"], "hardware": hardware_from(config).name,
+            "wall": {**wall, "runs": [{k: w[k] for k in ("ttft_s", "decode_s")} for w in walls],
+                     "what": f"median of {len(walls)} live runs: {walls[0]['what']}"},
+            "virtual": {**predicted, "what": virtual["what"],
+                        "replay_counters_equal_live": virtual.get("replay_counters_equal_live"),
+                        # Routing, hence the replay, is the same in every run.
+                        "same_in_every_run": all(
+                            run["clocks"]["virtual"]["decode_s"] == virtual["decode_s"]
+                            for run in runs)},
+            "ttft_error": relative_error(predicted["ttft_s"], wall["ttft_s"]),
+            "decode_error": relative_error(predicted["decode_s"], wall["decode_s"]),
+            "larger": {"ttft": _larger(wall["ttft_s"], predicted["ttft_s"]),
+                       "decode": _larger(wall["decode_s"], predicted["decode_s"])},
+        })
+    return rows
+
+
+def _ms(seconds: float | None) -> str:
+    return "n/a" if seconds is None else f"{seconds * 1e3:.2f}"
+
+
+def _pct(error: float | None) -> str:
+    return "n/a" if error is None else f"{100 * error:+.0f}%"
+
+
+def table(rows: list[dict]) -> str:
+    """The cells as one printed table: each clock's TTFT and decode time per token, and the
+    virtual clock's error against the wall clock's (signed: + when it predicts more)."""
+    head = (f"{'cell':32s} {'slots':>9s} {'hit':>5s} | {'TTFT ms wall':>12s} {'virtual':>8s} "
+            f"{'error':>6s} | {'decode ms/tok wall':>18s} {'virtual':>8s} {'error':>6s} | "
+            "larger (TTFT, decode)")
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        w, v = r["wall"], r["virtual"]
+        per_w = w["decode_s"] / w["decode_tokens"] if w["decode_tokens"] else None
+        per_v = v["decode_s"] / v["decode_tokens"] if v["decode_tokens"] else None
+        hit = "n/a" if r["hit_rate"] is None else f"{r['hit_rate']:.2f}"
+        lines.append(
+            f"{r['cell'][:32]:32s} {r['slots']:>4d}/{r['total_experts']:<4d} {hit:>5s} | "
+            f"{_ms(w['ttft_s']):>12s} {_ms(v['ttft_s']):>8s} {_pct(r['ttft_error']):>6s} | "
+            f"{_ms(per_w):>18s} {_ms(per_v):>8s} {_pct(r['decode_error']):>6s} | "
+            f"{r['larger']['ttft']}, {r['larger']['decode']}")
+    return "\n".join(lines)
