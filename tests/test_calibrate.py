@@ -21,8 +21,10 @@ from moejax.cache.from_config import hardware_from
 from moejax.errors import ConfigError
 from moejax.families import preset
 from moejax.sim import calibrate, fit, measure, profile
+from moejax.sim import host as host_mod
 from moejax.testing import config_from_flags
 from moejax.timing import hardware
+from moejax.timing import host as host_lib
 from moejax.timing.cost import CostModel
 from tests.fuzzing import examples
 
@@ -289,3 +291,153 @@ def test_bad_flags_are_one_line_each(tmp_path, capsys, flag, message):
     assert err.startswith("python -m moejax.sim.calibrate: error: ") and "\n" not in err
     assert message in err
     assert not workdir.exists()
+
+
+# -- the host CPU -----------------------------------------------------------------------------
+EXPERT = 3 * 2048 * 1024  # OLMoE-1B-7B's expert: parameters, and bytes in bfloat16
+TOKENS = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024]
+
+
+@settings(max_examples=examples(40), deadline=None)
+@given(gbps=st.floats(0.5, 400.0), tflops=st.floats(1e-4, 10.0),
+       overhead=st.floats(0.0, 1e-2))
+def test_the_host_fit_recovers_overhead_and_flops(gbps, tflops, overhead):
+    # Times of the host model itself, from tokens 1 to 1024: the calls that reach the FLOP
+    # side give the FLOP/s back, the bandwidth given, and the overhead with it.
+    nbytes = 2 * EXPERT
+    read = nbytes / (gbps * 1e9)
+    seconds = [overhead + max(read, 2 * t * EXPERT / (tflops * 1e12)) for t in TOKENS]
+    got = fit.fit_host(TOKENS, seconds, EXPERT, nbytes, gbps)
+    # (Within 1%, not exactly: where only the largest call just passes the ridge, the loss
+    # is nearly flat along the kink and the simplex stops a fraction of a percent off.)
+    assert got.points == len(TOKENS)
+    assert got.call_overhead_s == pytest.approx(overhead, rel=1e-2, abs=1e-2 * read)
+    if got.determined["tflops"]:
+        assert got.tflops == pytest.approx(tflops, rel=1e-2) and got.rms_rel < 5e-3
+    else:  # no call's FLOPs on top (within a few percent: a bump of 1% of one call's time
+        # is not a ridge) and a quarter of its time: the best rate shown, a lower bound
+        compute = 2 * TOKENS[-1] * EXPERT / (tflops * 1e12)
+        assert compute <= read * 1.05 or compute < fit.SENSITIVE * seconds[-1] * 1.01
+        assert got.tflops <= tflops * 1.01
+
+
+def test_the_host_fit_through_noise_says_its_residual():
+    # 50 us + max(b / 10 GB/s, 2 t P / 0.2 TFLOP/s), each time off by a fixed +-5%.
+    nbytes = 2 * EXPERT
+    wobble = np.array([1.05, 0.95] * 6)[:len(TOKENS)]
+    seconds = fit.host_seconds(np.array(TOKENS), EXPERT, nbytes, 10.0, 0.2, 50e-6) * wobble
+    got = fit.fit_host(TOKENS, seconds, EXPERT, nbytes, 10.0)
+    assert got.tflops == pytest.approx(0.2, rel=0.06) and got.determined == {"tflops": True}
+    assert 0.03 < got.rms_rel < 0.07 and 0.03 < got.max_rel < 0.11
+
+
+def test_memory_bound_calls_leave_the_flops_a_lower_bound():
+    # 1 ms + b / 10 GB/s whatever the tokens (1..16 tokens never reach 0.2 TFLOP/s's side).
+    nbytes = 2 * EXPERT
+    seconds = [1e-3 + nbytes / 10e9] * 5
+    got = fit.fit_host([1, 2, 4, 8, 16], seconds, EXPERT, nbytes, 10.0)
+    assert got.determined == {"tflops": False}
+    assert got.call_overhead_s == pytest.approx(1e-3, rel=1e-3)
+    # The best rate shown: 16 tokens' FLOPs over the call's time less its overhead.
+    assert got.tflops == pytest.approx(2 * 16 * EXPERT / (nbytes / 10e9) / 1e12, rel=1e-3)
+
+
+@pytest.mark.parametrize("tokens, seconds, message", [
+    ([4, 4], [1e-3, 1e-3], "two distinct token counts"),
+    ([1, 2], [1e-3, 0.0], "finite and > 0"),
+    ([1, 2], [1e-3, float("inf")], "finite and > 0"),
+])
+def test_the_host_fit_refuses_what_cannot_be_fitted(tokens, seconds, message):
+    with pytest.raises(ValueError, match=message):
+        fit.fit_host(tokens, seconds, EXPERT, 2 * EXPERT, 10.0)
+
+
+HOST = host_lib.HostCPU("calibrated:testhost", mem_gbps=3.5, tflops=0.0625, threads=2,
+                        call_overhead_s=1.5e-3, d2h_gbps=None)
+
+
+def _with_host(doc, profile_dict=None):
+    return {**doc, "host": {"profile": profile_dict if profile_dict is not None
+                            else dataclasses.asdict(HOST), "measured": {}}}
+
+
+def test_a_host_section_round_trips_into_the_cache_host_path(tmp_path, capsys):
+    from moejax.cache.from_config import build_cache_for, check_settings, host_cpu_from
+    from moejax.jobs.schema import base_config
+    from tests.test_host_compute import CFG, SCORED, B, _replay_config
+
+    path = _write(tmp_path / "hardware.json", _with_host(_document()))
+    config = _replay_config(SCORED, "host_compute")
+    config.cache.slots = 2
+    config.hardware.file = path
+    assert host_cpu_from(config) == HOST  # the file's host, not host.preset's desktop_ddr5
+    config.host.mem_gbps = 7.0  # the group's overrides apply on top of the file
+    assert host_cpu_from(config) == dataclasses.replace(HOST, mem_gbps=7.0)
+    cache = build_cache_for(config, CFG, {"native": B}, False)
+    assert cache.host_path.host == dataclasses.replace(HOST, mem_gbps=7.0)
+    assert cache.clock.hw.name == "calibrated:testhost"
+    config.host.preset = "server_ddr5"  # given beside the file's host: warned, not used
+    check_settings(config, live=False, defaults=base_config())
+    assert (f"host.preset='server_ddr5' does not apply: hardware.file={path!r} gives the host "
+            "profile") in capsys.readouterr().err
+    assert host_cpu_from(config).name == "calibrated:testhost"
+    # A file without a host section: the preset, as without a file.
+    plain = _write(tmp_path / "plain.json", _document())
+    config.hardware.file = plain
+    assert host_cpu_from(config) == dataclasses.replace(host_lib.get("server_ddr5"),
+                                                        mem_gbps=7.0)
+
+
+@pytest.mark.parametrize("section, message", [
+    ([1], 'its "host" section has no "profile" object'),
+    ({"measured": {}}, 'its "host" section has no "profile" object'),
+    ({"profile": {k: v for k, v in dataclasses.asdict(HOST).items() if k != "tflops"}},
+     "its host profile has no field 'tflops'"),
+    ({"profile": {**dataclasses.asdict(HOST), "cores": 2}}, "has a field 'cores'"),
+    ({"profile": {**dataclasses.asdict(HOST), "mem_gbps": 0.0}},
+     r"host.mem_gbps=0.0 must be a finite number > 0"),
+    ({"profile": {**dataclasses.asdict(HOST), "threads": 1.5}},
+     r"host.threads=1.5 must be an integer"),
+    ({"profile": {**dataclasses.asdict(HOST), "name": 3}}, "name=3 must be a non-empty"),
+])
+def test_a_bad_host_section_is_one_error_naming_the_file(tmp_path, section, message):
+    from moejax.cache.from_config import host_cpu_from
+
+    path = _write(tmp_path / "hardware.json", {**_document(), "host": section})
+    config = config_from_flags(DEFAULT, f"--config.hardware.file={path}")
+    with pytest.raises(ConfigError, match=message) as e:
+        host_cpu_from(config)
+    assert str(e.value).startswith(f"hardware.file={path!r}") and "\n" not in str(e.value)
+    with pytest.raises(ConfigError, match=r"^host.tflops=-1 must be"):  # an override's own
+        host_lib.from_file(_write(tmp_path / "good.json", _with_host(_document())), tflops=-1)
+
+
+TINY_HOST = host_mod.HostPlan(hidden=64, width=32, experts=4, dtype="bfloat16",
+                              tokens=(1, 4, 16), matmul_tokens=16, reps=1)
+
+
+def test_the_host_is_measured_for_real_and_written_alone(tmp_path, monkeypatch, capsys):
+    # --host-only on a tiny expert: every measurement timed, the fits through them, and the
+    # file's host section read back as the run's host profile.
+    monkeypatch.setattr(host_mod, "host_plan", lambda quick: TINY_HOST)
+    workdir = tmp_path / "w"
+    assert calibrate.main([f"--workdir={workdir}", "--host-only"]) == 0
+    out = capsys.readouterr().out
+    assert "host CPU (" in out and "fit, live:" in out and "fit, dense:" in out
+    doc = json.loads((workdir / "hardware.json").read_text())
+    assert "hardware" not in doc and doc["host"]["command"].endswith("--host-only")
+    measured = doc["host"]["measured"]
+    assert [r["tokens"] for r in measured["timings"]["live"]] == [1, 4, 16]
+    for row in measured["timings"]["dense"] + measured["timings"]["live"]:
+        assert 0 < row["min_s"] <= row["median_s"] <= row["max_s"] and row["model_s"] > 0
+    assert measured["expert_bytes"] == 3 * 64 * 32 * 2
+    got = host_lib.from_file(str(workdir / "hardware.json"))
+    assert got.name == profile.calibrated_name()
+    assert (got.mem_gbps, got.tflops) == (measured["fit_live"]["mem_gbps"],
+                                          measured["fit_live"]["tflops"])
+    # Into a calibration already there: its device profile kept, the host replaced.
+    (workdir / "hardware.json").write_text(json.dumps(_with_host(_document())))
+    assert calibrate.main([f"--workdir={workdir}", "--host-only"]) == 0
+    doc = json.loads((workdir / "hardware.json").read_text())
+    assert doc["hardware"] == hardware.as_dict(MEASURED)
+    assert doc["host"]["profile"]["name"] == profile.calibrated_name()

@@ -504,7 +504,7 @@ SCORED = bundled.scored_trace_files()[0]
 
 @pytest.mark.parametrize("field,value,message", [
     ("host.preset", "laptop", "host.preset='laptop' is not one of ['cpu', 'desktop_ddr5', "
-                              "'server_ddr5']"),
+                              "'server_ddr5', 'this_vm', 'this_vm_live']"),
     ("host.mem_gbps", -5.0, "host.mem_gbps=-5.0 must be a finite number > 0"),
     ("host.tflops", 0.0, "host.tflops=0.0 must be a finite number > 0"),
     ("host.threads", 0, "host.threads=0 must be an integer >= 1"),

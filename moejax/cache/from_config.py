@@ -56,10 +56,19 @@ def hardware_from(config: ml_collections.ConfigDict) -> hw_lib.Hardware:
 
 
 def host_cpu_from(config: ml_collections.ConfigDict) -> host_lib.HostCPU:
-    """The `host.preset` profile with the group's overrides (None keeps the preset's): the
-    host CPU that computes missed experts."""
+    """The host CPU that computes missed experts: the `host` section of the `hardware.file`
+    (a calibration's measurement of its host) when given and the file has one, else the
+    `host.preset` profile; with the group's overrides on top (None keeps the profile's). As
+    for `hardware.preset`, a `host.preset` given beside a file with a host section does not
+    apply (`check_settings` warns): the file measured the host the run is on."""
     h = config.host
-    return host_lib.get(h.preset, **{k: h[k] for k in host_lib.OVERRIDABLE if k in h})
+    overrides = {k: h[k] for k in host_lib.OVERRIDABLE if k in h}
+    path = config.hardware.get("file", "") or ""
+    if path:
+        measured = host_lib.from_file(path, **overrides)
+        if measured is not None:
+            return measured
+    return host_lib.get(h.preset, **overrides)
 
 
 def computes_on_host(config: ml_collections.ConfigDict) -> bool:
@@ -255,6 +264,10 @@ def _not_applying(config: ml_collections.ConfigDict, live: bool | None,
     if config.hardware.get("file", "") and given(config, "hardware.preset"):
         out.append(("hardware.preset",
                     f"hardware.file={config.hardware.file!r} gives the profile"))
+    if (config.hardware.get("file", "") and given(config, "host.preset")
+            and host_lib.from_file(config.hardware.file) is not None):
+        out.append(("host.preset", f"hardware.file={config.hardware.file!r} gives the host "
+                                   "profile (its host section)"))
     if not computes_on_host(config):
         why = (f"no expert is computed on the host (policies.miss="
                f"{presets.resolve(config.policies)['miss']}, cache.host_compute_layers=0)")

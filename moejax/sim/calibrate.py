@@ -1,7 +1,7 @@
 """Calibration: measures the machine it runs on, writes a hardware profile of it, and says how
 far the virtual clock is from this machine's wall clock.
 
-    python -m moejax.sim.calibrate --workdir=W [--quick]
+    python -m moejax.sim.calibrate --workdir=W [--quick] [--host-only]
 
 1. host->device latency and bandwidth by transfer size (`jax.device_put` of `pinned_host` arrays
    to `device` memory, 4 KiB to 64 MiB), alternated repetitions, min / median / max, and the fit
@@ -11,7 +11,12 @@ far the virtual clock is from this machine's wall clock.
    `peak_tflops`, `hbm_gbps` and `launch_s` this machine shows;
 3. `W/hardware.json`: that profile (`calibrated:<hostname>`) with every table, the command, the
    date, JAX's version and the device — a run uses it with `--config.hardware.file=W/hardware.json`;
-4. live cells: the same runs on the wall clock (transfers held to the profile's bandwidth) and
+4. the host CPU (`moejax.sim.host`): one expert computed on the host for 1, 2, 4, ... tokens
+   (a plain kernel and the live runtime's host step), the memory bandwidth, matmul FLOP/s and
+   per-call overhead, and the host model fitted to them: hardware.json's `host` section, which
+   replaces `host.preset` in a run with `--config.hardware.file` (`--host-only` measures this
+   part alone, in seconds, into W/hardware.json: merged into a calibration already there);
+5. live cells: the same runs on the wall clock (transfers held to the profile's bandwidth) and
    as the virtual clock predicts them with the profile (`moejax.sim.cells`), at capacities 5%,
    25% and 100% with and without prefetch; TTFT and decode time of each clock and the error of
    each cell, printed as one table and written to `W/calibration.json`.
@@ -58,6 +63,7 @@ class Plan:
     prefill_tokens: int  # rows of the trace prefilled as the prompt (olmoe cells)
     reps: int  # live runs per cell
     h2d_gbps: float | None  # the cells' bandwidth, on top of the profile (None: the profile's)
+    quick_host: bool = False  # the host measured at `--quick`'s smaller expert
 
 
 def plan_for(platform: str, quick: bool, **given) -> Plan:
@@ -82,7 +88,7 @@ def plan_for(platform: str, quick: bool, **given) -> Plan:
                 step_tokens=step_tokens, step_reps=3 if quick else 10,
                 capacities=(0.05, 1.0) if quick else (0.05, 0.25, 1.0), prefetch="",
                 model="olmoe", trace="olmoe_prose", width=width, tokens=tokens,
-                prefill_tokens=16, reps=1 if quick else 3, h2d_gbps=None)
+                prefill_tokens=16, reps=1 if quick else 3, h2d_gbps=None, quick_host=quick)
     return dataclasses.replace(plan, **given)
 
 
@@ -215,7 +221,7 @@ def step_table(steps: list[dict], reps: int, roofline) -> str:
 
 
 def calibrate(workdir: str, plan: Plan, command: str, out=print) -> dict:
-    """Steps 1-4 into `workdir` (claimed by the caller). Returns what calibration.json holds:
+    """Steps 1-5 into `workdir` (claimed by the caller). Returns what calibration.json holds:
     the profile, its file, and the cells' rows."""
     from moejax.cache.from_config import hardware_from
     from moejax.jobs.common import progress
@@ -226,7 +232,9 @@ def calibrate(workdir: str, plan: Plan, command: str, out=print) -> dict:
     hw, measured = measure_machine(plan, out)
     device = measure.device_description()
     path = os.path.join(workdir, "hardware.json")
-    write_json_atomic(path, profile.document(hw, measured, command, device))
+    doc = profile.document(hw, measured, command, device)
+    doc["host"] = measure_host(plan.quick_host, out)
+    write_json_atomic(path, doc)
     out(f"profile {hw.name}: {hw.h2d_gbps:.3g} GB/s + {_us(hw.h2d_latency_s)} us per transfer, "
         f"{hw.peak_tflops:.4g} TFLOP/s, HBM {hw.hbm_gbps:.4g} GB/s, launch "
         f"{_us(hw.launch_s)} us -> {path} (use it with --config.hardware.file={path})")
@@ -257,6 +265,43 @@ def calibrate(workdir: str, plan: Plan, command: str, out=print) -> dict:
     write_json_atomic(calibration, result)
     out(f"results -> {path}, {calibration}")
     return result
+
+
+def measure_host(quick: bool, out=print) -> dict:
+    """Step 4: hardware.json's `host` section (`moejax.sim.host`), its table printed."""
+    from moejax.sim import host, profile
+
+    plan = host.host_plan(quick)
+    section = host.section(plan, host.measure_host(plan), profile.calibrated_name())
+    out(host.table(section))
+    return section
+
+
+def calibrate_host(workdir: str, quick: bool, command: str, out=print) -> dict:
+    """`--host-only`: the host section alone into `workdir`/hardware.json, replacing the one of
+    a calibration already there (its device profile kept), else a file holding the host
+    only. Returns the file's document."""
+    import json
+    import socket
+
+    from moejax.sim import measure, profile
+    from moejax.timing import hardware as hw_lib
+
+    path = os.path.join(workdir, "hardware.json")
+    doc = {}
+    if os.path.isfile(path):
+        with open(path) as f:
+            doc = json.load(f)
+    section = measure_host(quick, out)
+    section["command"], section["date"] = command, profile.now()
+    doc.update({"host": section, "hostname": socket.gethostname(),
+                "device": doc.get("device") or measure.device_description()})
+    doc.setdefault("format", hw_lib.FILE_FORMAT)
+    write_json_atomic(path, doc)
+    out(f"host profile {section['profile']['name']} -> {path} (--config.hardware.file={path}: "
+        "it replaces host.preset" + ("" if "hardware" in doc else "; the file has no device "
+                                     "profile: run a full calibration into it for one") + ")")
+    return doc
 
 
 def cells_description(plan: Plan) -> str:
@@ -291,6 +336,8 @@ def main(argv=None) -> int:
     p.add_argument("--workdir", required=True, help="where hardware.json and calibration.json go")
     p.add_argument("--quick", action="store_true",
                    help="fewer sizes, steps, tokens and runs (the same code paths)")
+    p.add_argument("--host-only", action="store_true",
+                   help="measure the host CPU alone (hardware.json's host section, seconds)")
     p.add_argument("--cells", default=None,
                    help="capacities of the live cells, fractions of the routed experts "
                         "(default 0.05,0.25,1.0; --quick 0.05,1.0), or none")
@@ -328,6 +375,10 @@ def run(args: argparse.Namespace, command: str) -> int:
     if args.trace is not None:
         trace_file(args.trace)
     workdir_lib.check(args.workdir)
+    if args.host_only:
+        with workdir_lib.claimed(args.workdir):
+            calibrate_host(args.workdir, args.quick, command)
+        return 0
     import jax
 
     plan = plan_for(jax.default_backend(), args.quick, capacities=capacities,

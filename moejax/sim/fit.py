@@ -9,7 +9,12 @@
   launches): `fit_roofline` finds the three by least squares on log time (every step counts by
   its relative error), from a start at the best rates measured.
 
-Both say how well the model fits (`rms_rel`, `max_rel`: the relative residuals of the points),
+* A host expert call takes `overhead + max(bytes / memory bandwidth, 2 * tokens * params /
+  FLOP/s)` (`moejax.timing.host`): `fit_host` finds the overhead and the FLOP/s by least squares
+  on log time, the bandwidth given (measured apart: every call reads the same bytes, so the
+  calls' times alone cannot tell the overhead from the time of the read).
+
+All say how well the model fits (`rms_rel`, `max_rel`: the relative residuals of the points),
 and which parameter the points did not determine (a roofline fitted to steps that were all
 memory- or launch-bound cannot say the FLOP peak; the fit then keeps the highest rate measured,
 a lower bound, and says so).
@@ -161,6 +166,85 @@ def fit_roofline(flops, nbytes, seconds, launches=None) -> RooflineFit:
     return RooflineFit(float(peak / 1e12), float(bw / 1e9), float(launch),
                        float(np.sqrt(np.mean(rel ** 2))), float(np.max(np.abs(rel))), len(t),
                        determined)
+
+
+@dataclasses.dataclass(frozen=True)
+class HostFit:
+    mem_gbps: float  # given (measured apart)
+    tflops: float
+    call_overhead_s: float
+    rms_rel: float  # as TransferFit's, over the calls
+    max_rel: float
+    points: int
+    # Whether the calls reached the FLOP side (`fit_host`); when not, `tflops` is the best rate
+    # a call showed, a lower bound.
+    determined: dict
+
+    def seconds(self, tokens, params: int, nbytes: float):
+        return host_seconds(tokens, params, nbytes, self.mem_gbps, self.tflops,
+                            self.call_overhead_s)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def host_seconds(tokens, params: int, nbytes: float, mem_gbps: float, tflops: float,
+                 overhead_s: float):
+    """`moejax.timing.host.expert_time` with the profile's units (works on arrays)."""
+    return overhead_s + np.maximum(nbytes / (mem_gbps * 1e9),
+                                   2.0 * np.asarray(tokens, np.float64) * params / (tflops * 1e12))
+
+
+def fit_host(tokens, seconds, params: int, nbytes: float, mem_gbps: float) -> HostFit:
+    """`overhead + max(nbytes / mem_bw, 2 * tokens * params / flops)` through the calls
+    (`tokens[i]`, `seconds[i]`) of one expert of `params` parameters and `nbytes` bytes, the
+    memory bandwidth `mem_gbps` given: the overhead (>= 0) and the FLOP/s by least squares on
+    log time. The FLOP/s is determined when some call's compute term is on top and at least
+    SENSITIVE of its time; otherwise it is the best rate a call showed (its overhead taken
+    off, at least SENSITIVE of its time left), a lower bound. Raises ValueError for fewer
+    than two distinct token counts or a time that is not positive and finite."""
+    t = np.asarray(tokens, np.float64)
+    y = np.asarray(seconds, np.float64)
+    if t.shape != y.shape or t.ndim != 1:
+        raise ValueError("tokens and seconds must be equal-length sequences")
+    if len(np.unique(t)) < 2:
+        raise ValueError("a host fit needs at least two distinct token counts")
+    if not (np.all(np.isfinite(y)) and np.all(y > 0)):
+        raise ValueError(f"call times must be finite and > 0, got {y.tolist()}")
+    if not (mem_gbps > 0 and math.isfinite(mem_gbps)):
+        raise ValueError(f"mem_gbps={mem_gbps} must be finite and > 0")
+    read = nbytes / (mem_gbps * 1e9)
+    work = 2.0 * t * params
+    log_y = np.log(y)
+
+    def loss(p):  # p: log of (seconds per FLOP, overhead seconds)
+        per_flop, overhead = np.exp(p)
+        return float(np.sum((np.log(overhead + np.maximum(read, work * per_flop)) - log_y)
+                            ** 2))
+
+    best = None
+    # Starts: the overhead a share of the fastest call, the FLOP rate the best any call showed
+    # with it, or the largest call's (the one most on the FLOP side: where only it passes the
+    # ridge, the loss is nearly flat elsewhere and the simplex would stop short of it).
+    largest = int(np.argmax(t))
+    for share in (0.01, 0.3, 0.9):
+        overhead0 = share * np.min(y)
+        rest = np.maximum(y - overhead0, 1e-12)
+        for per_flop0 in (1.0 / max(np.max(work / rest), 1.0), rest[largest] / work[largest]):
+            p = _nelder_mead(loss, np.log([per_flop0, overhead0]))
+            if best is None or loss(p) < loss(best):
+                best = p
+    per_flop, overhead = np.exp(best)
+    compute = work * per_flop
+    determined = {"tflops": bool(np.any((compute > read) & (compute >= SENSITIVE * y)))}
+    flops = 1.0 / per_flop
+    if not determined["tflops"]:
+        flops = float(np.max(work / np.maximum(y - overhead, SENSITIVE * y)))
+    fitted = host_seconds(t, params, nbytes, mem_gbps, flops / 1e12, overhead)
+    rel = (fitted - y) / y
+    return HostFit(float(mem_gbps), float(flops / 1e12), float(overhead),
+                   float(np.sqrt(np.mean(rel ** 2))), float(np.max(np.abs(rel))), len(t),
+                   determined)
 
 
 def _nelder_mead(loss, p0, iterations: int = 4000, tol: float = 1e-12) -> np.ndarray:

@@ -13,8 +13,9 @@ The profile is what the virtual clock runs on (`moejax.timing.hardware.Hardware`
   lower bound (the best rate measured) and the file says so (`roofline.determined`).
 
 The file is `{"format", "hardware": <the profile>, "measured": <every table and fit>,
-"command", "date", "hostname", "device"}`; `moejax.timing.hardware.from_file` reads its
-`hardware` object (`--config.hardware.file=W/hardware.json`).
+"command", "date", "hostname", "device", "host"}`; `moejax.timing.hardware.from_file` reads its
+`hardware` object (`--config.hardware.file=W/hardware.json`), `moejax.timing.host.from_file`
+its `host` section (`{"profile": <a HostCPU>, "measured": ...}`, `moejax.sim.host`).
 """
 
 from __future__ import annotations
@@ -40,9 +41,13 @@ def profile_of(transfer: TransferFit, roofline: RooflineFit, name: str) -> Hardw
     return hw
 
 
+def now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
 def document(hw: Hardware, measured: dict, command: str, device: dict) -> dict:
     """The hardware.json of a calibration (`hw_lib.from_file` reads its `hardware`)."""
     return {"format": hw_lib.FILE_FORMAT, "hardware": hw_lib.as_dict(hw), "measured": measured,
             "command": command,
-            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "date": now(),
             "hostname": socket.gethostname(), "device": device}

@@ -36,6 +36,7 @@ calibration.
 from __future__ import annotations
 
 import dataclasses
+import json
 import numbers
 
 from moejax.errors import ConfigError
@@ -114,9 +115,82 @@ PRESETS: dict[str, HostCPU] = {
     # calibration (`python -m moejax.sim.calibrate` measures a machine). Call overhead:
     # assumed 50 us.
     "cpu": HostCPU("cpu", mem_gbps=15.0, tflops=0.1, threads=2, call_overhead_s=50e-6),
+    # This machine (the 2-core VM moejax is developed on: "Intel(R) Xeon(R) Processor", 2
+    # threads), measured 2026-12-01 with `python -m moejax.sim.calibrate --workdir=W
+    # --host-only` (OLMoE-1B-7B's expert: hidden 2048 x width 1024, bfloat16, 12.58 MB; load
+    # average ~3.5 from other work on the machine, so a quiet VM runs faster): one expert's
+    # read 3.16 GB/s, a 512-token matmul 0.39 TFLOP/s, an empty jitted call 92 us. `this_vm`
+    # is the model fitted to one expert computed by a plain jitted kernel (gate_up, SiLU, down)
+    # for 1..64 tokens: 3.7 ms + max(b / 3.16 GB/s, 2 t P / 0.083 TFLOP/s), residual rms 16%
+    # (the host a per-expert kernel sees; compare with the presets above).
+    "this_vm": HostCPU("this_vm", mem_gbps=3.16, tflops=0.083, threads=2,
+                       call_overhead_s=3.7e-3),
+    # The same machine running moejax's live host step (`expert_outputs` over a 64-expert
+    # host table, the tiled grouped matmul: it gathers one copy of the expert's weights per
+    # row tile, so its time grows ~linearly from 1 token): 9.9 ms + max(b / 3.16 GB/s,
+    # 2 t P / 0.00103 TFLOP/s), residual rms 3.8% (22 ms at 1 token, 820 ms at 64).
+    "this_vm_live": HostCPU("this_vm_live", mem_gbps=3.16, tflops=0.00103, threads=2,
+                            call_overhead_s=9.9e-3),
 }
 
 OVERRIDABLE = ("mem_gbps", "tflops", "threads", "call_overhead_s", "d2h_gbps")
+
+
+FILE_FIELDS = ("name", *OVERRIDABLE)
+
+
+def from_file(path: str, **overrides) -> HostCPU | None:
+    """The profile in the `host` section of the hardware.json at `path` (`{"profile": <every
+    field of HostCPU>, ...}`, written by `python -m moejax.sim.calibrate`), with `overrides`
+    applied as `get` applies them to a preset (None keeps the file's value). None when the
+    file has no `host` section. A missing, unreadable or non-JSON file, a section that is not
+    a profile, a missing or unknown field and a value out of range are `ConfigError`s naming
+    `hardware.file=path`."""
+    where = f"hardware.file={path!r}"
+    doc = _read_json(path, where)
+    if not isinstance(doc, dict) or "host" not in doc:
+        return None
+    section = doc["host"]
+    profile = section.get("profile") if isinstance(section, dict) else None
+    if not isinstance(profile, dict):
+        raise ConfigError(f"{where}: its \"host\" section has no \"profile\" object (python -m "
+                          f"moejax.sim.calibrate writes one with the fields {list(FILE_FIELDS)})")
+    missing = [k for k in FILE_FIELDS if k not in profile]
+    if missing:
+        raise ConfigError(f"{where}: its host profile has no field {missing[0]!r} (it takes "
+                          f"{list(FILE_FIELDS)})")
+    unknown = sorted(set(profile) - set(FILE_FIELDS))
+    if unknown:
+        raise ConfigError(f"{where}: its host profile has a field {unknown[0]!r} that no "
+                          f"profile has (it takes {list(FILE_FIELDS)})")
+    if not isinstance(profile["name"], str) or not profile["name"]:
+        raise ConfigError(f"{where}: its host profile's name={profile['name']!r} must be a "
+                          "non-empty string")
+    measured = HostCPU(**profile)
+    try:
+        measured.validate()
+    except ConfigError as e:  # (a given override's own error names the override, not the file)
+        raise ConfigError(f"{where}: {e}") from None
+    return with_overrides("host", {measured.name: measured}, measured.name, overrides,
+                          OVERRIDABLE)
+
+
+def _read_json(path: str, where: str):
+    try:
+        with open(path) as f:
+            text = f.read()
+    except FileNotFoundError:
+        raise ConfigError(f"{where}: no such file (python -m moejax.sim.calibrate "
+                          "--workdir=W writes W/hardware.json)") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{where} is a directory; name its hardware.json") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{where}: cannot be read ({getattr(e, 'strerror', None) or e})"
+                          ) from None
+    try:
+        return json.loads(text)
+    except ValueError as e:
+        raise ConfigError(f"{where} is not JSON ({e})") from None
 
 
 def get(name: str, **overrides) -> HostCPU:
