@@ -26,6 +26,7 @@ from moejax.analysis import (
     claims,
     compare,
     disk_tier,
+    host_compute,
     report,
     report_figures,
     routing_stats,
@@ -286,7 +287,7 @@ def _bad_sweeps(tmp_path) -> dict[str, tuple[str, str]]:
                                       f"does not parse as JSON")}
 
 
-@pytest.mark.parametrize("tool", [report, claims, compare, disk_tier])
+@pytest.mark.parametrize("tool", [report, claims, compare, disk_tier, host_compute])
 def test_every_analysis_tool_names_a_bad_sweep_dir_and_writes_nothing(tool, tmp_path, capsys):
     for kind, (path, words) in _bad_sweeps(tmp_path).items():
         before = sorted(os.listdir(path)) if os.path.isdir(path) else None
