@@ -364,10 +364,10 @@ def _with_host(doc, profile_dict=None):
 def test_a_host_section_round_trips_into_the_cache_host_path(tmp_path, capsys):
     from moejax.cache.from_config import build_cache_for, check_settings, host_cpu_from
     from moejax.jobs.schema import base_config
-    from tests.test_host_compute import CFG, SCORED, B, _replay_config
+    from tests.test_host_compute import CFG, SCORED, B, replay_config
 
     path = _write(tmp_path / "hardware.json", _with_host(_document()))
-    config = _replay_config(SCORED, "host_compute")
+    config = replay_config(SCORED, "host_compute")
     config.cache.slots = 2
     config.hardware.file = path
     assert host_cpu_from(config) == HOST  # the file's host, not host.preset's desktop_ddr5

@@ -228,7 +228,7 @@ def test_host_compute_layers_never_load_those_layers():
 
 def test_host_compute_layers_reach_replay_and_its_engine_reason(tmp_path):
     path = bundled.scored_trace_files()[0]
-    c = _replay_config(path, "fetch")
+    c = replay_config(path, "fetch")
     c.cache.host_compute_layers = 2
     r = _run(c, tmp_path / "w")
     assert r["replay"]["engine"] == "reference"
@@ -422,7 +422,7 @@ def test_latency_aware_can_lose_to_fetch_by_construction():
 
 # -- replay of the real captures and of the embedded model's trace ------------------------------
 
-def _replay_config(trace, miss, capacity=0.05, **model):
+def replay_config(trace, miss, capacity=0.05, **model):
     c = base_config()
     c.job, c.trace, c.clock.kind = "replay", trace, "virtual"
     c.policies.miss = miss
@@ -447,7 +447,7 @@ def test_the_real_capture_at_5_percent(name, tmp_path, capsys):
     path = next(p for p in bundled.capture_files() if name in p)
     out = {}
     for miss in ("fetch", "host_compute", "latency_aware"):
-        config = _replay_config(path, miss, family="olmoe", preset="olmoe-1b-7b")
+        config = replay_config(path, miss, family="olmoe", preset="olmoe-1b-7b")
         config.log.progress = miss == "latency_aware"  # (prints the table)
         out[miss] = jobs.run(config, str(tmp_path / miss))
     printed = capsys.readouterr().out
@@ -477,7 +477,7 @@ def test_the_embedded_models_trace(capacity, h2d_gbps, tmp_path):
     2.5%, the residency a host call does not buy)."""
     out = {}
     for miss in ("fetch", "host_compute", "latency_aware"):
-        config = _replay_config(SCORED, miss, capacity=capacity)
+        config = replay_config(SCORED, miss, capacity=capacity)
         config.policies.prefetch, config.hardware.h2d_gbps = "none", h2d_gbps
         out[miss] = _run(config, tmp_path / miss)["cache"]
     assert out["latency_aware"]["total"]["host_computed"] > 0
@@ -519,7 +519,7 @@ SCORED = bundled.scored_trace_files()[0]
     ("cache.full_layers", 1, "both place the first MoE layers"),
 ])
 def test_bad_input_is_one_line(field, value, message, tmp_path):
-    config = _replay_config(SCORED, "host_compute", capacity=0.25)
+    config = replay_config(SCORED, "host_compute", capacity=0.25)
     if field in ("cache.full_layers", "cache.host_compute_layers"):
         config.policies.miss = "fetch"
         config.cache.host_compute_layers = 1
@@ -532,7 +532,7 @@ def test_bad_input_is_one_line(field, value, message, tmp_path):
 
 def test_host_compute_without_a_model_names_what_it_needs(tmp_path):
     capture = bundled.capture_files()[0]
-    config = _replay_config(capture, "host_compute")
+    config = replay_config(capture, "host_compute")
     config.cache.expert_bytes = 1000
     with pytest.raises(ConfigError, match=r"needs the host's model and the model's shapes: name "
                                           r"the model \(--config.model.family=F"):
@@ -540,7 +540,7 @@ def test_host_compute_without_a_model_names_what_it_needs(tmp_path):
 
 
 def test_host_settings_that_do_not_apply_are_warned(capsys):
-    config = _replay_config(SCORED, "fetch")
+    config = replay_config(SCORED, "fetch")
     config.host.preset = "server_ddr5"
     check_settings(config, live=False, defaults=base_config())
     assert ("host.preset='server_ddr5' does not apply: no expert is computed on the host "
@@ -554,7 +554,7 @@ def test_a_hardware_file_replaces_the_preset(tmp_path, capsys):
     path = tmp_path / "hardware.json"
     path.write_text(json.dumps({"format": hardware.FILE_FORMAT,
                                 "hardware": hardware.as_dict(measured)}))
-    config = _replay_config(SCORED, "fetch")
+    config = replay_config(SCORED, "fetch")
     config.cache.slots = 2
     config.hardware.file = str(path)
     assert hardware_from(config) == measured

@@ -79,6 +79,10 @@ def computes_on_host(config: ml_collections.ConfigDict) -> bool:
             or config.cache.get("host_compute_layers", 0) > 0)
 
 
+# `cache.load_path` (moejax/serving/slot_pool.py: LOAD_PATHS; the cache package loads no JAX).
+LOAD_PATHS = ("auto", "fused", "copy_stream")
+
+
 def clock_kind(config: ml_collections.ConfigDict) -> str:
     kind = config.clock.kind
     if kind not in CLOCKS:
@@ -188,6 +192,9 @@ def check_settings(config: ml_collections.ConfigDict, *, live: bool | None = Non
     if c.capacity_of not in capacity_lib.CAPACITY_OF:
         raise ConfigError(f"cache.capacity_of={c.capacity_of!r} is not one of "
                           f"{capacity_lib.CAPACITY_OF}")
+    if c.get("load_path", "auto") not in LOAD_PATHS:
+        raise ConfigError(f"cache.load_path={c.load_path!r} is not one of {LOAD_PATHS}: how a "
+                          "live slot load moves an expert")
     if config.clock.kind not in CLOCKS:
         raise ConfigError(f"clock.kind={config.clock.kind!r} is not one of {CLOCKS}")
     _count(c.get("host_compute_layers", 0), "cache.host_compute_layers", 0,
@@ -258,6 +265,9 @@ def _not_applying(config: ml_collections.ConfigDict, live: bool | None,
     if live is False:
         out += [(f, "a replay reads no checkpoint (io.* sets the live runtime's expert reader)")
                 for f in IO if given(config, f)]
+        out += [(f, "a replay moves no expert bytes") for f in ("cache.load_path",
+                                                                "cache.speculate")
+                if given(config, f)]
     if live:
         out += [(f, "a run of the model takes its experts' sizes from the checkpoint and runs "
                     "no replay engine") for f in REPLAY_ONLY if given(config, f)]

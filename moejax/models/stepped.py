@@ -289,7 +289,7 @@ class SteppedDecoder:
             self.layer_state.append(s)
         self.spec = {l: self._spec_params(model, l) for l in cfg.moe_layers}
         self.pos = 0
-        self.caches = [KVCache.zeros(cfg, batch, max_len) for _ in range(cfg.num_layers)]
+        self.caches = self._fresh_caches()
 
     def _spec_params(self, model: MoEDecoder, layer: int):
         """Stacked post-attention norms and gates of the next `lookahead` MoE layers (rows past
@@ -311,8 +311,16 @@ class SteppedDecoder:
 
     def reset(self) -> None:
         self.pos = 0
-        self.caches = [KVCache.zeros(self.cfg, self.batch, self.max_len)
-                       for _ in range(self.cfg.num_layers)]
+        self.caches = self._fresh_caches()
+
+    def _fresh_caches(self) -> list[KVCache]:
+        """Zeroed KV caches, committed to the device as the attention step's outputs are: a
+        step's compilation is keyed on its arguments' commitment too, and a pass re-run after a
+        failed speculation (`CachedExperts`) hands the attention step caches it already wrote,
+        which must not be a shape the warm-up never compiled."""
+        device = jax.devices()[0]
+        return [jax.device_put(KVCache.zeros(self.cfg, self.batch, self.max_len), device)
+                for _ in range(self.cfg.num_layers)]
 
     def forward(self, tokens: np.ndarray | jax.Array) -> jax.Array:
         """Runs `tokens` `[B, T]` at the current position; returns float32 logits `[B, T, V]`."""

@@ -51,7 +51,8 @@ def build_cached_experts(config: ml_collections.ConfigDict, loaded) -> CachedExp
             raise ConfigError(f"{policy.kind} policy {policy.name!r} needs the future routing: "
                               "it runs in trace replay only (configs/replay.py)")
     if cache.host is None:
-        runtime = CachedExperts(cache, SlotPools.for_shape(cache.shape, loaded.experts_at),
+        runtime = CachedExperts(cache, SlotPools.for_shape(cache.shape, loaded.experts_at,
+                                                           config.cache.load_path),
                                 cfg.num_experts)
     else:
         runtime = _storage_backed(config, cache, loaded)
@@ -80,7 +81,8 @@ def _storage_backed(config: ml_collections.ConfigDict, cache: ExpertCache,
     store = HostExperts(reader, precision, checkpoint.to_host, capacity=cache.host.capacity)
     gate_up, down = expert_templates(cfg, precision, loaded.groups.get(precision))
     first = cfg.moe_layers[0]
-    pool = SlotPool(cache.shape.num_slots, {first: gate_up}, {first: down}, store)
+    pool = SlotPool(cache.shape.num_slots, {first: gate_up}, {first: down}, store,
+                    config.cache.load_path)
     return CachedExperts(cache, SlotPools([pool]), cfg.num_experts, store)
 
 

@@ -6,8 +6,10 @@ on the device.
 * Device slot pools: one per precision the cache uses (`CacheShape.pools`), each
   `gate_up [S_p, H, 2I]`, `down [S_p, I, H]` in that precision's packed form, allocated once;
   their slots share one numbering (`SlotPools`). The experts step dequantizes inside the step.
-* Slot loads (`moejax.serving.slot_pool`) are dispatched asynchronously; the experts step
-  that reads the pool is ordered after them by data dependency.
+* Slot loads (`moejax.serving.slot_pool`) are queued as the cache issues them and dispatched
+  together (`SlotPools.load_many`): a wave's before its experts step, the rest after it. They
+  run asynchronously; the experts step that reads the pool is ordered after them by data
+  dependency (copy_stream places them when a step reads their slots: `SlotPools.arrays`).
 * Prefetch loads are queued and dispatched after the current layer's experts step, so they
   overlap the next layer's attention instead of delaying this layer's experts.
 * A pass over a complete cache (every expert resident and landed; standard routing, fetch)
@@ -47,9 +49,8 @@ class CachedExperts:
         self._queued: list[tuple[Key, int, bool]] = []  # (key, slot, prefetch), issue order
         self.host_store = host_store
         cache.sink = self
-        if cache.host is None:
-            for key, slot in cache.residency.items():  # full layers, a seed: before token 1
-                self.pool.load(key, slot)
+        if cache.host is None:  # full layers, a seed: before token 1
+            self.pool.load_many(list(cache.residency.items()))
         else:
             self._preload()
         # Which gate outputs the policies read: the others never leave the device.
@@ -130,28 +131,22 @@ class CachedExperts:
             chunk = transient[i:i + group]
             for key in chunk:
                 store.read(key)
-            for key in chunk:
-                self.pool.load(key, cache.residency[key])
+            self.pool.load_many([(key, cache.residency[key]) for key in chunk])
             for key in chunk:
                 store.drop(key)
             store.release_dropped()
         for key in seeded:
             store.read(key)
-        for key, slot in cache.residency.items():
-            if key not in transient:
-                self.pool.load(key, slot)
+        self.pool.load_many([(key, slot) for key, slot in cache.residency.items()
+                             if key not in transient])
         store.preload_s = time.perf_counter() - start
 
     # SlotSink
     def load(self, key: Key, slot: int, prefetch: bool) -> None:
-        if prefetch or self.host_store is not None:
-            # With the disk tier a demand load waits in the queue too, so that every read the
-            # wave needs is submitted before any load waits for one (`_dispatch`).
-            self._queued.append((key, slot, prefetch))
-        else:
-            self._flush()  # keep loads in the order the cache issued them
-            with jax.profiler.TraceAnnotation("cache/fetch"):
-                self.pool.load(key, slot)
+        # Queued, demand loads too: a wave's loads go together before its experts step
+        # (`experts_for`: one `load_many`), and with the disk tier every read the wave needs
+        # is submitted before any load waits for one (`_dispatch`).
+        self._queued.append((key, slot, prefetch))
 
     def _flush(self) -> None:
         """Dispatches every queued load."""
@@ -182,16 +177,20 @@ class CachedExperts:
             taken = set(chosen)
             self._queued = [x for i, x in enumerate(queued) if i not in taken]
             while go:
-                heads = _slot_heads(go)
-                ready = [i for i in heads if store is None or store.landed(go[i][0])]
-                if not ready:
-                    store.wait_any([go[i][0] for i in heads])
-                    continue
+                if store is None:  # every load's bytes are in host memory: all at once
+                    ready = list(range(len(go)))
+                else:  # each slot's next load whose read has landed
+                    heads = _slot_heads(go)
+                    ready = [i for i in heads if store.landed(go[i][0])]
+                    if not ready:
+                        store.wait_any([go[i][0] for i in heads])
+                        continue
+                batch = [go[i] for i in ready]
                 for i in sorted(ready, reverse=True):
-                    key, slot, prefetch = go.pop(i)
-                    with jax.profiler.TraceAnnotation("cache/prefetch" if prefetch
-                                                      else "cache/fetch"):
-                        self.pool.load(key, slot)
+                    go.pop(i)
+                with jax.profiler.TraceAnnotation(
+                        "cache/prefetch" if all(p for _, _, p in batch) else "cache/fetch"):
+                    self.pool.load_many([(key, slot) for key, slot, _ in batch])
         if store is not None:  # every dropped entry no queued load reads goes
             store.release_dropped(k for k, _, _ in self._queued)
 
@@ -417,7 +416,9 @@ class CachedExperts:
                     # Its demand fetches, and a prefetch this wave uses (the watchdog sends
                     # transfers for the running layer): they land before the step reads them.
                     self._dispatch(used, landed_only=False)
-            gate_up, down = self.pool.arrays()
+            # copy_stream: the loads into the slots this wave reads are placed now, the others
+            # when a step reads them (their transfers keep running behind this step).
+            gate_up, down = self.pool.arrays(wave.slot_of.values())
             yield ExpertWave(gate_up, down, self._slot_map(wave), ids, weights, wave.last)
             # Prefetches go after this wave's experts step was dispatched; with the disk tier
             # only those whose reads have landed (the rest wait for a later wave or the pass

@@ -1,0 +1,69 @@
+"""`benchmarks/gpu_check.py --quick`: the device check's code paths on the CPU backend at tiny
+sizes — every row of its table there and finite, the GPU-only figures saying so, its
+hardware.json a profile a run can use, its XProf trace written."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import jax
+import pytest
+
+from moejax.timing import hardware
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.mark.slow
+def test_the_quick_check_prints_every_row_finite(tmp_path):
+    env = dict(os.environ)
+    cache_dir = jax.config.jax_compilation_cache_dir  # (the suite's: compiled steps reused)
+    if cache_dir:
+        env.update(JAX_COMPILATION_CACHE_DIR=str(cache_dir),
+                   JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+                   JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
+    out = subprocess.run([sys.executable, "benchmarks/gpu_check.py", "--quick",
+                          f"--out={tmp_path}"], cwd=ROOT, capture_output=True, text=True,
+                         timeout=300, env=env)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    got = json.loads((tmp_path / "gpu_check.json").read_text())
+    rows = {r["what"]: r for r in got["rows"]}
+    expected = [f"{p}: {what}" for p in ("native", "int4") for what in (
+        "a wave's copy_stream load / raw device_put", "share of the load hidden behind an "
+        "experts step")]
+    expected += ["host->device bandwidth (back-to-back stream)",
+                "host->device latency per transfer", "transfer fit residual (rms)",
+                "peak (roofline fit)", "memory bandwidth (roofline fit)",
+                "launch per step (roofline fit)", "roofline fit residual (rms)",
+                "gpu_check wall time"]
+    for cell in ("5% none", "5% temporal"):
+        name = f"cell {cell} (51/1024 slots)"
+        expected += [f"{name}: TTFT, wall clock", f"{name}: TTFT, virtual clock",
+                     f"{name}: TTFT error (virtual - wall) / wall",
+                     f"{name}: decode per token, wall clock",
+                     f"{name}: decode per token, virtual clock",
+                     f"{name}: decode error (virtual - wall) / wall"]
+    for what in expected:
+        assert what in rows, what
+        assert rows[what]["value"] is not None and math.isfinite(rows[what]["value"]), what
+    xprof = [r for r in got["rows"] if r["section"] == "xprof"]
+    assert len(xprof) == 1 and xprof[0]["value"] > 0
+    assert any(f.endswith(".xplane.pb") for f in got["xprof"]["files"])
+    # The table printed holds the same rows, and a figure only a GPU gives says so here.
+    for what in expected:
+        assert what in out.stdout, what
+    assert rows["cell 5% none (51/1024 slots): TTFT, wall clock"]["note"].startswith(
+        "GPU-only (cpu here")
+    assert "not a GPU's" in rows["peak (roofline fit)"]["note"]
+    assert "GPU-only (cpu here: the CPU backend has no copy stream" in rows[
+        "native: a wave's copy_stream load / raw device_put"]["note"]
+    assert got["failed"] == []
+    # Its profile is one a run reads back (`--config.hardware.file`).
+    hw = hardware.from_file(got["hardware_file"])
+    assert hw.name.startswith("calibrated:")
+    assert hw.h2d_gbps == pytest.approx(rows["host->device bandwidth (back-to-back stream)"][
+        "value"])
