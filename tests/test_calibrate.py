@@ -389,10 +389,10 @@ def test_a_host_section_round_trips_into_the_cache_host_path(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("section, message", [
-    ([1], 'its "host" section has no "profile" object'),
-    ({"measured": {}}, 'its "host" section has no "profile" object'),
+    ([1], 'has no host section\'s "profile" object'),
+    ({"measured": {}}, 'has no host section\'s "profile" object'),
     ({"profile": {k: v for k, v in dataclasses.asdict(HOST).items() if k != "tflops"}},
-     "its host profile has no field 'tflops'"),
+     "its host section's \"profile\" object has no field 'tflops'"),
     ({"profile": {**dataclasses.asdict(HOST), "cores": 2}}, "has a field 'cores'"),
     ({"profile": {**dataclasses.asdict(HOST), "mem_gbps": 0.0}},
      r"host.mem_gbps=0.0 must be a finite number > 0"),

@@ -25,11 +25,10 @@ overrides on top and the same checks, each error naming the file.
 from __future__ import annotations
 
 import dataclasses
-import json
 import numbers
 
 from moejax.errors import ConfigError
-from moejax.timing.presets import with_overrides
+from moejax.timing.presets import measured_profile, read_json, with_overrides
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,41 +127,8 @@ def from_file(path: str, **overrides) -> Hardware:
     file's value). A missing or unreadable file, one that is not JSON, a missing or unknown
     field and a value out of range are `ConfigError`s naming `hardware.file=path`."""
     where = f"hardware.file={path!r}"
-    try:
-        with open(path) as f:
-            text = f.read()
-    except FileNotFoundError:
-        raise ConfigError(f"{where}: no such file (python -m moejax.sim.calibrate "
-                          "--workdir=W writes W/hardware.json)") from None
-    except IsADirectoryError:
-        raise ConfigError(f"{where} is a directory; name its hardware.json") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError(f"{where}: cannot be read ({getattr(e, 'strerror', None) or e})"
-                          ) from None
-    try:
-        doc = json.loads(text)
-    except ValueError as e:
-        raise ConfigError(f"{where} is not JSON ({e})") from None
-    profile = doc.get("hardware") if isinstance(doc, dict) else None
-    if not isinstance(profile, dict):
-        raise ConfigError(f"{where} has no \"hardware\" object (a hardware.json of python -m "
-                          f"moejax.sim.calibrate holds one with the fields {list(FILE_FIELDS)})")
-    missing = [k for k in FILE_FIELDS if k not in profile]
-    if missing:
-        raise ConfigError(f"{where}: its \"hardware\" object has no field {missing[0]!r} "
-                          f"(it takes {list(FILE_FIELDS)})")
-    unknown = sorted(set(profile) - set(FILE_FIELDS))
-    if unknown:
-        raise ConfigError(f"{where}: its \"hardware\" object has a field {unknown[0]!r} "
-                          f"that no profile has (it takes {list(FILE_FIELDS)})")
-    if not isinstance(profile["name"], str) or not profile["name"]:
-        raise ConfigError(f"{where}: its profile's name={profile['name']!r} must be a "
-                          "non-empty string")
-    measured = Hardware(**profile)
-    try:
-        measured.validate()
-    except ConfigError as e:  # (a given override's own error names the override, not the file)
-        raise ConfigError(f"{where}: {e}") from None
-    hw = with_overrides("hardware", {measured.name: measured}, measured.name, overrides,
-                        OVERRIDABLE)
+    doc = read_json(path, where)
+    hw = measured_profile(Hardware, doc.get("hardware") if isinstance(doc, dict) else None,
+                          "hardware", FILE_FIELDS, overrides, OVERRIDABLE, where,
+                          '"hardware"')
     return dataclasses.replace(hw, link_gbps=hw.link_bandwidth_gbps)

@@ -36,11 +36,10 @@ calibration.
 from __future__ import annotations
 
 import dataclasses
-import json
 import numbers
 
 from moejax.errors import ConfigError
-from moejax.timing.presets import with_overrides
+from moejax.timing.presets import measured_profile, read_json, with_overrides
 
 
 @dataclasses.dataclass(frozen=True)
@@ -147,50 +146,13 @@ def from_file(path: str, **overrides) -> HostCPU | None:
     a profile, a missing or unknown field and a value out of range are `ConfigError`s naming
     `hardware.file=path`."""
     where = f"hardware.file={path!r}"
-    doc = _read_json(path, where)
+    doc = read_json(path, where)
     if not isinstance(doc, dict) or "host" not in doc:
         return None
     section = doc["host"]
-    profile = section.get("profile") if isinstance(section, dict) else None
-    if not isinstance(profile, dict):
-        raise ConfigError(f"{where}: its \"host\" section has no \"profile\" object (python -m "
-                          f"moejax.sim.calibrate writes one with the fields {list(FILE_FIELDS)})")
-    missing = [k for k in FILE_FIELDS if k not in profile]
-    if missing:
-        raise ConfigError(f"{where}: its host profile has no field {missing[0]!r} (it takes "
-                          f"{list(FILE_FIELDS)})")
-    unknown = sorted(set(profile) - set(FILE_FIELDS))
-    if unknown:
-        raise ConfigError(f"{where}: its host profile has a field {unknown[0]!r} that no "
-                          f"profile has (it takes {list(FILE_FIELDS)})")
-    if not isinstance(profile["name"], str) or not profile["name"]:
-        raise ConfigError(f"{where}: its host profile's name={profile['name']!r} must be a "
-                          "non-empty string")
-    measured = HostCPU(**profile)
-    try:
-        measured.validate()
-    except ConfigError as e:  # (a given override's own error names the override, not the file)
-        raise ConfigError(f"{where}: {e}") from None
-    return with_overrides("host", {measured.name: measured}, measured.name, overrides,
-                          OVERRIDABLE)
-
-
-def _read_json(path: str, where: str):
-    try:
-        with open(path) as f:
-            text = f.read()
-    except FileNotFoundError:
-        raise ConfigError(f"{where}: no such file (python -m moejax.sim.calibrate "
-                          "--workdir=W writes W/hardware.json)") from None
-    except IsADirectoryError:
-        raise ConfigError(f"{where} is a directory; name its hardware.json") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError(f"{where}: cannot be read ({getattr(e, 'strerror', None) or e})"
-                          ) from None
-    try:
-        return json.loads(text)
-    except ValueError as e:
-        raise ConfigError(f"{where} is not JSON ({e})") from None
+    return measured_profile(HostCPU, section.get("profile") if isinstance(section, dict)
+                            else None, "host", FILE_FIELDS, overrides, OVERRIDABLE,
+                            where, 'host section\'s "profile"')
 
 
 def get(name: str, **overrides) -> HostCPU:

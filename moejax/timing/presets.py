@@ -1,8 +1,11 @@
-"""A named profile with a user's overrides: what `hardware.get` and `storage.get` share."""
+"""A named profile with a user's overrides: what `hardware.get`, `storage.get` and `host.get`
+share; and a measured profile read from a hardware.json (`hardware.from_file`,
+`host.from_file`)."""
 
 from __future__ import annotations
 
 import dataclasses
+import json
 from typing import TypeVar
 
 from moejax.errors import ConfigError
@@ -24,3 +27,53 @@ def with_overrides(group: str, presets: dict[str, Profile], name: str, overrides
                                   **{k: v for k, v in overrides.items() if v is not None})
     profile.validate()
     return profile
+
+
+def read_json(path: str, where: str):
+    """The JSON document at `path` (a hardware.json); a missing, unreadable or non-JSON file
+    is a `ConfigError` starting with `where` (the config field that named it)."""
+    try:
+        with open(path) as f:
+            text = f.read()
+    except FileNotFoundError:
+        raise ConfigError(f"{where}: no such file (python -m moejax.sim.calibrate "
+                          "--workdir=W writes W/hardware.json)") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{where} is a directory; name its hardware.json") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{where}: cannot be read ({getattr(e, 'strerror', None) or e})"
+                          ) from None
+    try:
+        return json.loads(text)
+    except ValueError as e:
+        raise ConfigError(f"{where} is not JSON ({e})") from None
+
+
+def measured_profile(cls: type[Profile], profile, group: str, fields: tuple[str, ...],
+                     overrides: dict, overridable: tuple[str, ...], where: str,
+                     what: str) -> Profile:
+    """`profile` (a hardware.json's object `what`, every one of `fields`) as a `cls`, checked,
+    with `overrides` applied as to a preset. A missing or unknown field, a bad name and a value
+    out of range are `ConfigError`s starting with `where`; a given override's own error names
+    the override."""
+    if not isinstance(profile, dict):
+        raise ConfigError(f"{where} has no {what} object (python -m moejax.sim.calibrate "
+                          f"writes one with the fields {list(fields)})")
+    missing = [k for k in fields if k not in profile]
+    if missing:
+        raise ConfigError(f"{where}: its {what} object has no field {missing[0]!r} "
+                          f"(it takes {list(fields)})")
+    unknown = sorted(set(profile) - set(fields))
+    if unknown:
+        raise ConfigError(f"{where}: its {what} object has a field {unknown[0]!r} "
+                          f"that no profile has (it takes {list(fields)})")
+    if not isinstance(profile["name"], str) or not profile["name"]:
+        raise ConfigError(f"{where}: its {what} profile's name={profile['name']!r} must be a "
+                          "non-empty string")
+    measured = cls(**profile)
+    try:
+        measured.validate()
+    except ConfigError as e:
+        raise ConfigError(f"{where}: {e}") from None
+    return with_overrides(group, {measured.name: measured}, measured.name, overrides,
+                          overridable)
