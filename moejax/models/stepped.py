@@ -289,6 +289,8 @@ class SteppedDecoder:
             self.layer_state.append(s)
         self.spec = {l: self._spec_params(model, l) for l in cfg.moe_layers}
         self.pos = 0
+        self._on_device = jax.sharding.SingleDeviceSharding(jax.devices()[0],
+                                                            memory_kind="device")
         self.caches = self._fresh_caches()
 
     def _spec_params(self, model: MoEDecoder, layer: int):
@@ -318,13 +320,14 @@ class SteppedDecoder:
         step's compilation is keyed on its arguments' commitment too, and a pass re-run after a
         failed speculation (`CachedExperts`) hands the attention step caches it already wrote,
         which must not be a shape the warm-up never compiled."""
-        device = jax.devices()[0]
-        return [jax.device_put(KVCache.zeros(self.cfg, self.batch, self.max_len), device)
-                for _ in range(self.cfg.num_layers)]
+        return [jax.device_put(KVCache.zeros(self.cfg, self.batch, self.max_len),
+                               self._on_device) for _ in range(self.cfg.num_layers)]
 
     def forward(self, tokens: np.ndarray | jax.Array) -> jax.Array:
         """Runs `tokens` `[B, T]` at the current position; returns float32 logits `[B, T, V]`."""
-        tokens = jnp.asarray(tokens, jnp.int32)
+        # Committed to the device like every step's output, so each step sees one commitment
+        # of its arguments whatever the layer (a compilation is keyed on it).
+        tokens = jax.device_put(jnp.asarray(tokens, jnp.int32), self._on_device)
         b, t = tokens.shape
         if b != self.batch:
             raise ValueError(f"batch of {b} rows, decoder built for {self.batch}")
