@@ -136,5 +136,8 @@ class ExpertSource(Protocol):
         is yielded. The consumer dispatches a wave's step before asking for the next."""
         ...
 
-    def end_pass(self) -> None:
-        """The pass's logits are computed."""
+    def end_pass(self) -> int | None:
+        """The pass's logits are computed. None, or an MoE layer from which the decoder must
+        run the pass again (a speculative pass whose check failed there: the layers before it
+        stand; the decoder re-runs that layer's experts step with the gate it already has, and
+        everything after), then call `end_pass` again."""
