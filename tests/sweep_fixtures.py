@@ -101,3 +101,17 @@ def assert_png(path):
     img = matplotlib.image.imread(path)
     assert img.ndim == 3 and img.shape[2] in (3, 4)
     assert 200 < img.shape[0] < 4000 and 300 < img.shape[1] < 6000
+
+
+def grid_config(grid_path: str, overrides: dict, arg: str | None = None):
+    """The config a cell of the grid config file `grid_path` runs: its `get_config(arg)` with
+    the cell's `overrides` (dotted field -> value) set, as a sweep's worker sets them."""
+    from launch import cells as cells_lib
+
+    c = cells_lib.call_get_config(cells_lib.load_config_module(grid_path), arg)
+    for key, value in overrides.items():
+        section, _, field = key.rpartition(".")
+        node = c.get(section) if section else c
+        assert field in node, key  # a typo in the grid would fail every cell
+        setattr(node, field, value)  # the locked config also checks the value's type
+    return c

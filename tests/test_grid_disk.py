@@ -10,6 +10,7 @@ import os
 from launch import cells as cells_lib
 from moejax import jobs
 from moejax.analysis import disk_tier
+from tests.sweep_fixtures import grid_config
 
 GRID = os.path.join(os.path.dirname(os.path.dirname(__file__)), "configs", "grid_disk.py")
 
@@ -19,13 +20,7 @@ def _module():
 
 
 def _config(overrides: dict):
-    c = cells_lib.call_get_config(_module(), None)
-    for key, value in overrides.items():
-        section, _, field = key.rpartition(".")
-        node = c.get(section) if section else c
-        assert field in node, key
-        setattr(node, field, value)
-    return c
+    return grid_config(GRID, overrides)
 
 
 def test_the_cells_and_their_parts():

@@ -13,6 +13,7 @@ from launch import cells as cells_lib
 from moejax import bundled
 from moejax.families import preset
 from moejax.model_source import embedded_config
+from tests.sweep_fixtures import grid_config
 
 GRID = os.path.join(os.path.dirname(os.path.dirname(__file__)), "configs", "grid_quality.py")
 
@@ -26,13 +27,7 @@ def _cells(arg: str | None = None) -> list[dict]:
 
 
 def _config(overrides: dict, arg: str | None = None):
-    c = cells_lib.call_get_config(_module(), arg)
-    for key, value in overrides.items():
-        section, _, field = key.rpartition(".")
-        node = c.get(section) if section else c
-        assert field in node, key  # a typo in the grid would fail every cell
-        setattr(node, field, value)  # the locked config also checks the value's type
-    return c
+    return grid_config(GRID, overrides, arg)
 
 
 def _model(o: dict) -> str:

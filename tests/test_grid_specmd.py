@@ -10,6 +10,7 @@ import pytest
 from launch import cells as cells_lib
 from moejax import jobs
 from moejax.analysis import sweep_cells
+from tests.sweep_fixtures import grid_config
 
 GRID = os.path.join(os.path.dirname(os.path.dirname(__file__)), "configs", "grid_specmd.py")
 
@@ -19,13 +20,7 @@ def _cells(arg: str) -> list[dict]:
 
 
 def _config(overrides: dict):
-    c = cells_lib.call_get_config(cells_lib.load_config_module(GRID), None)
-    for key, value in overrides.items():
-        section, _, field = key.rpartition(".")
-        node = c.get(section) if section else c
-        assert field in node, key  # a typo in the grid would fail every cell
-        setattr(node, field, value)
-    return c
+    return grid_config(GRID, overrides)
 
 
 def test_the_paper_settings_and_the_parts():

@@ -10,6 +10,7 @@ ends it with `cli.Interrupted`, whose message says what the run left in the work
 
 from __future__ import annotations
 
+import importlib
 from typing import Callable
 
 import ml_collections
@@ -43,35 +44,18 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
         claim.release()
 
 
+# Each job's module and function: imported only when it runs (their imports are heavy, and
+# the eval job's need the `eval` extra; its seqio loads in a worker process).
+_RUNNERS = {"generate": ("moejax.jobs.generate", "run"),
+            "perplexity": ("moejax.jobs.perplexity", "run"),
+            "quality": ("moejax.jobs.quality", "run"),
+            "eval": ("moejax.jobs.evaluate", "run"),
+            "record_traces": ("moejax.jobs.record_traces", "run"),
+            "replay": ("moejax.jobs.replay", "run"),
+            "train": ("moejax.train.loop", "train")}
+
+
 def runner_of(name: str) -> Callable[[ml_collections.ConfigDict, str], dict]:
-    """The job's `run(config, workdir)`, imported only when it runs (their imports are heavy,
-    and the eval job's need the `eval` extra)."""
-    if name == "generate":
-        from moejax.jobs import generate
-
-        return generate.run
-    if name == "perplexity":
-        from moejax.jobs import perplexity
-
-        return perplexity.run
-    if name == "quality":
-        from moejax.jobs import quality
-
-        return quality.run
-    if name == "eval":
-        from moejax.jobs import evaluate  # seqio (the `eval` extra) loads in a worker process
-
-        return evaluate.run
-    if name == "record_traces":
-        from moejax.jobs import record_traces
-
-        return record_traces.run
-    if name == "replay":
-        from moejax.jobs import replay
-
-        return replay.run
-    if name == "train":
-        from moejax.train.loop import train
-
-        return train
-    raise AssertionError(name)
+    """The job's `run(config, workdir)`, imported now (`_RUNNERS`)."""
+    module, function = _RUNNERS[name]
+    return getattr(importlib.import_module(module), function)

@@ -43,19 +43,26 @@ class TransferFit:
         return dataclasses.asdict(self)
 
 
+def _points(xs, seconds, x_name: str, fit: str, distinct: str, times: str):
+    """`(x, y)` as float64 arrays, checked: equal-length sequences, at least two distinct x,
+    every time finite and > 0 (ValueError naming what is wrong)."""
+    x = np.asarray(xs, np.float64)
+    y = np.asarray(seconds, np.float64)
+    if x.shape != y.shape or x.ndim != 1:
+        raise ValueError(f"{x_name} and seconds must be equal-length sequences")
+    if len(np.unique(x)) < 2:
+        raise ValueError(f"{fit} needs at least two distinct {distinct}")
+    if not (np.all(np.isfinite(y)) and np.all(y > 0)):
+        raise ValueError(f"{times} must be finite and > 0, got {y.tolist()}")
+    return x, y
+
+
 def fit_transfer(nbytes, seconds) -> TransferFit:
     """`latency + bytes / bandwidth` through the points `(nbytes[i], seconds[i])`, weighted by
     1 / seconds (relative errors). A negative latency (noise around a latency of ~0) is fitted
     again with the latency held at 0. Raises ValueError for fewer than two distinct sizes or a
     time that is not positive and finite."""
-    x = np.asarray(nbytes, np.float64)
-    y = np.asarray(seconds, np.float64)
-    if x.shape != y.shape or x.ndim != 1:
-        raise ValueError("nbytes and seconds must be equal-length sequences")
-    if len(np.unique(x)) < 2:
-        raise ValueError("a transfer fit needs at least two distinct sizes")
-    if not (np.all(np.isfinite(y)) and np.all(y > 0)):
-        raise ValueError(f"transfer times must be finite and > 0, got {y.tolist()}")
+    x, y = _points(nbytes, seconds, "nbytes", "a transfer fit", "sizes", "transfer times")
     w = 1.0 / y
     a = np.stack([np.ones_like(x), x], 1) * w[:, None]
     (latency, per_byte), *_ = np.linalg.lstsq(a, y * w, rcond=None)
@@ -203,14 +210,7 @@ def fit_host(tokens, seconds, params: int, nbytes: float, mem_gbps: float) -> Ho
     SENSITIVE of its time; otherwise it is the best rate a call showed (its overhead taken
     off, at least SENSITIVE of its time left), a lower bound. Raises ValueError for fewer
     than two distinct token counts or a time that is not positive and finite."""
-    t = np.asarray(tokens, np.float64)
-    y = np.asarray(seconds, np.float64)
-    if t.shape != y.shape or t.ndim != 1:
-        raise ValueError("tokens and seconds must be equal-length sequences")
-    if len(np.unique(t)) < 2:
-        raise ValueError("a host fit needs at least two distinct token counts")
-    if not (np.all(np.isfinite(y)) and np.all(y > 0)):
-        raise ValueError(f"call times must be finite and > 0, got {y.tolist()}")
+    t, y = _points(tokens, seconds, "tokens", "a host fit", "token counts", "call times")
     if not (mem_gbps > 0 and math.isfinite(mem_gbps)):
         raise ValueError(f"mem_gbps={mem_gbps} must be finite and > 0")
     read = nbytes / (mem_gbps * 1e9)
