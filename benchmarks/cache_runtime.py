@@ -202,13 +202,17 @@ def part2():
     speeds = cli_speeds(ROUNDS)
     base = np.median(speeds["resident"][:, 1])
     print(f"2. the first command as the CLI reports it (configs/default.py, 64 tokens, the job's "
-          f"warm-up; wall clock, this machine), {ROUNDS} alternated rounds, median [min, max]:")
+          f"warm-up; wall clock, this machine), {ROUNDS} alternated rounds, median [min, max]; "
+          "resident/this: of the medians, and round by round (this machine's speed drifts "
+          "between rounds, and a round's runs are close in time):")
     for name, v in speeds.items():
         ttft, rate = v[:, 0] * 1e3, v[:, 1]
         med = np.median(rate)
+        paired = speeds["resident"][:, 1] / rate
         print(f"   {name:26s} TTFT {np.median(ttft):6.1f} ms [{ttft.min():.1f}, {ttft.max():.1f}]"
               f"  decode {med:6.1f} tok/s [{rate.min():.1f}, {rate.max():.1f}]"
-              f"  resident/this {base / med:5.2f}x")
+              f"  resident/this {base / med:5.2f}x, by round {np.median(paired):5.2f}x "
+              f"[{paired.min():.2f}, {paired.max():.2f}]")
     print("   goal: 100% cold within 1.15x of resident (issue 24)")
 
 

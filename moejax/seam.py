@@ -133,7 +133,9 @@ class ExpertSource(Protocol):
 
     def experts_for(self, gate: GateOutputs) -> Iterator[ExpertWave]:
         """The waves of `gate.layer`'s experts step; each wave's experts are resident when it
-        is yielded. The consumer dispatches a wave's step before asking for the next."""
+        is yielded. The consumer dispatches a wave's step before asking for the next. It may
+        raise `Rewind` instead: an earlier MoE layer of the pass must run again from its
+        experts step (as `end_pass` returning that layer)."""
         ...
 
     def end_pass(self) -> int | None:
@@ -141,3 +143,14 @@ class ExpertSource(Protocol):
         run the pass again (a speculative pass whose check failed there: the layers before it
         stand; the decoder re-runs that layer's experts step with the gate it already has, and
         everything after), then call `end_pass` again."""
+
+
+class Rewind(Exception):
+    """Raised by `ExpertSource.experts_for` in the middle of a pass: MoE layer `layer` of the
+    pass (the running layer or an earlier one) must run again from its experts step, with the
+    gate the decoder already has, and everything after it — what `end_pass` returning `layer`
+    asks, found before the rest of the pass was dispatched in vain."""
+
+    def __init__(self, layer: int):
+        super().__init__(f"re-run the pass from MoE layer {layer}'s experts step")
+        self.layer = layer

@@ -61,9 +61,21 @@ def _host_path(miss_policy) -> HostPath | None:
 
 class _CheckingCache(ExpertCache):
     """Checks the invariants at the end of every pass (a subclass: the replay runs it on the
-    reference engine, which the test asserts)."""
+    reference engine, which the test asserts), and after every layer that a layer's count of
+    residency changes (`layer_changes`, which the live runtime keys its slot maps on) moved
+    whenever its experts or their slots did."""
 
     passes_checked = 0
+    maps: dict | None = None
+
+    def run_layer(self, gate):
+        yield from super().run_layer(gate)
+        maps = self.maps = self.maps or {}
+        for layer in self.shape.layers:
+            now = (self.layer_changes[layer], self.residency_of(layer))
+            if layer in maps and maps[layer][0] == now[0]:
+                assert maps[layer][1] == now[1], f"layer {layer} changed uncounted"
+            maps[layer] = now
 
     def end_pass(self):
         timing = super().end_pass()

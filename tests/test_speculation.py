@@ -36,7 +36,8 @@ def tiny():
     return cfg, model, loaded, prompt, resident.generate(prompt, 12, keep_logits=True)
 
 
-def _run(tiny, speculate, capacity, eviction, prefetch, observe=False, clock="virtual"):
+def _run(tiny, speculate, capacity, eviction, prefetch, observe=False, clock="virtual",
+         landed=None):
     cfg, model, loaded, prompt, _ = tiny
     c = base_config()
     c.clock.kind = clock
@@ -44,6 +45,8 @@ def _run(tiny, speculate, capacity, eviction, prefetch, observe=False, clock="vi
     c.policies.eviction, c.policies.prefetch = eviction, prefetch
     source = build_cached_experts(c, loaded)
     source.speculate = speculate
+    if landed is not None:  # every gate landed when asked, or none before the pass ends
+        source.gate_landed = lambda gate: landed
     seen = []
     dec = SteppedDecoder(model, source, max_len=MAX_LEN, lookahead=2,
                          gate_observers=(seen.append,) if observe else ())
@@ -73,6 +76,25 @@ def test_speculation_gives_the_numbers_and_tokens_of_deciding_layer_by_layer(
     _same_generation(spec_out, ref_out)
     _same_generation(spec_out, tiny[4])  # the resident model's
     assert spec_state == ref_state
+
+
+@pytest.mark.parametrize("landed", [True, False])
+def test_checks_mid_pass_and_after_it_give_the_numbers_of_deciding_layer_by_layer(
+        tiny, landed):
+    """A speculative run checks a layer as soon as its router step is done (`_landed`), while
+    later layers are dispatched, and stops the pass there on a failed check (`Rewind`), or at
+    the end of the pass. Both, forced here (every gate landed when checked, or none before
+    the pass ends), give the numbers and tokens of deciding layer by layer."""
+    for capacity, eviction, prefetch in [(1.0, "least_stale", "score_percentile(p=80)"),
+                                         (0.5, "lru", "topk(overfetch=1.5, lookahead=2)")]:
+        spec_out, spec_state, source, _ = _run(tiny, True, capacity, eviction, prefetch,
+                                               landed=landed)
+        ref_out, ref_state, _, _ = _run(tiny, False, capacity, eviction, prefetch)
+        _same_generation(spec_out, ref_out)
+        _same_generation(spec_out, tiny[4])
+        assert spec_state == ref_state
+        assert source.speculation_misses > 0
+        assert (source.rewinds > 0) == landed  # mid-pass failures only when checked mid-pass
 
 
 def test_a_cold_full_cache_speculates_and_re_runs_on_a_miss(tiny):

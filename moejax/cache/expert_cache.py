@@ -251,6 +251,9 @@ class ExpertCache:
             self._allocate = self._allocate_in_pool
         self.tell_precision = eviction.needs_precision
         self.in_cache: dict[int, set[int]] = {l: set() for l in shape.layers}
+        # Per layer, a count of the changes to its residency (an expert placed, evicted or
+        # released): equal counts, equal slots (`residency_of`).
+        self.layer_changes: dict[int, int] = dict.fromkeys(shape.layers, 0)
         # The host tier in front of storage (None: every expert in host memory).
         self.host = host
         # Per slot: when the storage read behind its last transfer landed (0: none was
@@ -347,6 +350,11 @@ class ExpertCache:
     def resident_keys(self) -> set[Key]:
         return set(self.residency)
 
+    def residency_of(self, layer: int) -> dict[int, int]:
+        """`layer`'s resident (or in-flight) experts and their slots."""
+        residency = self.residency
+        return {e: residency[(layer, e)] for e in self.in_cache[layer]}
+
     def precision_of_slot(self, slot: int) -> str:
         return self.shape.pools[self.slot_pool[slot]].precision
 
@@ -360,6 +368,7 @@ class ExpertCache:
             slot = self.residency.pop(key)
             self.slot_key[slot] = None
             self.in_cache[key[0]].discard(key[1])
+            self.layer_changes[key[0]] += 1
             self.eviction.on_evict(key)
             origin = self.prefetch_origin.pop(key, None)
             # Prefetched for a layer of this pass that has not run yet: evicted before use.
@@ -376,6 +385,7 @@ class ExpertCache:
         slot = self.residency.pop(key)
         self.slot_key[slot] = None
         self.in_cache[key[0]].discard(key[1])
+        self.layer_changes[key[0]] += 1
         self.eviction.on_evict(key)
         if self.prefetch_origin.pop(key, None) is not None:
             self.metrics.count_wasted_prefetch(self.pos_of[key[0]], self.slot_bytes[slot])
@@ -428,6 +438,7 @@ class ExpertCache:
         self.slot_key[slot] = key
         self.slot_ready[slot] = ready
         self.in_cache[key[0]].add(key[1])
+        self.layer_changes[key[0]] += 1
         self.seen_this_pass.add(key)
         self.eviction.on_admit(key, pos, prefetch)
         if self.sink is not None:
@@ -495,7 +506,11 @@ class ExpertCache:
                                     span.compute_s, span.down_bytes, span.back_bytes,
                                     had_prediction)
 
-        waves = self._waves(layer, self._requests(layer, ids, active), decision.precision)
+        requests = self._requests(layer, ids, active)
+        if not self.multi and len(requests) <= self.wave_slots:  # one wave, as `_waves` plans
+            waves = ((PlannedWave(requests), True),)
+        else:
+            waves = self._waves(layer, requests, decision.precision)
         for w, (wave, last) in enumerate(waves):  # each wave planned after the previous ran
             only = last if w == 0 else False  # one wave: every contribution is this wave's
             chunk = wave.experts
@@ -511,7 +526,7 @@ class ExpertCache:
             if outcome.storage_ready > now:
                 self.host.count_stall(pos, min(outcome.stall, outcome.storage_ready - now))
             wave_active = active if only else active & np.isin(ids, chunk)
-            outcome.products = pairs = int(wave_active.sum())
+            outcome.products = pairs = int(np.count_nonzero(wave_active))
             self.metrics.count_wave(pos, len(chunk), outcome, had_prediction,
                                     self.shape.expert_bytes)
             if self.multi:
@@ -733,13 +748,13 @@ class ExpertCache:
         for target, experts in self.prefetch.predict(gate):
             if target not in self.pos_of:
                 continue
-            predicted = self.predicted.setdefault((self.pass_id, target), set())
-            predicted.update(int(e) for e in experts)
+            experts = [int(e) for e in experts]
+            self.predicted.setdefault((self.pass_id, target), set()).update(experts)
             if target in self.host_layers:  # computed on the host: never given a slot
                 continue
             tpos = self.pos_of[target]
             for e in experts:
-                key = (target, int(e))
+                key = (target, e)
                 if key in self.residency:
                     if key not in self.fixed:
                         self.eviction.on_touch(key, pos)
@@ -887,6 +902,7 @@ class ExpertCache:
                 self.residency[key] = slot
                 self.slot_key[slot] = key
                 self.in_cache[layer].add(e)
+                self.layer_changes[layer] += 1
                 fixed.append(key)
         self.fixed = frozenset(fixed)
         self.wave_slots = max(shape.num_slots - reserved, 1)
@@ -936,6 +952,7 @@ class ExpertCache:
             self.residency[key] = slot
             self.slot_key[slot] = key
             self.in_cache[key[0]].add(key[1])
+            self.layer_changes[key[0]] += 1
             self.eviction.on_admit(key, 0, False)
         return len(chosen)
 

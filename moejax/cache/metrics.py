@@ -134,6 +134,10 @@ class CacheMetrics:
         # (`moejax/replay/compiled.py`) hands over a function that builds them when read.
         self._snapshots: list[dict] = []
         self._deferred = None
+        # Snapshots taken but not built yet: each pass's counter sums (in `c`'s order) and
+        # its clock seconds; a snapshot's dict is built when `snapshots` is read (the live
+        # runtime takes one per pass on the host's critical path).
+        self._raw_snapshots: list[tuple[list, float]] = []
         # With several pools: counter -> pool index -> per layer (`count_pools`).
         self.pc: dict[str, list[list]] | None = None
         if len(self.precisions) > 1:
@@ -141,6 +145,13 @@ class CacheMetrics:
 
     @property
     def snapshots(self) -> list[dict]:
+        if self._raw_snapshots:
+            names = list(self.c)
+            for sums, pass_s in self._raw_snapshots:
+                t = self.summary(dict(zip(names, sums)))
+                t["pass_s"] = pass_s
+                self._snapshots.append(t)
+            self._raw_snapshots.clear()
         if self._deferred is not None:
             self._snapshots, self._deferred = self._deferred(), None
         return self._snapshots
@@ -299,9 +310,11 @@ class CacheMetrics:
         return {**t, **self._by_precision(t, sum)}
 
     def snapshot(self) -> None:
-        t = self.totals(by_precision=False)  # (the TensorBoard series do not plot them)
-        t["pass_s"] = self.passes[-1].end_s - self.passes[-1].start_s if self.passes else 0.0
-        self.snapshots.append(t)
+        """The running totals now (`totals` without the per-precision ones, which the
+        TensorBoard series do not plot) and the last pass's seconds, built when read."""
+        self._raw_snapshots.append(
+            ([sum(v) for v in self.c.values()],
+             self.passes[-1].end_s - self.passes[-1].start_s if self.passes else 0.0))
 
     def layer_table(self) -> list[dict]:
         rows = []

@@ -35,7 +35,7 @@ from moejax.models.experts import ExpertPool, combine, expert_outputs, moe_ffn, 
 from moejax.models.layers import norm
 from moejax.models.router import route
 from moejax.quant.weights import QuantizedWeights
-from moejax.seam import ExpertSource, ExpertWave, GateOutputs
+from moejax.seam import ExpertSource, ExpertWave, GateOutputs, Rewind
 
 GATE_PATHS = ("returned", "io_callback")
 
@@ -340,22 +340,29 @@ class SteppedDecoder:
         self.experts.begin_pass(t, self.pos)
         x = embed_step(self.head_graph, self.head_state, tokens)
         saved: dict[int, tuple] = {}
-        x = self._layers(x, pos, 0, saved)
-        logits = logits_step(self.head_graph, self.head_state, x)
-        resume = self.experts.end_pass()
+        logits, resume = self._run_from(x, pos, 0, saved)
         while resume is not None:
             # A speculative pass's check failed at MoE layer `resume`: the layers before it
             # stand; from its experts step on the pass runs again (attention rewrites the same
-            # KV positions), deciding layer by layer.
-            x = self._layers(None, pos, resume, saved)
-            logits = logits_step(self.head_graph, self.head_state, x)
-            resume = self.experts.end_pass()
+            # KV positions).
+            logits, resume = self._run_from(None, pos, resume, saved)
         self.pos += t
         if self.pass_observers:
             host_tokens = np.asarray(tokens)
             for observe in self.pass_observers:
                 observe(host_tokens)
         return logits
+
+    def _run_from(self, x, pos, start: int, saved: dict[int, tuple]):
+        """Layers `start`.. (`_layers`), the logits and the source's `end_pass`: the logits
+        and None, or the MoE layer to run again from (`end_pass`'s answer, or a `Rewind`
+        the source raised before the pass was through)."""
+        try:
+            x = self._layers(x, pos, start, saved)
+        except Rewind as rewind:
+            return None, rewind.layer
+        logits = logits_step(self.head_graph, self.head_state, x)
+        return logits, self.experts.end_pass()
 
     def _layers(self, x, pos, start: int, saved: dict[int, tuple]):
         """Runs layers `start`.. on `x`, returning the last hidden state. Each MoE layer's

@@ -256,6 +256,7 @@ def run(cache: ExpertCache, traces, context_start: list[int] | None = None) -> f
         cache.residency[key] = slot
         cache.slot_key[slot] = key
         cache.in_cache[key[0]].add(key[1])
+        cache.layer_changes[key[0]] += 1
     for k in np.flatnonzero(origin_pass >= 0).tolist():
         key = (layers[k // n_experts], k % n_experts)
         cache.prefetch_origin[key] = (int(origin_pass[k]), layers[int(origin_tpos[k])])

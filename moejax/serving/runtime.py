@@ -35,7 +35,7 @@ import numpy as np
 
 from moejax.cache.expert_cache import ExpertCache
 from moejax.quant.weights import QuantizedWeights
-from moejax.seam import ExpertWave, GateOutputs, Key, LayerGate, Wave
+from moejax.seam import ExpertWave, GateOutputs, Key, LayerGate, Rewind, Wave
 from moejax.serving.slot_pool import SlotPools
 
 
@@ -68,6 +68,9 @@ class CachedExperts:
         # Per layer: the slot map last built (`_upload`), reused while the layer's residency is
         # unchanged.
         self._slot_maps: dict[int, tuple[tuple, np.ndarray | jax.Array]] = {}
+        # Per layer: its resident experts' slots and slot map as a speculative step reads them,
+        # with the cache's count of the layer's changes they were built at (`layer_changes`).
+        self._resident_maps: dict[int, tuple[int, dict[int, int], object]] = {}
         # A complete cache's passes (`_can_defer`) run on a fixed full slot map and their
         # decisions are taken later: `_open` is the pass being run, `_pending` the passes run
         # whose decisions are not taken yet, oldest first (`end_pass`, `sync`).
@@ -77,18 +80,27 @@ class CachedExperts:
         self._pending: collections.deque[_DeferredPass] = collections.deque()
         self._full_maps: dict[int, tuple[np.ndarray, jax.Array]] = {}
         self.deferred_passes = 0
-        # A speculative pass (`_may_speculate`) runs every layer on the residency the pass
-        # began with and decides after it, checking each layer (`_verify`): `_spec` is the
-        # pass being run. `speculation_allowed` is the decoder's say (it has no gate observers
-        # to mislead); after a pass that failed its check the next `_spec_backoff` passes
-        # decide layer by layer (doubling on each failure, up to `SPEC_BACKOFF_MAX`).
+        # A speculative pass (`_may_speculate`) runs each layer's experts step on the slots
+        # its experts hold when the step is dispatched, without waiting for its decision, and
+        # checks and decides each layer once its gate has landed (`_check_landed`) or at the
+        # end of the pass (`_verify`): `_spec` is the run being checked. `speculation_allowed` is the decoder's say (it has no gate
+        # observers to mislead). A failed check re-runs the pass from the layer that failed,
+        # that layer decided first and the layers after it speculating again, up to
+        # `SPEC_RETRIES` times a pass (`_retries`); past that the pass goes on layer by layer
+        # and the next `_spec_backoff` passes decide layer by layer (doubling each time, up
+        # to `SPEC_BACKOFF_MAX`; reset by a pass whose checks held).
         self.speculate = True
         self.speculation_allowed = True
         self._spec: _SpeculativePass | None = None
+        self._retries = 0
         self._spec_backoff = 0
         self._spec_skip = 0
         self.speculative_passes = 0
-        self.speculation_misses = 0
+        self.speculation_misses = 0  # failed checks, those found mid-pass (`rewinds`) included
+        self.rewinds = 0
+        # Whether a gate's router step is done, asked before a speculative run checks the
+        # layer mid-pass (never waiting for one there); replaceable (tests force both ways).
+        self.gate_landed: Callable[[GateOutputs], bool] = gate_landed
         self._resume: tuple[GateOutputs, list] | None = None
 
     @property
@@ -210,6 +222,7 @@ class CachedExperts:
             self._open = _DeferredPass(tokens, position, True)
         elif self._may_speculate():
             self._spec = _SpeculativePass()
+            self._retries = 0
             self.speculative_passes += 1
 
     def end_pass(self) -> int | None:
@@ -236,18 +249,19 @@ class CachedExperts:
             self._decide_deferred(self._pending.popleft())
         return None
 
-    # -- speculation: a pass on the residency it began with, checked after it ----------------
+    # -- speculation: each layer on the residency it finds, checked once its gate lands -------
     def _may_speculate(self) -> bool:
-        """Whether this pass may run every layer's experts step on the experts of that layer
-        resident when the pass began, without a host round trip per layer, and decide after
-        it (`_verify`). Its decisions are then the same as layer by layer (same gates, same
-        order; the clock's times are the cost model's), and a layer whose decision would read
-        other slots than the step did is re-run from there. That holds when a decision that
-        finds every requested expert resident keeps the router's selection and serves it in
-        one wave from the slots it sits in: standard routing, fetch, one slot pool, no
-        watchdog queue (it may issue a layer's transfers out of order), no disk tier (its
-        loads wait for reads) and no layer computed on the host; and on the virtual clock only (a wall clock would time the
-        decisions when they are taken, after the pass)."""
+        """Whether this pass may run each layer's experts step on the experts of that layer
+        resident when the step is dispatched, without a host round trip per layer, and decide
+        the layer later (`_check`). Its decisions are then the same as layer by layer (same
+        gates, same order; the clock's times are the cost model's), and a layer whose
+        decision would read other slots than the step did is re-run from there. That holds
+        when a decision that finds every requested expert resident keeps the router's
+        selection and serves it in one wave from the slots it sits in: standard routing,
+        fetch, one slot pool, no watchdog queue (it may issue a layer's transfers out of
+        order), no disk tier (its loads wait for reads) and no layer computed on the host;
+        and on the virtual clock only (a wall clock would time the decisions when they are
+        taken, after the steps)."""
         c = self._cache
         if not (self.speculate and self.speculation_allowed) or self.gate_source is not None \
                 or c.routing.name != "standard" or c.miss.name != "fetch" or c.multi \
@@ -262,44 +276,86 @@ class CachedExperts:
     def _speculative_wave(self, gate: GateOutputs) -> ExpertWave:
         """The experts step of `gate.layer` on the router's own selection and the slots the
         layer's resident experts hold now (a non-resident expert reads slot 0: the check
-        rejects any step that used one)."""
+        rejects any step that used one). First the run's earlier layers whose gates have
+        landed are checked and decided (`_check_landed`): a failed check stops the pass here
+        (`Rewind`) instead of after the rest of it was dispatched in vain."""
+        failed = self._check_landed()
+        if failed is not None:
+            self.rewinds += 1
+            raise Rewind(failed)
         layer = gate.layer
-        slot_of = {e: self._cache.residency[(layer, e)] for e in self._cache.in_cache[layer]}
+        changes = self._cache.layer_changes[layer]
+        held = self._resident_maps.get(layer)
+        if held is None or held[0] != changes:  # the layer's residency changed since
+            slot_of = self._cache.residency_of(layer)
+            held = self._resident_maps[layer] = (
+                changes, slot_of, self._slot_map(Wave(layer, slot_of, None, None, None, True)))
+        _, slot_of, slot_map = held
         self._spec.layers.append((gate, slot_of))
-        wave = Wave(layer, slot_of, None, None, None, True)
         gate_up, down = self.pool.arrays()
-        return ExpertWave(gate_up, down, self._slot_map(wave), gate.ids, gate.weights, True)
+        return ExpertWave(gate_up, down, slot_map, gate.ids, gate.weights, True)
+
+    def _check_landed(self) -> int | None:
+        """Checks and decides the speculative run's layers in order while their router steps
+        are done (never waiting for one); returns the layer whose check failed, or None."""
+        spec = self._spec
+        while spec.checked < len(spec.layers):
+            gate, slot_of = spec.layers[spec.checked]
+            if not self.gate_landed(gate):
+                return None
+            failed = self._check(gate, slot_of)
+            if failed is not None:
+                return failed
+            spec.checked += 1
+        return None
 
     def _verify(self) -> int | None:
-        """Decides the speculative pass's layers in order, each on its own gate, while its
-        experts step read the slots every expert it requested still holds: then the decision
-        serves exactly that (one wave, all hits, the router's selection) and is taken as if
-        layer by layer. At the first layer where that fails nothing of it is decided: the pass
-        goes on layer by layer from there (returned), the decoder re-running it."""
-        spec, self._spec = self._spec, None
-        cache = self._cache
-        gates = [g for g, _ in spec.layers]
-        hosts = self._to_host([self._policy_arrays(g) for g in gates])
-        for (gate, slot_of), got in zip(spec.layers, hosts):
-            host = self._layer_gate(gate, got)
-            residency = cache.residency
-            requested = np.unique(host.ids).tolist()
-            if any(residency.get((gate.layer, e), -1) != slot_of.get(e, -2) for e in requested):
-                self.speculation_misses += 1
-                self._spec_skip = self._spec_backoff = min(
-                    max(1, 2 * self._spec_backoff), SPEC_BACKOFF_MAX)
-                self._resume = (gate, got)
-                return gate.layer
-            waves = list(cache.run_layer(host))
-            wave = waves[0]
-            if len(waves) != 1 or not wave.active.all() or wave.ids is not host.ids or any(
-                    slot_of.get(e) != s for e, s in wave.slot_of.items()):
-                raise AssertionError(f"layer {gate.layer}: a speculative step's check passed "
-                                     "but its decision served other slots")
-            self._dispatch(None, landed_only=False)  # its prefetches, as after its step
+        """The end of a speculative run: checks and decides its layers not checked yet
+        (`_check`), in order, waiting for each gate; then the pass ends as layer by layer.
+        Returns None, or the layer whose check failed (the decoder re-runs from it)."""
+        spec = self._spec
+        while spec.checked < len(spec.layers):
+            failed = self._check(*spec.layers[spec.checked])
+            if failed is not None:
+                return failed
+            spec.checked += 1
+        self._spec = None
         self._spec_backoff = 0
         self._flush()
-        cache.end_pass()
+        self._cache.end_pass()
+        return None
+
+    def _check(self, gate: GateOutputs, slot_of: dict[int, int]) -> int | None:
+        """Decides a speculative step's layer on its own gate if every expert it requested
+        still holds the slot the step read: then the decision serves exactly that (one wave,
+        all hits, the router's selection) and is taken as if layer by layer. Otherwise nothing
+        of it is decided and the layer is returned: the decoder re-runs the pass from there,
+        that layer decided first (`_resume`), the layers after it speculating again on the
+        residency they then find — or, past `SPEC_RETRIES` failed checks in the pass,
+        deciding layer by layer."""
+        got = self._to_host(self._policy_arrays(gate))
+        host = self._layer_gate(gate, got)
+        residency, layer = self._cache.residency, gate.layer
+        if any(residency.get((layer, e), -1) != slot_of.get(e, -2)
+               for e in set(host.ids.ravel().tolist())):
+            self.speculation_misses += 1
+            self._resume = (gate, got)
+            self._retries += 1
+            if self._retries <= SPEC_RETRIES:
+                self._spec = _SpeculativePass()
+            else:
+                self._spec = None
+                self._spec_skip = self._spec_backoff = min(
+                    max(1, 2 * self._spec_backoff), SPEC_BACKOFF_MAX)
+            return layer
+        waves = list(self._cache.run_layer(host))
+        wave = waves[0]
+        if len(waves) != 1 or not wave.active.all() or wave.ids is not host.ids or any(
+                slot_of.get(e) != s for e, s in wave.slot_of.items()):
+            raise AssertionError(f"layer {layer}: a speculative step's check passed but its "
+                                 "decision served other slots")
+        if self._queued:  # its prefetches, as after its step
+            self._dispatch(None, landed_only=False)
         return None
 
     # -- a complete cache: decisions after the pass ------------------------------------------
@@ -393,12 +449,12 @@ class CachedExperts:
             yield ExpertWave(gate_up, down, self._full_maps[gate.layer][1], gate.ids,
                              gate.weights, True)
             return
-        if self._spec is not None:  # on the residency the pass began with: checked after it
-            yield self._speculative_wave(gate)
-            return
         resume, self._resume = self._resume, None
         if resume is not None and resume[0] is gate:  # the layer a failed check stopped at
             got = resume[1]
+        elif self._spec is not None:  # on the residency the run began with: checked after it
+            yield self._speculative_wave(gate)
+            return
         else:  # one host round trip for what the policies read
             got = self._to_host(self._policy_arrays(gate))
         host = self._layer_gate(gate, got)
@@ -475,7 +531,9 @@ class CachedExperts:
         return device
 
 
-# The most passes decided layer by layer after a speculative pass failed its check.
+# Failed checks a speculative pass re-runs speculatively from; past them it goes on layer by
+# layer. The most passes then decided layer by layer.
+SPEC_RETRIES = 2
 SPEC_BACKOFF_MAX = 16
 
 
@@ -498,12 +556,19 @@ def _slot_heads(loads: list[tuple[Key, int, bool]]) -> list[int]:
     return heads
 
 
+def gate_landed(gate: GateOutputs) -> bool:
+    """Whether the router step behind `gate` is done (its outputs land together)."""
+    return gate.host_ids is not None or gate.ids.is_ready()
+
+
 @dataclasses.dataclass
 class _SpeculativePass:
-    """A pass run on the residency it began with: per MoE layer, its gate and the slots its
-    experts step read (expert -> slot)."""
+    """A speculative run (a pass, or what a failed check re-runs of it): per MoE layer, its
+    gate and the slots its experts step read (expert -> slot), in order; the first `checked`
+    are decided."""
 
     layers: list[tuple[GateOutputs, dict[int, int]]] = dataclasses.field(default_factory=list)
+    checked: int = 0
 
 
 @dataclasses.dataclass

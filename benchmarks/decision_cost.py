@@ -1,0 +1,260 @@
+"""What the live cache's decisions cost the host thread (issue 24, part 5), in one process:
+
+    python benchmarks/decision_cost.py [--rounds 12]
+
+1. decode at 100% from cold against every expert resident, `configs/default.py`'s model and
+   prompt, 64 tokens: one decoder per setting, a fresh cache every round, the settings
+   alternated (`--rounds`; the order reversed every other round): ms a token, median
+   [25th, 75th percentile], and resident / cached round by round (the CLI's job adds its
+   warm-up and reporting around the same generation: `cache_runtime.py` part 2);
+2. the host thread's CPU per steady decode pass (passes 21-64, `time.thread_time`) split by
+   piece — attention / experts step dispatch, the speculative checks and decisions
+   (`CachedExperts._check`, of it `ExpertCache.run_layer`), the rest — resident and cached;
+3. the same decisions replayed alone: the exact `begin_pass` / `run_layer` / `end_pass`
+   calls of one such run fed to a fresh cache in a loop (no model, no JAX), µs a layer, alone
+   and beside a numpy matmul spinning in another process (on this 2-core machine the XLA
+   threads are that other process's part in a live run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import multiprocessing
+import time
+
+import numpy as np
+
+from moejax.cache import expert_cache
+from moejax.jobs.common import configured_decoder
+from moejax.jobs.generate import requests_of
+from moejax.jobs.schema import base_config
+from moejax.model_source import load_model
+from moejax.models import stepped
+from moejax.serving import runtime
+
+TOKENS = 64
+STEADY = 20  # passes before the steady state (the cold cache's first misses)
+
+
+def _config(**cache):
+    config = base_config()
+    for k, v in cache.items():
+        config.cache[k] = v
+    return config
+
+
+SETTINGS = {"resident": dict(enabled=False), "100% cold": dict(capacity_frac=1.0)}
+
+
+def alternated(loaded, prompt, rounds: int) -> dict[str, np.ndarray]:
+    """Part 1: per setting, `[rounds, 3]`: the decode ms a token of each round, and the ms a
+    pass of its decode passes 1-15 (the cold cache's misses) and 21-63 (steady), each pass
+    from its start to the next's (the generation reads each pass's token before the next)."""
+    starts: list[float] = []
+    forward = stepped.SteppedDecoder.forward
+
+    def stamped(self, tokens):
+        starts.append(time.perf_counter())
+        return forward(self, tokens)
+
+    decoders = {}
+    for name, fields in SETTINGS.items():
+        _, dec = configured_decoder(_config(**fields), loaded, max_len=prompt.shape[1] + TOKENS + 2)
+        dec.generate(prompt, 3)  # compiles
+        decoders[name] = dec
+    out = {name: [] for name in SETTINGS}
+    names = list(SETTINGS)
+    stepped.SteppedDecoder.forward = stamped
+    try:
+        for r in range(rounds):
+            for name in (names if r % 2 == 0 else names[::-1]):
+                dec = decoders[name]
+                if SETTINGS[name].get("enabled", True):  # a fresh, cold cache
+                    dec.experts, _ = configured_decoder(_config(**SETTINGS[name]), loaded,
+                                                        max_len=prompt.shape[1] + TOKENS + 2)
+                starts.clear()
+                gen = dec.generate(prompt, TOKENS)
+                per_pass = np.diff(starts) * 1e3  # [i]: pass i (0: the prefill)
+                out[name].append((gen.decode_s / (TOKENS - 1) * 1e3,
+                                  np.median(per_pass[1:16]), np.median(per_pass[STEADY + 1:])))
+    finally:
+        stepped.SteppedDecoder.forward = forward
+    return {k: np.asarray(v) for k, v in out.items()}
+
+
+PIECES = ("pass (all)", "attention + router dispatch", "experts step dispatch",
+          "checks and decisions", "  of which ExpertCache.run_layer",
+          "  of which the gate's host copy")
+
+
+class _Timer:
+    """Host-thread CPU seconds of wrapped callables, counted only while `on`."""
+
+    def __init__(self):
+        self.on, self.cpu = False, collections.defaultdict(float)
+        self._undo = []
+
+    def wrap(self, owner, name: str, label: str) -> None:
+        fn = getattr(owner, name)
+
+        def timed(*args, **kwargs):
+            if not self.on:
+                return fn(*args, **kwargs)
+            start = time.thread_time()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.cpu[label] += time.thread_time() - start
+
+        setattr(owner, name, timed)
+        self._undo.append((owner, name, fn))
+
+    def undo(self) -> None:
+        for owner, name, fn in reversed(self._undo):
+            setattr(owner, name, fn)
+
+
+def host_cpu_by_piece(loaded, prompt) -> dict[str, dict[str, float]]:
+    """Part 2: per setting, ms of host-thread CPU a steady pass, by piece."""
+    timer = _Timer()
+    timer.wrap(stepped.SteppedDecoder, "forward", "pass (all)")
+    timer.wrap(stepped.SteppedDecoder, "_attention_router", "attention + router dispatch")
+    timer.wrap(stepped, "experts_step", "experts step dispatch")
+    timer.wrap(runtime.CachedExperts, "_check", "checks and decisions")
+    timer.wrap(runtime.CachedExperts, "_to_host", "  of which the gate's host copy")
+    forward = stepped.SteppedDecoder.forward
+    passes = [0]
+
+    def counting(self, tokens):
+        passes[0] += 1
+        timer.on = passes[0] > STEADY
+        return forward(self, tokens)
+
+    stepped.SteppedDecoder.forward = counting
+    decide = expert_cache.ExpertCache.run_layer
+
+    def run_layer(self, gate):  # the generator run to its end inside the timing
+        start = time.thread_time()
+        waves = list(decide(self, gate))
+        if timer.on:
+            timer.cpu["  of which ExpertCache.run_layer"] += time.thread_time() - start
+        yield from waves
+
+    expert_cache.ExpertCache.run_layer = run_layer
+    out = {}
+    try:
+        for name, fields in SETTINGS.items():
+            _, dec = configured_decoder(_config(**fields), loaded,
+                                        max_len=prompt.shape[1] + TOKENS + 2)
+            dec.generate(prompt, 3)
+            if fields.get("enabled", True):
+                dec.experts, _ = configured_decoder(_config(**fields), loaded,
+                                                    max_len=prompt.shape[1] + TOKENS + 2)
+            timer.cpu.clear()
+            passes[0] = 0
+            dec.generate(prompt, TOKENS)
+            timer.on = False
+            steady = passes[0] - STEADY
+            out[name] = {k: v / steady * 1e3 for k, v in timer.cpu.items()}
+    finally:
+        stepped.SteppedDecoder.forward = forward
+        expert_cache.ExpertCache.run_layer = decide
+        timer.undo()
+    return out
+
+
+def recorded_calls(loaded, prompt) -> list:
+    """The cache calls of one 100% cold generation, layer by layer (each pass once)."""
+    calls, cls = [], expert_cache.ExpertCache
+    begin, run_layer, end = cls.begin_pass, cls.run_layer, cls.end_pass
+    cls.begin_pass = lambda self, *a: (calls.append(("begin", a)), begin(self, *a))[1]
+    cls.run_layer = lambda self, gate: (calls.append(("layer", gate)), run_layer(self, gate))[1]
+    cls.end_pass = lambda self: (calls.append(("end", ())), end(self))[1]
+    try:
+        experts, dec = configured_decoder(_config(capacity_frac=1.0, speculate=False), loaded,
+                                          max_len=prompt.shape[1] + TOKENS + 2)
+        dec.generate(prompt, TOKENS)
+    finally:
+        cls.begin_pass, cls.run_layer, cls.end_pass = begin, run_layer, end
+    return calls
+
+
+class _Sink:
+    def load(self, key, slot, prefetch):
+        pass
+
+
+def replayed_us_per_layer(loaded, calls, repeats: int = 5) -> float:
+    """Part 3: the calls fed to a fresh cache, best of `repeats`, µs a layer decision."""
+    from moejax.serving.build import build_cached_experts
+
+    best = float("inf")
+    layers = sum(kind == "layer" for kind, _ in calls)
+    for _ in range(repeats):
+        cache = build_cached_experts(_config(capacity_frac=1.0), loaded).cache_unsynced
+        cache.sink = _Sink()
+        start = time.perf_counter()
+        for kind, arg in calls:
+            if kind == "begin":
+                cache.begin_pass(*arg)
+            elif kind == "end":
+                cache.end_pass()
+            else:
+                for _ in cache.run_layer(arg):
+                    pass
+        best = min(best, time.perf_counter() - start)
+    return best / layers * 1e6
+
+
+def _spin_matmul(stop):
+    a = np.random.default_rng(0).random((300, 300))
+    while not stop.is_set():
+        a @ a
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=12, help="part 1's alternated rounds")
+    args = parser.parse_args()
+    config = base_config()
+    loaded = load_model(config.model)
+    prompt = np.asarray(requests_of(config, loaded)[0].ids, np.int32)[None]
+
+    ms = alternated(loaded, prompt, args.rounds)
+    print(f"1. decode, {TOKENS} tokens, {args.rounds} alternated rounds in one process: "
+          "ms, median [25th, 75th percentile] over the rounds")
+    for i, what in enumerate(("a token", "a pass, passes 1-15", f"a pass, passes {STEADY + 1}-"
+                              f"{TOKENS - 1}")):
+        ratio = ms["100% cold"][:, i] / ms["resident"][:, i]
+        print(f"   {what}: " + "  ".join(
+            f"{name} {np.median(v[:, i]):.3f} [{np.percentile(v[:, i], 25):.3f}, "
+            f"{np.percentile(v[:, i], 75):.3f}]" for name, v in ms.items())
+              + f"  cached / resident by round {np.median(ratio):.3f} "
+              f"[{np.percentile(ratio, 25):.3f}, {np.percentile(ratio, 75):.3f}]")
+
+    pieces = host_cpu_by_piece(loaded, prompt)
+    print(f"2. host-thread CPU a steady decode pass (passes {STEADY + 1}-{TOKENS}), ms:")
+    for label in PIECES:
+        print(f"   {label:36s} " + "  ".join(f"{name} {v.get(label, 0.0):6.3f}"
+                                             for name, v in pieces.items()))
+
+    calls = recorded_calls(loaded, prompt)
+    alone = replayed_us_per_layer(loaded, calls)
+    spawn = multiprocessing.get_context("spawn")  # (no fork of a process running JAX)
+    stop = spawn.Event()
+    spinner = spawn.Process(target=_spin_matmul, args=(stop,), daemon=True)
+    spinner.start()
+    try:
+        time.sleep(2.0)  # (the spawned interpreter's start)
+        beside = replayed_us_per_layer(loaded, calls)
+    finally:
+        stop.set()
+        spinner.join()
+    print(f"3. the same decisions replayed without the model (100% from cold, "
+          f"{sum(k == 'layer' for k, _ in calls)} layer decisions): {alone:.1f} µs a layer "
+          f"alone, {beside:.1f} beside a numpy matmul in another process")
+
+
+if __name__ == "__main__":
+    main()
