@@ -83,12 +83,13 @@ class CachedExperts:
         # A speculative pass (`_may_speculate`) runs each layer's experts step on the slots
         # its experts hold when the step is dispatched, without waiting for its decision, and
         # checks and decides each layer once its gate has landed (`_check_landed`) or at the
-        # end of the pass (`_verify`): `_spec` is the run being checked. `speculation_allowed` is the decoder's say (it has no gate
-        # observers to mislead). A failed check re-runs the pass from the layer that failed,
-        # that layer decided first and the layers after it speculating again, up to
-        # `SPEC_RETRIES` times a pass (`_retries`); past that the pass goes on layer by layer
-        # and the next `_spec_backoff` passes decide layer by layer (doubling each time, up
-        # to `SPEC_BACKOFF_MAX`; reset by a pass whose checks held).
+        # end of the pass (`_verify`): `_spec` is the run being checked. `speculation_allowed`
+        # is the decoder's say (it has no gate observers to mislead). A failed check re-runs
+        # the pass from the layer that failed, that layer decided first and the layers after
+        # it speculating again, up to `SPEC_RETRIES` times a pass (`_retries`); past that the
+        # pass goes on layer by layer and the next `_spec_backoff` passes decide layer by
+        # layer (doubling each time, up to `SPEC_BACKOFF_MAX`; reset by a pass whose checks
+        # held).
         self.speculate = True
         self.speculation_allowed = True
         self._spec: _SpeculativePass | None = None
@@ -452,7 +453,7 @@ class CachedExperts:
         resume, self._resume = self._resume, None
         if resume is not None and resume[0] is gate:  # the layer a failed check stopped at
             got = resume[1]
-        elif self._spec is not None:  # on the residency the run began with: checked after it
+        elif self._spec is not None:  # on the slots its experts hold now: checked later
             yield self._speculative_wave(gate)
             return
         else:  # one host round trip for what the policies read
