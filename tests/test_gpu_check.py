@@ -47,9 +47,12 @@ def test_the_quick_check_prints_every_row_finite(tmp_path):
                      f"{name}: decode per token, wall clock",
                      f"{name}: decode per token, virtual clock",
                      f"{name}: decode error (virtual - wall) / wall"]
+    failed = [r["what"] for r in got["rows"] if r["what"].startswith("FAILED")]  # (sections
+    # that raised: their message, so that a failure here says why)
     for what in expected:
-        assert what in rows, what
-        assert rows[what]["value"] is not None and math.isfinite(rows[what]["value"]), what
+        assert what in rows, (what, failed)
+        assert rows[what]["value"] is not None and math.isfinite(rows[what]["value"]), \
+            (what, rows[what], failed)
     xprof = [r for r in got["rows"] if r["section"] == "xprof"]
     assert len(xprof) == 1 and xprof[0]["value"] > 0
     assert any(f.endswith(".xplane.pb") for f in got["xprof"]["files"])
