@@ -27,7 +27,7 @@ prefill) and the four real captures (four requests of 128 with a 32-token prefil
 """
 
 from moejax import bundled
-from moejax.jobs.schema import base_config, parse_args
+from moejax.jobs.schema import parse_args, replay_grid_config
 
 HOST_FRACS = (0.15, 0.3, 0.6)
 EVICTIONS = ("lru", "lru_per_layer", "least_stale", "least_stale(order=cyclic)")
@@ -47,16 +47,9 @@ PARTS = ("policies", "hotlists")
 
 def get_config(arg: str | None = None):
     parse_args(arg, {"parts": "all"})
-    c = base_config()
-    c.job = "replay"
-    c.model.preset = ""
-    c.clock.kind = "virtual"
-    c.cache.capacity_of = "model"
-    c.cache.precision = "int4"
+    c = replay_grid_config()
     c.cache.min_slots = 4
     c.hardware.h2d_gbps = 5.0
-    c.log.progress = False
-    c.log.tensorboard = False
     return c
 
 
@@ -65,10 +58,7 @@ def _traces() -> list[tuple[str, str, dict]]:
     out = [(bundled.long_trace_path(d), "score_percentile(p=80)",
             {"trace_request_tokens": 256, "trace_prefill_tokens": 64}) for d in DOMAINS]
     for path in bundled.capture_files():
-        family, preset = bundled.capture_model(path)
-        out.append((path, "temporal", {"model.family": family, "model.preset": preset,
-                                       "trace_request_tokens": 128,
-                                       "trace_prefill_tokens": 32}))
+        out.append((path, "temporal", bundled.capture_overrides(path)))
     return out
 
 

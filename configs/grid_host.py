@@ -41,7 +41,7 @@ Traces (`traces=` all (default), captures, embedded):
 """
 
 from moejax import bundled
-from moejax.jobs.schema import base_config, parse_args
+from moejax.jobs.schema import parse_args, replay_grid_config
 
 CAPACITIES = (0.01, 0.05, 0.25)
 H2D_GBPS = (5.0, 16.0, 32.0)
@@ -56,15 +56,8 @@ GROUPS = ("captures", "embedded")
 
 def get_config(arg: str | None = None):
     parse_args(arg, ARGS)
-    c = base_config()
-    c.job = "replay"
-    c.model.preset = ""
-    c.clock.kind = "virtual"
-    c.cache.capacity_of = "model"
-    c.cache.precision = "int4"
+    c = replay_grid_config()
     c.policies.eviction = EVICTION
-    c.log.progress = False
-    c.log.tensorboard = False  # hundreds of cells: results.json only
     return c
 
 
@@ -75,10 +68,7 @@ def traces(which: str) -> list[tuple[str, str, dict]]:
     out = []
     if which in ("all", "captures"):
         for path in bundled.capture_files():
-            family, preset = bundled.capture_model(path)
-            out.append((path, "temporal", {"model.family": family, "model.preset": preset,
-                                           "trace_request_tokens": 128,
-                                           "trace_prefill_tokens": 32}))
+            out.append((path, "temporal", bundled.capture_overrides(path)))
     if which in ("all", "embedded"):
         out += [(path, "score_percentile(p=80)", {"cache.min_slots": 4})
                 for path in bundled.scored_trace_files()]

@@ -31,7 +31,7 @@ model's top-k fits).
 """
 
 from moejax import bundled
-from moejax.jobs.schema import base_config, parse_args
+from moejax.jobs.schema import parse_args, replay_grid_config
 
 CAPACITIES = (0.01, 0.05, 0.25)
 H2D_GBPS = 5.0
@@ -57,15 +57,8 @@ GROUPS = ("captures", "scored", "long", "families")
 
 def get_config(arg: str | None = None):
     args = parse_args(arg, ARGS)
-    c = base_config()
-    c.job = "replay"
-    c.model.preset = ""
-    c.clock.kind = "virtual"
-    c.cache.capacity_of = "model"
-    c.cache.precision = "int4"
+    c = replay_grid_config()
     c.hardware.h2d_gbps = H2D_GBPS
-    c.log.progress = False
-    c.log.tensorboard = False  # thousands of cells: results.json only
     c.cache.replay_engine = args["engine"]
     return c
 
@@ -77,9 +70,7 @@ def traces(which: str) -> list[tuple[str, dict]]:
     out = []
     if which in ("all", "captures"):
         for path in bundled.capture_files():
-            family, preset = bundled.capture_model(path)
-            out.append((path, {"model.family": family, "model.preset": preset,
-                               "trace_request_tokens": 128, "trace_prefill_tokens": 32}))
+            out.append((path, bundled.capture_overrides(path)))
     if which in ("all", "scored"):
         out += [(path, {"cache.min_slots": 4}) for path in bundled.scored_trace_files()]
     if which in ("all", "long"):

@@ -62,6 +62,14 @@ def capture_model(path: str) -> tuple[str, str]:
     return CAPTURE_MODELS[os.path.basename(path).split("_")[0]]
 
 
+def capture_overrides(path: str) -> dict:
+    """How the replay grids (`configs/grid_*.py`) replay capture `path`: on the model it was
+    recorded from, its decode steps as requests of 128 tokens, each with a 32-token prefill."""
+    family, preset = capture_model(path)
+    return {"model.family": family, "model.preset": preset, "trace_request_tokens": 128,
+            "trace_prefill_tokens": 32}
+
+
 def heldout_path(name: str) -> str:
     """`name` is one of HELDOUT_NAMES."""
     if name not in HELDOUT_NAMES:

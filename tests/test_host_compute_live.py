@@ -11,25 +11,17 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from moejax.families import preset
 from moejax.jobs.schema import base_config
-from moejax.model_source import in_memory
-from moejax.models.stepped import ResidentExperts, SteppedDecoder
+from moejax.models.stepped import SteppedDecoder
 from moejax.serving.build import build_cached_experts
-from moejax.testing import random_model
+from tests.tiny_reference import tiny_reference
 
 MAX_LEN = 32
 
 
 @pytest.fixture(scope="module")
 def tiny():
-    cfg = preset("olmoe", "tiny")
-    model, gate_up, down = random_model(cfg, seed=3)
-    loaded = in_memory(cfg, model, gate_up, down)
-    resident = SteppedDecoder(model, ResidentExperts.from_host(gate_up, down), max_len=MAX_LEN,
-                              lookahead=2)
-    prompt = np.random.default_rng(2).integers(0, cfg.vocab_size, (1, 7))
-    return cfg, model, loaded, prompt, resident.generate(prompt, 10, keep_logits=True)
+    return tiny_reference(seed=3, prompt_seed=2, prompt_len=7, tokens=10, max_len=MAX_LEN)
 
 
 def _generate(tiny, miss, capacity, prefetch, host_layers=0):

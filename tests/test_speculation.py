@@ -13,13 +13,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from moejax.families import preset
 from moejax.jobs.schema import base_config
-from moejax.model_source import in_memory
-from moejax.models.stepped import ResidentExperts, SteppedDecoder
+from moejax.models.stepped import SteppedDecoder
 from moejax.policies import names
 from moejax.serving.build import build_cached_experts
-from moejax.testing import random_model
+from tests.tiny_reference import tiny_reference
 
 MAX_LEN = 32
 PREFETCHES = ["none", "score_percentile(p=80)", "topk(overfetch=1.5, lookahead=2)"]
@@ -27,13 +25,7 @@ PREFETCHES = ["none", "score_percentile(p=80)", "topk(overfetch=1.5, lookahead=2
 
 @pytest.fixture(scope="module")
 def tiny():
-    cfg = preset("olmoe", "tiny")
-    model, gate_up, down = random_model(cfg, seed=5)
-    loaded = in_memory(cfg, model, gate_up, down)
-    resident = SteppedDecoder(model, ResidentExperts.from_host(gate_up, down), max_len=MAX_LEN,
-                              lookahead=2)
-    prompt = np.random.default_rng(1).integers(0, cfg.vocab_size, (1, 6))
-    return cfg, model, loaded, prompt, resident.generate(prompt, 12, keep_logits=True)
+    return tiny_reference(seed=5, prompt_seed=1, prompt_len=6, tokens=12, max_len=MAX_LEN)
 
 
 def _run(tiny, speculate, capacity, eviction, prefetch, observe=False, clock="virtual",

@@ -22,9 +22,8 @@ import collections
 import re
 import sys
 
-from moejax import cli
-from moejax.analysis.sweep_cells import load_cells, mean, open_sweep
-from moejax.cli import UsageError, guarded
+from moejax.analysis.sweep_cells import mean, report_main
+from moejax.cli import UsageError
 
 PROG = "python -m moejax.analysis.disk_tier"
 
@@ -153,14 +152,10 @@ def hotlist_tables(rows: list[dict]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = cli.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
-    ap.add_argument("--sweep_dir", required=True)
-    args = ap.parse_args(argv)
-    return guarded(PROG, lambda: _main(args.sweep_dir))
+    return report_main(PROG, __doc__, _main, argv)
 
 
-def _main(sweep_dir: str) -> None:
-    rows = load_cells(sweep_dir, open_sweep(sweep_dir))
+def _main(sweep_dir: str, rows: list[dict]) -> None:
     if not any(r["host_experts"] is not None for r in rows):
         raise UsageError(f"--sweep_dir={sweep_dir}: none of its {len(rows)} finished cells "
                          f"ran a host tier (cache.host_capacity_frac): these tables are of "

@@ -34,9 +34,8 @@ import os
 import statistics
 import sys
 
-from moejax import cli
-from moejax.analysis.sweep_cells import load_cells, mean, open_sweep
-from moejax.cli import UsageError, guarded
+from moejax.analysis.sweep_cells import mean, report_main
+from moejax.cli import UsageError
 
 PROG = "python -m moejax.analysis.host_compute"
 
@@ -316,14 +315,10 @@ def host_profiles(sweep_dir: str, rows: list[dict]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = cli.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
-    ap.add_argument("--sweep_dir", required=True)
-    args = ap.parse_args(argv)
-    return guarded(PROG, lambda: _main(args.sweep_dir))
+    return report_main(PROG, __doc__, _main, argv)
 
 
-def _main(sweep_dir: str) -> None:
-    rows = load_cells(sweep_dir, open_sweep(sweep_dir))
+def _main(sweep_dir: str, rows: list[dict]) -> None:
     cells = [cell_of(r) for r in rows if r["capacity_frac"] is not None
              and r["h2d_gbps"] is not None]
     if not any(c.miss in HOST_POLICIES for c in cells):

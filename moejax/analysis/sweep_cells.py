@@ -279,6 +279,20 @@ def open_sweep(sweep_dir: str, flag: str = "--sweep_dir") -> Sweep:
     return sweep
 
 
+def report_main(prog: str, doc: str, report, argv: list[str] | None = None) -> int:
+    """The command line of a report over one sweep (`prog --sweep_dir=D`, described by `doc`'s
+    first paragraph): `report(sweep_dir, rows)` over the sweep's finished cells (`open_sweep`,
+    `load_cells`), every error one line and an exit status (`moejax.cli.guarded`)."""
+    from moejax import cli
+
+    ap = cli.ArgumentParser(prog=prog, description=doc.split("\n\n")[0])
+    ap.add_argument("--sweep_dir", required=True)
+    args = ap.parse_args(argv)
+    return cli.guarded(prog, lambda: report(args.sweep_dir,
+                                            load_cells(args.sweep_dir,
+                                                       open_sweep(args.sweep_dir))))
+
+
 def load_cells(sweep_dir: str, sweep: Sweep | None = None) -> list[dict]:
     """One flat row per finished cell (of `sweep`, `scan(sweep_dir)` by default); unfinished
     and failed cells are skipped and logged."""

@@ -21,7 +21,6 @@ code), with each quantized expert's bytes computed from that model config and
 
 from __future__ import annotations
 
-import logging
 import os
 import time
 
@@ -48,8 +47,6 @@ from moejax.results import write_json_atomic
 from moejax.traces.format import Trace, TraceError
 from moejax.traces.importers import ImportedTraces, import_traces
 from moejax.traces.requests import as_requests
-
-log = logging.getLogger(__name__)
 
 
 def _model_config(config: ml_collections.ConfigDict, trace: Trace) -> ModelConfig | None:
@@ -119,19 +116,9 @@ def _import(config: ml_collections.ConfigDict) -> ImportedTraces:
 
 
 def _policies_for(config: ml_collections.ConfigDict, trace: Trace) -> dict:
-    """What runs (`presets.report`), with one adjustment: a trace without speculative scores
-    cannot drive a score-based prefetcher, so when the prefetch policy was not chosen (the
-    default combination's `score_percentile`) it becomes `none` and the report says why. A
-    prefetcher given explicitly, or by a preset, still refuses such a trace by name."""
-    chosen = presets.report(config.policies)
-    if (trace.spec is None and chosen["source"]["prefetch"] == "default"
-            and policy_class("prefetch", chosen["prefetch"]).needs_spec):
-        log.warning("%s carries no speculative scores: the default prefetch %s cannot run on it,"
-                    " so none runs (choose one with --config.policies.prefetch)",
-                    config.trace, chosen["prefetch"])
-        chosen["prefetch"] = "none"
-        chosen["source"] = {**chosen["source"], "prefetch": "default (trace has no scores)"}
-    return chosen
+    """What runs: `presets.report_for_trace` (a trace without scores runs no default
+    score-based prefetcher)."""
+    return presets.report_for_trace(config.policies, trace.spec is not None, config.trace)
 
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict:

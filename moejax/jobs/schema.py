@@ -273,6 +273,22 @@ FULL_PRESETS = {"olmoe": "olmoe-1b-7b", "mixtral": "mixtral-8x7b", "qwen2_moe": 
                 "phimoe": "phi-3.5-moe"}
 
 
+def replay_grid_config() -> ml_collections.ConfigDict:
+    """The base of a replay grid's cells (`configs/grid_*.py`): the replay job on the virtual
+    clock, the trace's own model, capacity counted as SpecMD counts it (a share of the whole
+    model) with int4 as the cascade's plain precision, and no progress bar or TensorBoard
+    (hundreds or thousands of cells: results.json only)."""
+    c = base_config()
+    c.job = "replay"
+    c.model.preset = ""
+    c.clock.kind = "virtual"
+    c.cache.capacity_of = "model"
+    c.cache.precision = "int4"
+    c.log.progress = False
+    c.log.tensorboard = False
+    return c
+
+
 def parse_args(arg: str | None, defaults: dict) -> dict:
     """`"scale=tiny,x=1"` -> dict over `defaults`; unknown keys are errors."""
     out = dict(defaults)

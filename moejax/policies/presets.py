@@ -23,7 +23,11 @@ is not given; SpecMD's Table 2 runs it at 4 bits: `--config.cache.precision=int4
 
 from __future__ import annotations
 
+import logging
+
 from moejax.errors import ConfigError
+
+log = logging.getLogger(__name__)
 
 FIELDS = ("eviction", "prefetch", "miss", "routing")
 
@@ -88,3 +92,24 @@ def report(policies) -> dict:
     """What results files record (`cache.policies`): the four specs that ran, the preset's
     name ("" if none), and `source`: for each of the four, "explicit", "preset" or "default"."""
     return {**resolve(policies), "preset": _preset(policies), "source": sources(policies)}
+
+
+def report_for_trace(policies, has_scores: bool, trace: str, warn: bool = True) -> dict:
+    """`report` for a run that follows the trace named `trace` (a replay, or a live run driven
+    by it: both run the same policies), with one adjustment: a trace without speculative
+    scores cannot drive a score-based prefetcher, so when the prefetch policy was not chosen
+    (the default combination's `score_percentile`) it becomes `none` and the report says why
+    (`warn`: a warning too). A prefetcher given explicitly, or by a preset, still refuses such
+    a trace by name."""
+    from moejax.policies.registry import policy_class
+
+    chosen = report(policies)
+    if (not has_scores and chosen["source"]["prefetch"] == "default"
+            and policy_class("prefetch", chosen["prefetch"]).needs_spec):
+        if warn:
+            log.warning("%s carries no speculative scores: the default prefetch %s cannot run "
+                        "on it, so none runs (choose one with --config.policies.prefetch)",
+                        trace, chosen["prefetch"])
+        chosen["prefetch"] = "none"
+        chosen["source"] = {**chosen["source"], "prefetch": "default (trace has no scores)"}
+    return chosen

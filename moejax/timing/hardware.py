@@ -25,10 +25,16 @@ overrides on top and the same checks, each error naming the file.
 from __future__ import annotations
 
 import dataclasses
-import numbers
 
-from moejax.errors import ConfigError
-from moejax.timing.presets import measured_profile, read_json, with_overrides
+from moejax.timing.presets import (
+    AT_LEAST_ONE,
+    NON_NEGATIVE,
+    POSITIVE,
+    check_fields,
+    measured_profile,
+    read_json,
+    with_overrides,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,29 +56,14 @@ class Hardware:
         return self.h2d_gbps if self.link_gbps is None else self.link_gbps
 
     def validate(self) -> None:
-        for field, (kind, ok, what) in _RULES.items():
-            v = getattr(self, field)
-            if v is None and field == "link_gbps":  # unset: the link is one engine's worth
-                continue
-            if isinstance(v, bool) or not isinstance(v, kind):
-                noun = "an integer" if kind is numbers.Integral else "a number"
-                raise ConfigError(f"hardware.{field}={v!r} must be {noun}")
-            if not ok(v):  # `not (v > 0)`: nan fails too
-                raise ConfigError(f"hardware.{field}={v} must be {what}")
+        # (link_gbps unset: the link is one engine's worth)
+        check_fields(self, "hardware", _RULES, unset=("link_gbps",))
 
 
-def _finite(v) -> bool:
-    return v - v == 0  # False for inf and nan
-
-
-# An infinite bandwidth or latency is no hardware: its transfers would take no time (or
-# forever) and every number derived from them would be meaningless.
-_POSITIVE = (numbers.Real, lambda v: _finite(v) and v > 0, "a finite number > 0")
-_NON_NEGATIVE = (numbers.Real, lambda v: _finite(v) and v >= 0, "a finite number >= 0")
 # Each field's type and range, checked by `Hardware.validate` (errors name the field).
-_RULES = {"h2d_gbps": _POSITIVE, "link_gbps": _POSITIVE, "peak_tflops": _POSITIVE,
-          "hbm_gbps": _POSITIVE, "h2d_latency_s": _NON_NEGATIVE, "launch_s": _NON_NEGATIVE,
-          "copy_engines": (numbers.Integral, lambda v: v >= 1, "an integer >= 1")}
+_RULES = {"h2d_gbps": POSITIVE, "link_gbps": POSITIVE, "peak_tflops": POSITIVE,
+          "hbm_gbps": POSITIVE, "h2d_latency_s": NON_NEGATIVE, "launch_s": NON_NEGATIVE,
+          "copy_engines": AT_LEAST_ONE}
 
 
 PRESETS: dict[str, Hardware] = {

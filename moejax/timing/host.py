@@ -36,10 +36,16 @@ calibration.
 from __future__ import annotations
 
 import dataclasses
-import numbers
 
-from moejax.errors import ConfigError
-from moejax.timing.presets import measured_profile, read_json, with_overrides
+from moejax.timing.presets import (
+    AT_LEAST_ONE,
+    NON_NEGATIVE,
+    POSITIVE,
+    check_fields,
+    measured_profile,
+    read_json,
+    with_overrides,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,15 +59,7 @@ class HostCPU:
     d2h_gbps: float | None = None
 
     def validate(self) -> None:
-        for field, (kind, ok, what) in _RULES.items():
-            v = getattr(self, field)
-            if v is None and field == "d2h_gbps":  # unset: the host link's rate
-                continue
-            if isinstance(v, bool) or not isinstance(v, kind):
-                noun = "an integer" if kind is numbers.Integral else "a number"
-                raise ConfigError(f"host.{field}={v!r} must be {noun}")
-            if not ok(v):  # `not (v > 0)`: nan fails too
-                raise ConfigError(f"host.{field}={v} must be {what}")
+        check_fields(self, "host", _RULES, unset=("d2h_gbps",))  # (unset: the link's rate)
 
     def expert_s(self, tokens: int, params: int, nbytes: float) -> float:
         """One call: an expert of `params` parameters and `nbytes` bytes for `tokens` tokens
@@ -78,16 +76,10 @@ def expert_time(tokens: int, params: int, nbytes: float, mem_bps: float, flops: 
     return overhead_s + (read if read > compute else compute)
 
 
-def _finite(v) -> bool:
-    return v - v == 0  # False for inf and nan
-
-
-_POSITIVE = (numbers.Real, lambda v: _finite(v) and v > 0, "a finite number > 0")
 # Each field's type and range, checked by `HostCPU.validate` (errors name the field).
-_RULES = {"mem_gbps": _POSITIVE, "tflops": _POSITIVE, "d2h_gbps": _POSITIVE,
-          "call_overhead_s": (numbers.Real, lambda v: _finite(v) and v >= 0,
-                              "a finite number >= 0 (seconds)"),
-          "threads": (numbers.Integral, lambda v: v >= 1, "an integer >= 1")}
+_RULES = {"mem_gbps": POSITIVE, "tflops": POSITIVE, "d2h_gbps": POSITIVE,
+          "call_overhead_s": (NON_NEGATIVE[0], NON_NEGATIVE[1], "a finite number >= 0 (seconds)"),
+          "threads": AT_LEAST_ONE}
 
 
 PRESETS: dict[str, HostCPU] = {

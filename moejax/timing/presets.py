@@ -6,11 +6,39 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import numbers
 from typing import TypeVar
 
 from moejax.errors import ConfigError
 
 Profile = TypeVar("Profile")
+
+
+def _finite(v) -> bool:
+    return v - v == 0  # False for inf and nan
+
+
+# A field's rule: (type, the test its value passes, what that is in words). An infinite
+# bandwidth or latency describes no machine: its transfers would take no time (or forever) and
+# every number derived from them would be meaningless.
+POSITIVE = (numbers.Real, lambda v: _finite(v) and v > 0, "a finite number > 0")
+NON_NEGATIVE = (numbers.Real, lambda v: _finite(v) and v >= 0, "a finite number >= 0")
+AT_LEAST_ONE = (numbers.Integral, lambda v: v >= 1, "an integer >= 1")
+
+
+def check_fields(profile, group: str, rules: dict, unset: tuple[str, ...] = ()) -> None:
+    """Each field of `profile` named in `rules` of its rule's type and passing its test, else
+    a ConfigError naming `group.field`; a field in `unset` may be None (a value derived from
+    the others)."""
+    for field, (kind, ok, what) in rules.items():
+        v = getattr(profile, field)
+        if v is None and field in unset:
+            continue
+        if isinstance(v, bool) or not isinstance(v, kind):
+            noun = "an integer" if kind is numbers.Integral else "a number"
+            raise ConfigError(f"{group}.{field}={v!r} must be {noun}")
+        if not ok(v):  # `not (v > 0)`: nan fails too
+            raise ConfigError(f"{group}.{field}={v} must be {what}")
 
 
 def with_overrides(group: str, presets: dict[str, Profile], name: str, overrides: dict,

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import logging
 import os
 
 import numpy as np
@@ -37,8 +36,6 @@ from moejax.seam import LayerGate
 from moejax.traces.format import Trace, TraceError
 from moejax.traces.importers import ImportNotes, import_traces
 from moejax.traces.requests import as_requests
-
-log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -143,21 +140,11 @@ def check_model(cfg, driving: DrivingTrace) -> None:
 
 
 def policies_for(config, driving: DrivingTrace, warn: bool = False) -> dict:
-    """What runs (`presets.report`), adjusted as the replay job adjusts it, so that a live run and
-    the replay of its trace run the same policies: a trace without speculative scores cannot
-    drive a score-based prefetcher, so when the prefetch policy was not chosen (the default's
-    `score_percentile`) it becomes `none` (`warn`: say so, once per run). A prefetcher given
-    explicitly, or by a preset, still refuses such a trace by name."""
-    chosen = presets.report(config.policies)
-    if (driving.first.spec is None and chosen["source"]["prefetch"] == "default"
-            and policy_class("prefetch", chosen["prefetch"]).needs_spec):
-        if warn:
-            log.warning("%s carries no speculative scores: the default prefetch %s cannot run "
-                        "on it, so none runs (choose one with --config.policies.prefetch)",
-                        driving.path, chosen["prefetch"])
-        chosen["prefetch"] = "none"
-        chosen["source"] = {**chosen["source"], "prefetch": "default (trace has no scores)"}
-    return chosen
+    """What runs: the replay job's choice for the same trace (`presets.report_for_trace`),
+    so that a live run and the replay of its trace run the same policies (`warn`: say so
+    when a default prefetcher is dropped, once per run)."""
+    return presets.report_for_trace(config.policies, driving.first.spec is not None,
+                                    driving.path, warn)
 
 
 def prompt_of(trace: Trace, vocab_size: int) -> tuple[list[int], str]:
