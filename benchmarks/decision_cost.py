@@ -1,6 +1,6 @@
 """What the live cache's decisions cost the host thread (issue 24, part 5), in one process:
 
-    python benchmarks/decision_cost.py [--rounds 12]
+    python benchmarks/decision_cost.py [--rounds 12] [--parts 1,2,3,4]
 
 1. decode at 100% from cold against every expert resident, `configs/default.py`'s model and
    prompt, 64 tokens: one decoder per setting, a fresh cache every round, the settings
@@ -13,7 +13,11 @@
 3. the same decisions replayed alone: the exact `begin_pass` / `run_layer` / `end_pass`
    calls of one such run fed to a fresh cache in a loop (no model, no JAX), µs a layer, alone
    and beside a numpy matmul spinning in another process (on this 2-core machine the XLA
-   threads are that other process's part in a live run).
+   threads are that other process's part in a live run);
+4. where a speculative pass checks its layers (`CachedExperts.mid_pass_checks`): part 1's
+   decode at 100% from cold with checks mid-pass in every pass ("always"), in none ("never":
+   all at the end of the pass) and in a pass after one whose residency changed or whose check
+   failed ("adaptive", the default), alternated with resident as in part 1.
 """
 
 from __future__ import annotations
@@ -45,12 +49,19 @@ def _config(**cache):
 
 
 SETTINGS = {"resident": dict(enabled=False), "100% cold": dict(capacity_frac=1.0)}
+# Part 4: a setting's cache fields, and the mid-pass checks of its runtime.
+CHECKS = {"resident": (dict(enabled=False), None),
+          **{f"100% cold, {mode}": (dict(capacity_frac=1.0), mode)
+             for mode in runtime.MID_PASS_CHECKS}}
 
 
-def alternated(loaded, prompt, rounds: int) -> dict[str, np.ndarray]:
-    """Part 1: per setting, `[rounds, 3]`: the decode ms a token of each round, and the ms a
-    pass of its decode passes 1-15 (the cold cache's misses) and 21-63 (steady), each pass
-    from its start to the next's (the generation reads each pass's token before the next)."""
+def alternated(loaded, prompt, rounds: int, settings: dict | None = None
+               ) -> dict[str, np.ndarray]:
+    """Part 1 (part 4 with `settings`: name -> (cache fields, mid-pass checks)): per setting,
+    `[rounds, 3]`: the decode ms a token of each round, and the ms a pass of its decode passes
+    1-15 (the cold cache's misses) and 21-63 (steady), each pass from its start to the next's
+    (the generation reads each pass's token before the next)."""
+    settings = settings or {name: (fields, None) for name, fields in SETTINGS.items()}
     starts: list[float] = []
     forward = stepped.SteppedDecoder.forward
 
@@ -59,20 +70,23 @@ def alternated(loaded, prompt, rounds: int) -> dict[str, np.ndarray]:
         return forward(self, tokens)
 
     decoders = {}
-    for name, fields in SETTINGS.items():
+    for name, (fields, _) in settings.items():
         _, dec = configured_decoder(_config(**fields), loaded, max_len=prompt.shape[1] + TOKENS + 2)
         dec.generate(prompt, 3)  # compiles
         decoders[name] = dec
-    out = {name: [] for name in SETTINGS}
-    names = list(SETTINGS)
+    out = {name: [] for name in settings}
+    names = list(settings)
     stepped.SteppedDecoder.forward = stamped
     try:
         for r in range(rounds):
             for name in (names if r % 2 == 0 else names[::-1]):
                 dec = decoders[name]
-                if SETTINGS[name].get("enabled", True):  # a fresh, cold cache
-                    dec.experts, _ = configured_decoder(_config(**SETTINGS[name]), loaded,
+                fields, checks = settings[name]
+                if fields.get("enabled", True):  # a fresh, cold cache
+                    dec.experts, _ = configured_decoder(_config(**fields), loaded,
                                                         max_len=prompt.shape[1] + TOKENS + 2)
+                    if checks is not None:
+                        dec.experts.mid_pass_checks = checks
                 starts.clear()
                 gen = dec.generate(prompt, TOKENS)
                 per_pass = np.diff(starts) * 1e3  # [i]: pass i (0: the prefill)
@@ -215,45 +229,64 @@ def _spin_matmul(stop):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, default=12, help="part 1's alternated rounds")
+    parser.add_argument("--rounds", type=int, default=12,
+                        help="parts 1 and 4's alternated rounds")
+    parser.add_argument("--parts", default="1,2,3,4", help="which parts, comma-separated")
     args = parser.parse_args()
+    parts = {int(p) for p in args.parts.split(",")}
     config = base_config()
     loaded = load_model(config.model)
     prompt = np.asarray(requests_of(config, loaded)[0].ids, np.int32)[None]
 
-    ms = alternated(loaded, prompt, args.rounds)
-    print(f"1. decode, {TOKENS} tokens, {args.rounds} alternated rounds in one process: "
-          "ms, median [25th, 75th percentile] over the rounds")
+    if 1 in parts:
+        ms = alternated(loaded, prompt, args.rounds)
+        print(f"1. decode, {TOKENS} tokens, {args.rounds} alternated rounds in one process: "
+              "ms, median [25th, 75th percentile] over the rounds")
+        _print_rounds(ms)
+
+    if 2 in parts:
+        pieces = host_cpu_by_piece(loaded, prompt)
+        print(f"2. host-thread CPU a steady decode pass (passes {STEADY + 1}-{TOKENS}), ms:")
+        for label in PIECES:
+            print(f"   {label:36s} " + "  ".join(f"{name} {v.get(label, 0.0):6.3f}"
+                                                 for name, v in pieces.items()))
+
+    if 3 in parts:
+        calls = recorded_calls(loaded, prompt)
+        alone = replayed_us_per_layer(loaded, calls)
+        spawn = multiprocessing.get_context("spawn")  # (no fork of a process running JAX)
+        stop = spawn.Event()
+        spinner = spawn.Process(target=_spin_matmul, args=(stop,), daemon=True)
+        spinner.start()
+        try:
+            time.sleep(2.0)  # (the spawned interpreter's start)
+            beside = replayed_us_per_layer(loaded, calls)
+        finally:
+            stop.set()
+            spinner.join()
+        print(f"3. the same decisions replayed without the model (100% from cold, "
+              f"{sum(k == 'layer' for k, _ in calls)} layer decisions): {alone:.1f} µs a layer "
+              f"alone, {beside:.1f} beside a numpy matmul in another process")
+
+    if 4 in parts:
+        ms = alternated(loaded, prompt, args.rounds, CHECKS)
+        print(f"4. mid-pass checks (`mid_pass_checks`), decode as in 1, {args.rounds} "
+              "alternated rounds: ms, median [25th, 75th percentile]")
+        _print_rounds(ms)
+
+
+def _print_rounds(ms: dict[str, np.ndarray]) -> None:
+    """Parts 1 and 4: each setting's ms and each cached one's ratio to resident by round."""
     for i, what in enumerate(("a token", "a pass, passes 1-15", f"a pass, passes {STEADY + 1}-"
                               f"{TOKENS - 1}")):
-        ratio = ms["100% cold"][:, i] / ms["resident"][:, i]
         print(f"   {what}: " + "  ".join(
             f"{name} {np.median(v[:, i]):.3f} [{np.percentile(v[:, i], 25):.3f}, "
-            f"{np.percentile(v[:, i], 75):.3f}]" for name, v in ms.items())
-              + f"  cached / resident by round {np.median(ratio):.3f} "
-              f"[{np.percentile(ratio, 25):.3f}, {np.percentile(ratio, 75):.3f}]")
-
-    pieces = host_cpu_by_piece(loaded, prompt)
-    print(f"2. host-thread CPU a steady decode pass (passes {STEADY + 1}-{TOKENS}), ms:")
-    for label in PIECES:
-        print(f"   {label:36s} " + "  ".join(f"{name} {v.get(label, 0.0):6.3f}"
-                                             for name, v in pieces.items()))
-
-    calls = recorded_calls(loaded, prompt)
-    alone = replayed_us_per_layer(loaded, calls)
-    spawn = multiprocessing.get_context("spawn")  # (no fork of a process running JAX)
-    stop = spawn.Event()
-    spinner = spawn.Process(target=_spin_matmul, args=(stop,), daemon=True)
-    spinner.start()
-    try:
-        time.sleep(2.0)  # (the spawned interpreter's start)
-        beside = replayed_us_per_layer(loaded, calls)
-    finally:
-        stop.set()
-        spinner.join()
-    print(f"3. the same decisions replayed without the model (100% from cold, "
-          f"{sum(k == 'layer' for k, _ in calls)} layer decisions): {alone:.1f} µs a layer "
-          f"alone, {beside:.1f} beside a numpy matmul in another process")
+            f"{np.percentile(v[:, i], 75):.3f}]" for name, v in ms.items()))
+        for name, v in ms.items():
+            if name != "resident":
+                ratio = v[:, i] / ms["resident"][:, i]
+                print(f"      {name} / resident by round {np.median(ratio):.3f} "
+                      f"[{np.percentile(ratio, 25):.3f}, {np.percentile(ratio, 75):.3f}]")
 
 
 if __name__ == "__main__":

@@ -29,7 +29,7 @@ def tiny():
 
 
 def _run(tiny, speculate, capacity, eviction, prefetch, observe=False, clock="virtual",
-         landed=None):
+         landed=None, mid_pass="adaptive"):
     cfg, model, loaded, prompt, _ = tiny
     c = base_config()
     c.clock.kind = clock
@@ -37,6 +37,7 @@ def _run(tiny, speculate, capacity, eviction, prefetch, observe=False, clock="vi
     c.policies.eviction, c.policies.prefetch = eviction, prefetch
     source = build_cached_experts(c, loaded)
     source.speculate = speculate
+    source.mid_pass_checks = mid_pass
     if landed is not None:  # every gate landed when asked, or none before the pass ends
         source.gate_landed = lambda gate: landed
     seen = []
@@ -70,23 +71,40 @@ def test_speculation_gives_the_numbers_and_tokens_of_deciding_layer_by_layer(
     assert spec_state == ref_state
 
 
-@pytest.mark.parametrize("landed", [True, False])
+@pytest.mark.parametrize("landed, mid_pass", [(True, "always"), (False, "always"),
+                                            (True, "adaptive"), (True, "never")])
 def test_checks_mid_pass_and_after_it_give_the_numbers_of_deciding_layer_by_layer(
-        tiny, landed):
+        tiny, landed, mid_pass):
     """A speculative run checks a layer as soon as its router step is done (`_landed`), while
     later layers are dispatched, and stops the pass there on a failed check (`Rewind`), or at
-    the end of the pass. Both, forced here (every gate landed when checked, or none before
-    the pass ends), give the numbers and tokens of deciding layer by layer."""
+    the end of the pass. Every way, forced here (every gate landed when checked, or none
+    before the pass ends; mid-pass checks in every pass, in a pass after one whose residency
+    changed or whose check failed, or in none), gives the numbers and tokens of deciding
+    layer by layer."""
     for capacity, eviction, prefetch in [(1.0, "least_stale", "score_percentile(p=80)"),
                                          (0.5, "lru", "topk(overfetch=1.5, lookahead=2)")]:
         spec_out, spec_state, source, _ = _run(tiny, True, capacity, eviction, prefetch,
-                                               landed=landed)
+                                               landed=landed, mid_pass=mid_pass)
         ref_out, ref_state, _, _ = _run(tiny, False, capacity, eviction, prefetch)
         _same_generation(spec_out, ref_out)
         _same_generation(spec_out, tiny[4])
         assert spec_state == ref_state
         assert source.speculation_misses > 0
-        assert (source.rewinds > 0) == landed  # mid-pass failures only when checked mid-pass
+        # Mid-pass failures only when checked mid-pass.
+        assert (source.rewinds > 0) == (landed and mid_pass != "never")
+        eager = {"always": source.speculative_passes, "never": 0}.get(mid_pass)
+        if eager is not None:
+            assert source.eager_passes == eager
+
+
+def test_adaptive_mid_pass_checks_follow_the_residency(tiny):
+    """`mid_pass_checks="adaptive"`: a pass checks mid-pass after one whose residency changed or
+    whose check failed, at the end otherwise. From cold at full capacity the first passes
+    change the residency (misses, prefetches) and later ones mostly do not: both kinds."""
+    _, _, source, _ = _run(tiny, True, 1.0, "lru", "none", landed=True)
+    assert 0 < source.eager_passes < source.speculative_passes
+    _, _, stays, _ = _run(tiny, True, 1.0, "lru", "none", landed=True, mid_pass="never")
+    assert stays.rewinds == 0 < source.rewinds
 
 
 def test_a_cold_full_cache_speculates_and_re_runs_on_a_miss(tiny):

@@ -102,6 +102,20 @@ class CachedExperts:
         # Whether a gate's router step is done, asked before a speculative run checks the
         # layer mid-pass (never waiting for one there); replaceable (tests force both ways).
         self.gate_landed: Callable[[GateOutputs], bool] = gate_landed
+        # When a speculative pass checks layers mid-pass (`MID_PASS_CHECKS`). A mid-pass check
+        # pays off when a check may fail: the pass then stops before the rest of it is
+        # dispatched in vain, and a layer's prefetches are in the slot maps of the layers after
+        # it. When no check can be expected to fail, it only delays the next layers' dispatch
+        # on the host thread, while the same checks at the end of the pass run beside the
+        # device's last steps (100% from cold, steady passes: 1.20x resident against 1.10x,
+        # `benchmarks/decision_cost.py` part 4). "adaptive": mid-pass in a pass after one
+        # whose residency changed or whose check failed, and in the rest of a pass once one of
+        # its checks failed. Where the checks run never changes a decision (the decisions are
+        # deciding layer by layer's, `tests/test_speculation.py`).
+        self.mid_pass_checks = "adaptive"
+        self.eager_passes = 0  # speculative passes begun checking mid-pass
+        self._eager = True
+        self._mark: tuple[int, int] | None = None
         self._resume: tuple[GateOutputs, list] | None = None
 
     @property
@@ -218,6 +232,7 @@ class CachedExperts:
         self.sync()
         self._cache.begin_pass("prefill" if position == 0 else "decode", tokens,
                                position + tokens)
+        self._eager = self._checks_mid_pass()
         if self.defer_complete and self._can_defer():
             self._refresh_full_maps()
             self._open = _DeferredPass(tokens, position, True)
@@ -225,6 +240,7 @@ class CachedExperts:
             self._spec = _SpeculativePass()
             self._retries = 0
             self.speculative_passes += 1
+            self.eager_passes += self._eager
 
     def end_pass(self) -> int | None:
         """Ends the pass; returns None, or after a speculative pass whose check failed at an
@@ -274,13 +290,22 @@ class CachedExperts:
             return False
         return True
 
+    def _checks_mid_pass(self) -> bool:
+        """Whether the pass beginning now checks its layers mid-pass (`mid_pass_checks`)."""
+        mode = self.mid_pass_checks
+        if mode not in MID_PASS_CHECKS:
+            raise ValueError(f"mid_pass_checks={mode!r}; known: {MID_PASS_CHECKS}")
+        mark = (sum(self._cache.layer_changes.values()), self.speculation_misses)
+        changed, self._mark = mark != self._mark, mark
+        return mode == "always" or (mode == "adaptive" and changed)
+
     def _speculative_wave(self, gate: GateOutputs) -> ExpertWave:
         """The experts step of `gate.layer` on the router's own selection and the slots the
         layer's resident experts hold now (a non-resident expert reads slot 0: the check
         rejects any step that used one). First the run's earlier layers whose gates have
         landed are checked and decided (`_check_landed`): a failed check stops the pass here
         (`Rewind`) instead of after the rest of it was dispatched in vain."""
-        failed = self._check_landed()
+        failed = self._check_landed() if self._eager else None
         if failed is not None:
             self.rewinds += 1
             raise Rewind(failed)
@@ -340,6 +365,7 @@ class CachedExperts:
         if any(residency.get((layer, e), -1) != slot_of.get(e, -2)
                for e in set(host.ids.ravel().tolist())):
             self.speculation_misses += 1
+            self._eager = self.mid_pass_checks != "never"
             self._resume = (gate, got)
             self._retries += 1
             if self._retries <= SPEC_RETRIES:
@@ -536,6 +562,7 @@ class CachedExperts:
 # layer. The most passes then decided layer by layer.
 SPEC_RETRIES = 2
 SPEC_BACKOFF_MAX = 16
+MID_PASS_CHECKS = ("adaptive", "always", "never")
 
 
 def _alias(host_array: jax.Array, sharding) -> jax.Array:
