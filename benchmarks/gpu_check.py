@@ -52,9 +52,9 @@ EMULATED_GBPS = 5.0  # the link SpecMD measured on its A100 (hardware preset a10
 def plan(platform: str, quick: bool) -> calibrate.Plan:
     """What this check measures and runs: the calibration's plan at OLMoE's real size on a GPU
     (fewer step shapes than a full calibration: the 6 minutes), tiny with `--quick`."""
-    if quick:
+    if quick:  # transfers up to 16 MiB, 3 reps: smaller ones can look flat on a busy machine
         return calibrate.Plan(
-            transfer_sizes=(4096, 65536, 1 << 20), transfer_reps=2, step_widths=(8,),
+            transfer_sizes=(4096, 1 << 20, 16 << 20), transfer_reps=3, step_widths=(8,),
             step_tokens=(1, 4), step_reps=2, capacities=(0.05,), prefetch="temporal",
             model="olmoe", trace="olmoe_prose", width=8, tokens=4, prefill_tokens=4, reps=1,
             h2d_gbps=EMULATED_GBPS)
