@@ -29,7 +29,7 @@ def tiny():
 
 
 def _run(tiny, speculate, capacity, eviction, prefetch, observe=False, clock="virtual",
-         landed=None, mid_pass="adaptive"):
+         landed=None, mid_pass="adaptive", prepare=None):
     cfg, model, loaded, prompt, _ = tiny
     c = base_config()
     c.clock.kind = clock
@@ -40,6 +40,8 @@ def _run(tiny, speculate, capacity, eviction, prefetch, observe=False, clock="vi
     source.mid_pass_checks = mid_pass
     if landed is not None:  # every gate landed when asked, or none before the pass ends
         source.gate_landed = lambda gate: landed
+    if prepare is not None:
+        prepare(source)
     seen = []
     dec = SteppedDecoder(model, source, max_len=MAX_LEN, lookahead=2,
                          gate_observers=(seen.append,) if observe else ())
@@ -101,8 +103,24 @@ def test_adaptive_mid_pass_checks_follow_the_residency(tiny):
     """`mid_pass_checks="adaptive"`: a pass checks mid-pass after one whose residency changed or
     whose check failed, at the end otherwise. From cold at full capacity the first passes
     change the residency (misses, prefetches) and later ones mostly do not: both kinds."""
-    _, _, source, _ = _run(tiny, True, 1.0, "lru", "none", landed=True)
+    seen = []  # per pass: the residency's change count and the failed checks, eager or not
+
+    def watch(source):
+        begin = source.begin_pass
+
+        def begin_pass(tokens, position):
+            state = (sum(source.cache_unsynced.layer_changes.values()),
+                     source.speculation_misses)
+            begin(tokens, position)
+            seen.append((state, source._eager))
+
+        source.begin_pass = begin_pass
+
+    _, _, source, _ = _run(tiny, True, 1.0, "lru", "none", landed=True, prepare=watch)
     assert 0 < source.eager_passes < source.speculative_passes
+    assert seen[0][1]  # the prefill: nothing before it
+    for (before, _), (now, eager) in zip(seen, seen[1:]):
+        assert eager == (now != before)
     _, _, stays, _ = _run(tiny, True, 1.0, "lru", "none", landed=True, mid_pass="never")
     assert stays.rewinds == 0 < source.rewinds
 

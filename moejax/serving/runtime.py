@@ -107,8 +107,9 @@ class CachedExperts:
         # dispatched in vain, and a layer's prefetches are in the slot maps of the layers after
         # it. When no check can be expected to fail, it only delays the next layers' dispatch
         # on the host thread, while the same checks at the end of the pass run beside the
-        # device's last steps (100% from cold, steady passes: 1.20x resident against 1.10x,
-        # `benchmarks/decision_cost.py` part 4). "adaptive": mid-pass in a pass after one
+        # device's last steps (100% from cold, steady passes: 1.23-1.36x resident checked
+        # mid-pass against 1.15-1.20x at the end, `benchmarks/decision_cost.py` part 4).
+        # "adaptive": mid-pass in a pass after one
         # whose residency changed or whose check failed, and in the rest of a pass once one of
         # its checks failed. Where the checks run never changes a decision (the decisions are
         # deciding layer by layer's, `tests/test_speculation.py`).
