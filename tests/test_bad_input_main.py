@@ -236,10 +236,17 @@ def test_ctrl_c_in_a_job_says_what_was_kept(tmp_path, monkeypatch):
 @pytest.mark.slow
 def test_ctrl_c_on_the_command_line_is_one_line_and_status_130(tmp_path):
     w = tmp_path / "w"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "moejax.main", f"--config={DEFAULT}", f"--workdir={w}",
-         "--config.run.max_new_tokens=400", "--config.log.progress=False"],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # A suite started in the background (`cmd &` without job control) ignores SIGINT, and an
+    # ignored signal stays ignored in a child: the command would never see the Ctrl-C. Any
+    # handler here is the default in the child, where Python installs its own.
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "moejax.main", f"--config={DEFAULT}", f"--workdir={w}",
+             "--config.run.max_new_tokens=400", "--config.log.progress=False"],
+            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    finally:
+        signal.signal(signal.SIGINT, before)
     deadline = time.monotonic() + 120
     while not (w / workdir.LOCK_NAME).exists():  # the job has claimed its workdir: started
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()

@@ -9,12 +9,14 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from moejax.errors import CheckpointError
+from moejax.interrupts import ctrl_c_deferred
 
 
 def save(path: str, params: dict[str, np.ndarray]) -> None:
-    ckpt = ocp.StandardCheckpointer()
-    ckpt.save(os.path.abspath(path), params, force=True)
-    ckpt.wait_until_finished()
+    with ctrl_c_deferred():  # (Orbax's event loop: see `moejax.interrupts`)
+        ckpt = ocp.StandardCheckpointer()
+        ckpt.save(os.path.abspath(path), params, force=True)
+        ckpt.wait_until_finished()
 
 
 def restore(path: str, abstract: dict[str, jax.ShapeDtypeStruct]) -> dict[str, np.ndarray]:
@@ -24,7 +26,8 @@ def restore(path: str, abstract: dict[str, jax.ShapeDtypeStruct]) -> dict[str, n
         raise CheckpointError(f"{path}: dense parameter checkpoint is missing")
     ckpt = ocp.StandardCheckpointer()
     try:
-        stored = ckpt.metadata(path).item_metadata
+        with ctrl_c_deferred():
+            stored = ckpt.metadata(path).item_metadata
     except Exception as e:
         raise CheckpointError(f"{path}: unreadable Orbax checkpoint: {e}") from e
     stored = dict(stored) if stored is not None else {}
@@ -39,6 +42,7 @@ def restore(path: str, abstract: dict[str, jax.ShapeDtypeStruct]) -> dict[str, n
                 f"{path}: dense parameter {name!r} is {tuple(got.shape)} {got.dtype}, "
                 f"the config implies {tuple(want.shape)} {np.dtype(want.dtype)}")
     try:
-        return ckpt.restore(path, {k: abstract[k] for k in abstract})
+        with ctrl_c_deferred():  # (Orbax's event loop: see `moejax.interrupts`)
+            return ckpt.restore(path, {k: abstract[k] for k in abstract})
     except Exception as e:
         raise CheckpointError(f"{path}: restoring dense parameters failed: {e}") from e
