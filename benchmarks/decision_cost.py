@@ -1,6 +1,6 @@
 """What the live cache's decisions cost the host thread (issue 24, part 5), in one process:
 
-    python benchmarks/decision_cost.py [--rounds 12] [--parts 1,2,3,4]
+    python benchmarks/decision_cost.py [--rounds 12] [--parts 1234]
 
 1. decode at 100% from cold against every expert resident, `configs/default.py`'s model and
    prompt, 64 tokens: one decoder per setting, a fresh cache every round, the settings
@@ -231,9 +231,11 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=12,
                         help="parts 1 and 4's alternated rounds")
-    parser.add_argument("--parts", default="1,2,3,4", help="which parts, comma-separated")
+    parser.add_argument("--parts", default="1234", help="which parts to run, e.g. 14")
     args = parser.parse_args()
-    parts = {int(p) for p in args.parts.split(",")}
+    if not args.parts or set(args.parts) - set("1234"):
+        parser.error(f"--parts={args.parts!r}: the digits of the parts to run, 1 to 4")
+    parts = {int(p) for p in args.parts}
     config = base_config()
     loaded = load_model(config.model)
     prompt = np.asarray(requests_of(config, loaded)[0].ids, np.int32)[None]
