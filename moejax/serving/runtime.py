@@ -82,7 +82,7 @@ class CachedExperts:
         self.deferred_passes = 0
         # A speculative pass (`_may_speculate`) runs each layer's experts step on the slots
         # its experts hold when the step is dispatched, without waiting for its decision, and
-        # checks and decides each layer once its gate has landed (`_check_landed`) or at the
+        # checks and decides each layer once its gate has landed (`_check_pending`) or at the
         # end of the pass (`_verify`): `_spec` is the run being checked. `speculation_allowed`
         # is the decoder's say (it has no gate observers to mislead). A failed check re-runs
         # the pass from the layer that failed, that layer decided first and the layers after
@@ -109,10 +109,10 @@ class CachedExperts:
         # on the host thread, while the same checks at the end of the pass run beside the
         # device's last steps (100% from cold, steady passes: 1.23-1.36x resident checked
         # mid-pass against 1.15-1.20x at the end, `benchmarks/decision_cost.py` part 4).
-        # "adaptive": mid-pass in a pass after one
-        # whose residency changed or whose check failed, and in the rest of a pass once one of
-        # its checks failed. Where the checks run never changes a decision (the decisions are
-        # deciding layer by layer's, `tests/test_speculation.py`).
+        # "adaptive": mid-pass in a pass after one whose residency changed or whose check
+        # failed, and in the rest of a pass once one of its checks failed. Where the checks
+        # run never changes a decision (the decisions are deciding layer by layer's,
+        # `tests/test_speculation.py`).
         self.mid_pass_checks = "adaptive"
         self.eager_passes = 0  # speculative passes begun checking mid-pass
         self._eager = True
@@ -304,9 +304,9 @@ class CachedExperts:
         """The experts step of `gate.layer` on the router's own selection and the slots the
         layer's resident experts hold now (a non-resident expert reads slot 0: the check
         rejects any step that used one). First the run's earlier layers whose gates have
-        landed are checked and decided (`_check_landed`): a failed check stops the pass here
+        landed are checked and decided (`_check_pending`): a failed check stops the pass here
         (`Rewind`) instead of after the rest of it was dispatched in vain."""
-        failed = self._check_landed() if self._eager else None
+        failed = self._check_pending(wait=False) if self._eager else None
         if failed is not None:
             self.rewinds += 1
             raise Rewind(failed)
@@ -322,13 +322,15 @@ class CachedExperts:
         gate_up, down = self.pool.arrays()
         return ExpertWave(gate_up, down, slot_map, gate.ids, gate.weights, True)
 
-    def _check_landed(self) -> int | None:
-        """Checks and decides the speculative run's layers in order while their router steps
-        are done (never waiting for one); returns the layer whose check failed, or None."""
+    def _check_pending(self, wait: bool) -> int | None:
+        """Checks and decides the speculative run's layers not checked yet (`_check`), in
+        order: all of them, waiting for each gate (`wait`), or while their router steps are
+        done, never waiting for one (mid-pass). Returns the layer whose check failed, or
+        None."""
         spec = self._spec
         while spec.checked < len(spec.layers):
             gate, slot_of = spec.layers[spec.checked]
-            if not self.gate_landed(gate):
+            if not wait and not self.gate_landed(gate):
                 return None
             failed = self._check(gate, slot_of)
             if failed is not None:
@@ -337,15 +339,12 @@ class CachedExperts:
         return None
 
     def _verify(self) -> int | None:
-        """The end of a speculative run: checks and decides its layers not checked yet
-        (`_check`), in order, waiting for each gate; then the pass ends as layer by layer.
-        Returns None, or the layer whose check failed (the decoder re-runs from it)."""
-        spec = self._spec
-        while spec.checked < len(spec.layers):
-            failed = self._check(*spec.layers[spec.checked])
-            if failed is not None:
-                return failed
-            spec.checked += 1
+        """The end of a speculative run: checks and decides its layers not checked yet,
+        waiting for each gate; then the pass ends as layer by layer. Returns None, or the
+        layer whose check failed (the decoder re-runs from it)."""
+        failed = self._check_pending(wait=True)
+        if failed is not None:
+            return failed
         self._spec = None
         self._spec_backoff = 0
         self._flush()
