@@ -376,6 +376,39 @@ def check_sweep_dir(sweep_dir: str) -> None:
                          f"(not a sweep directory)")
 
 
+def check_same_sweep(sweep_dir: str, config: str, arg: str | None,
+                     cells: list[cells_lib.Cell]) -> None:
+    """A sweep directory holds one sweep: resuming takes its finished cells as this command's,
+    so a directory whose sweep.json names another config file or argument, or gives one of
+    this sweep's cell names other overrides, is refused (its results would be mixed with this
+    sweep's). Cells only one of the two has are fine (a sweep grown or cut since). A sweep.json
+    that does not parse is named."""
+    path = os.path.join(sweep_dir, "sweep.json")
+    if not os.path.exists(path):
+        return
+    try:
+        with open(path) as f:
+            held = json.load(f)
+        held_config, held_arg = held["config"], held["config_arg"]
+        held_cells = {c["name"]: c["overrides"] for c in held["cells"]}
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise UsageError(f"--sweep_dir={sweep_dir}: its sweep.json cannot be read "
+                         f"({type(e).__name__}: {e}); move it away, or choose another "
+                         f"--sweep_dir") from None
+    theirs = held_config + (f":{held_arg}" if held_arg is not None else "")
+    if held_arg != arg or not isinstance(held_config, str) or \
+            os.path.realpath(held_config) != os.path.realpath(config):
+        raise UsageError(f"--sweep_dir={sweep_dir}: holds the sweep of {theirs}, not "
+                         f"{config + (f':{arg}' if arg is not None else '')}; its finished "
+                         f"cells would be taken as this one's. Choose another --sweep_dir")
+    for c in cells:
+        if c.name in held_cells and held_cells[c.name] != c.overrides:
+            raise UsageError(f"--sweep_dir={sweep_dir}: its cell {c.name} ran "
+                             f"{json.dumps(held_cells[c.name], sort_keys=True)}, this sweep's "
+                             f"has {json.dumps(c.overrides, sort_keys=True)} (the config "
+                             f"changed); choose another --sweep_dir")
+
+
 def _config_frame(e: BaseException, config: str) -> str:
     """Where in the config file `e` was raised from: " (configs/x.py, line 76)", or ""."""
     if isinstance(e, SyntaxError) and e.filename:
@@ -430,10 +463,12 @@ def _main(args: argparse.Namespace) -> int:
         raise UsageError(f"--only={args.only}: matches none of the {len(all_cells)} cell names "
                          f"(--dry_run without --only lists them)")
     if args.dry_run:
+        check_same_sweep(sweep_dir, config, arg, all_cells)
         return dry_run(sweep_dir, all_cells, selected, args.workers)
     os.makedirs(os.path.join(sweep_dir, "cells"), exist_ok=True)
     # The lock before sweep.json: a second launcher must not rewrite the first one's files.
     with _sweep_lock(sweep_dir):
+        check_same_sweep(sweep_dir, config, arg, all_cells)
         write_sweep_json(sweep_dir, config, arg, all_cells)
         if args.slurm:
             return _write_slurm(args, sweep_dir, config, arg, all_cells, selected)

@@ -117,13 +117,34 @@ def init(env: dict[str, str]) -> None:
         os.environ.setdefault(key, value)
 
 
+def _empty(workdir: str, keep: str) -> None:
+    """Removes everything in `workdir` but the entry `keep`."""
+    for entry in os.scandir(workdir):
+        if entry.name == keep:
+            continue
+        if entry.is_dir(follow_symlinks=False):
+            shutil.rmtree(entry.path, ignore_errors=True)
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(entry.path)
+
+
 def run_cell(config_path: str, arg: str | None, name: str, overrides: dict[str, Any],
              workdir: str) -> dict:
-    """Runs one cell into `workdir`, which is emptied first (a killed run's partial events or
-    traces must not mix with the new run's). Returns {"name", "ok", "error", "seconds"}."""
+    """Runs one cell into `workdir`: claimed first (`moejax.workdir`: a cell another process
+    runs — a Slurm task re-run by hand — fails here and its directory is left alone), then
+    emptied (a killed run's partial events or traces must not mix with the new run's).
+    Returns {"name", "ok", "error", "seconds"}."""
+    from moejax import workdir as workdir_lib
+    from moejax.cli import UsageError
+
     t0 = time.perf_counter()
-    shutil.rmtree(workdir, ignore_errors=True)
-    os.makedirs(workdir)
+    try:
+        claim = workdir_lib.claim(workdir)
+    except UsageError as e:
+        return {"name": name, "ok": False, "error": f"UsageError: {e}",
+                "seconds": time.perf_counter() - t0}
+    _empty(workdir, keep=workdir_lib.LOCK_NAME)
     marker = os.path.join(workdir, RUNNING)
     with open(marker, "w") as f:
         f.write(str(os.getpid()))
@@ -134,7 +155,7 @@ def run_cell(config_path: str, arg: str | None, name: str, overrides: dict[str, 
                 config = build_config(config_path, arg, overrides)
                 from moejax import jobs
 
-                result = jobs.run(config, workdir)
+                result = jobs.run(config, workdir, claim=claim)
                 path = os.path.join(workdir, "results.json")
                 if not cells_lib.is_finished(path):  # a job that returns its result unwritten
                     from moejax.results import write_json_atomic
@@ -148,6 +169,7 @@ def run_cell(config_path: str, arg: str | None, name: str, overrides: dict[str, 
     finally:  # whatever ends the run short of killing the process (KeyboardInterrupt too)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(marker)
+        claim.release()  # (already released by `jobs.run` once it got the claim)
     seconds = time.perf_counter() - t0
     if error is None:
         with contextlib.suppress(OSError):  # an estimate's input: never a cell's failure

@@ -215,6 +215,12 @@ def run_absl(prog: str, main: Callable[[list[str]], int | None], *,
             return parse_flags(argv)
         except UsageError as e:
             fail(prog, str(e), USAGE)
+        except SystemExit as e:
+            # absl prints the usage for --help and its kin and exits 1; asked for, the usage
+            # is an answer, not a failure.
+            if e.code == 1 and asks_for_help(argv[1:]):
+                raise SystemExit(0) from None
+            raise
 
     def body(argv: list[str]) -> None:
         def call():
@@ -233,6 +239,20 @@ def run_absl(prog: str, main: Callable[[list[str]], int | None], *,
 
     app.run(body, flags_parser=parse)
     raise AssertionError("absl.app.run returned")
+
+
+HELP_FLAGS = ("--help", "-help", "-?", "--helpshort", "-helpshort", "--helpfull",
+              "-helpfull", "--helpxml", "-helpxml")
+
+
+def asks_for_help(args: list[str]) -> bool:
+    """Whether `args` (without the program) hold one of absl's help flags before a `--`."""
+    for arg in args:
+        if arg == "--":
+            return False
+        if arg in HELP_FLAGS:
+            return True
+    return False
 
 
 def parse_flags(argv: list[str], flag_values=None) -> list[str]:

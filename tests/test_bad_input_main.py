@@ -159,6 +159,12 @@ def test_config_error_leaves_no_workdir_behind(tmp_path):
     with pytest.raises(ConfigError):
         jobs.run(c, str(existing))
     assert existing.is_dir() and os.listdir(existing) == []  # was there: kept, lock removed
+    c.job = "nope"  # refused before the job is looked up: a claim handed in goes too
+    held = workdir.claim(str(existing))  # (a sweep's worker claims its cell's directory)
+    with pytest.raises(ConfigError, match="config.job='nope'"):
+        jobs.run(c, str(existing), claim=held)
+    assert os.listdir(existing) == []
+    workdir.claim(str(existing)).release()  # free again
 
 
 # --- one run per workdir ---------------------------------------------------------------------
@@ -416,6 +422,18 @@ def test_add_precisions_failing_part_way_leaves_the_checkpoint_as_it_was(tiny, t
 
 
 # --- the command lines: main and convert -----------------------------------------------------
+
+@pytest.mark.parametrize("module, flag", [("moejax.main", "--workdir"),
+                                          ("moejax.convert", "--hf_dir")])
+def test_help_is_an_answer_with_status_0(module, flag):
+    """absl exits 1 after printing the usage for --help; asked for, it is not a failure."""
+    for ask in ("--help", "--helpfull"):
+        done = _command(module, ask)
+        assert done.returncode == 0, (ask, done.returncode, done.stderr[-2000:])
+        assert flag in done.stdout + done.stderr and "Traceback" not in done.stderr
+    assert cli.asks_for_help(["--config=c.py", "--help"])
+    assert not cli.asks_for_help(["--", "--help"]) and not cli.asks_for_help(["--helpme"])
+
 
 def test_main_command_line_errors_are_one_line(tmp_path):
     w = tmp_path / "w"

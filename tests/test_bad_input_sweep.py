@@ -145,6 +145,49 @@ def test_a_second_launcher_leaves_the_first_ones_sweep_alone(tiny_config, tmp_pa
     assert not (sweep_dir / "cells.txt").exists()
 
 
+def _slurm(config: str, sweep_dir, *more: str) -> int:
+    return sweep.main([f"--config={config}", f"--sweep_dir={sweep_dir}", "--slurm", *more])
+
+
+def test_a_sweep_dir_holding_another_sweep_is_refused_and_kept(tiny_config, tmp_path, capsys):
+    sweep_dir = tmp_path / "s"
+    assert _slurm(f"{tiny_config}:6", sweep_dir) == 0
+    capsys.readouterr()
+    before = {p: (sweep_dir / p).read_bytes() for p in ("sweep.json", "cells.txt")}
+    # Another argument of the same file, and another file: every mode refuses, writes nothing.
+    other = tmp_path / "other_sweep.py"
+    other.write_text(TINY_CONFIG)
+    for config in (f"{tiny_config}:4", str(other)):
+        for mode in ([], ["--slurm"], ["--dry_run"]):
+            status = sweep.main([f"--config={config}", f"--sweep_dir={sweep_dir}", *mode])
+            err = _usage_error(capsys, status, f"--sweep_dir={sweep_dir}: holds the sweep of "
+                                               f"{tiny_config}:6, not ", "another --sweep_dir")
+            assert len(err.strip().splitlines()) == 1, err
+    assert {p: (sweep_dir / p).read_bytes() for p in before} == before
+    assert os.listdir(sweep_dir / "cells") == []
+
+
+def test_a_cell_name_with_other_overrides_is_refused_a_grown_sweep_is_not(tmp_path, capsys):
+    config, sweep_dir = tmp_path / "grid.py", tmp_path / "s"
+    grid = "def get_config(arg=None):\n    raise AssertionError\n\n\n" \
+           "def sweep(add):\n    for n in {}:\n        add(**{{'run.max_new_tokens': n}})\n"
+    config.write_text(grid.format("(1, 2)"))
+    assert _slurm(str(config), sweep_dir) == 0
+    config.write_text(grid.format("(1, 2, 3)"))  # grown: the first two cells are the same
+    assert _slurm(str(config), sweep_dir) == 0
+    assert len(json.loads((sweep_dir / "sweep.json").read_text())["cells"]) == 3
+    capsys.readouterr()
+    held = json.loads((sweep_dir / "sweep.json").read_text())
+    name = held["cells"][0]["name"]
+    held["cells"][0]["overrides"] = {"run.max_new_tokens": 7}  # what that cell ran before
+    (sweep_dir / "sweep.json").write_text(json.dumps(held))
+    _usage_error(capsys, _slurm(str(config), sweep_dir), f"its cell {name} ran "
+                 '{"run.max_new_tokens": 7}, this sweep\'s has {"run.max_new_tokens": 1}')
+    (sweep_dir / "sweep.json").write_text('{"cells": ')  # cut off
+    _usage_error(capsys, _slurm(str(config), sweep_dir), "its sweep.json cannot be read")
+    assert (sweep_dir / "sweep.json").read_text() == '{"cells": '
+
+
 def test_a_dry_run_into_a_closed_pipe_stops_quietly(tmp_path):
     config = tmp_path / "big.py"
     config.write_text(TINY_CONFIG)
@@ -199,7 +242,7 @@ def test_a_cell_run_by_the_pool_worker_records_its_wall_time(tmp_path, monkeypat
 
     import moejax
 
-    def run(config, workdir):
+    def run(config, workdir, claim=None):
         return {"ran": True}
 
     fake_jobs = types.SimpleNamespace(run=run)

@@ -68,7 +68,7 @@ SWEEP_CONFIG = textwrap.dedent('''
             super().__setitem__(key, value)
 
 
-    def _finish_then_die(config, workdir):
+    def _finish_then_die(config, workdir, claim=None):
         """A job killed (os._exit, as SIGKILL or the OOM killer would) just after it wrote
         its results.json atomically, before its worker could remove the .running marker."""
         from moejax.results import write_json_atomic
@@ -289,6 +289,32 @@ def test_run_cell_removes_its_marker_however_the_run_ends(tmp_path, monkeypatch)
     with pytest.raises(KeyboardInterrupt):
         worker.run_cell("unused.py", None, "cell", {}, workdir)
     assert os.path.isdir(workdir) and not os.path.exists(os.path.join(workdir, worker.RUNNING))
+
+
+def test_run_cell_leaves_a_cell_another_run_holds_alone_and_releases_its_own(tmp_path,
+                                                                               monkeypatch):
+    """A cell's directory is claimed before it is emptied: while another run holds it (a Slurm
+    task re-run by hand beside the pool) the cell fails naming that run and nothing of the
+    directory is touched; a cell that ran (here: failed in its config) lets its claim go."""
+    from launch import worker
+    from moejax import workdir as workdir_lib
+
+    workdir = str(tmp_path / "cell")
+    with workdir_lib.claimed(workdir):  # the other run
+        with open(os.path.join(workdir, "events.the_other_run"), "w") as f:
+            f.write("written by the run holding the cell")
+        outcome = worker.run_cell("unused.py", None, "cell", {}, workdir)
+        assert not outcome["ok"] and "in use by pid" in outcome["error"], outcome
+        assert sorted(os.listdir(workdir)) == [workdir_lib.LOCK_NAME, "events.the_other_run"]
+
+    def bad_config(*args):
+        raise ValueError("a bad override")
+
+    monkeypatch.setattr(worker, "build_config", bad_config)
+    outcome = worker.run_cell("unused.py", None, "cell", {}, workdir)
+    assert not outcome["ok"] and "a bad override" in outcome["error"]
+    assert sorted(os.listdir(workdir)) == ["error.txt", "log.txt"]  # emptied, claim released
+    workdir_lib.claim(workdir).release()
 
 
 @pytest.mark.slow

@@ -23,16 +23,27 @@ from moejax.jobs.schema import JOBS, base_config
 __all__ = ["JOBS", "base_config", "run"]
 
 
-def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
-    if config.job not in JOBS:
-        raise ConfigError(f"config.job={config.job!r} is not one of {JOBS}")
-    if config.job != "train":  # the cache, clock, storage, io and policy fields: before the
-        from moejax.cache.from_config import check_settings  # model loads or W is created
+def run(config: ml_collections.ConfigDict, workdir: str,
+        claim: workdir_lib.Claim | None = None) -> dict:
+    """Runs `config.job` into `workdir`. `claim`: the workdir already claimed by the caller (a
+    sweep's worker claims a cell's directory before it empties it), released here however the
+    run ends, as the claim `run` takes itself is."""
+    try:
+        if config.job not in JOBS:
+            raise ConfigError(f"config.job={config.job!r} is not one of {JOBS}")
+        if config.job != "train":  # the cache, clock, storage, io and policy fields: before
+            from moejax.cache.from_config import check_settings  # the model loads or W exists
 
-        check_settings(config, live=config.job != "replay", defaults=base_config())
-    workdir_lib.check(workdir)  # a workdir the run cannot use fails before the job loads
-    job = runner_of(config.job)  # a missing extra fails here, before the workdir is created
-    claim = workdir_lib.claim(workdir)
+            check_settings(config, live=config.job != "replay", defaults=base_config())
+        if claim is None:  # a workdir the run cannot use fails before the job loads
+            workdir_lib.check(workdir)
+        job = runner_of(config.job)  # a missing extra fails here, before the workdir is made
+        if claim is None:
+            claim = workdir_lib.claim(workdir)
+    except BaseException:
+        if claim is not None:
+            claim.release()
+        raise
     try:
         return job(config, workdir)
     except Interrupted:  # the job said what it kept
