@@ -39,9 +39,12 @@ def _config(**fields):
     return c
 
 
-def _run(config, loaded=None):
+def _run(config, loaded=None, speculation=None):
     loaded = loaded or load_model_for(config)
-    return LiveRuns(config, loaded).run()["clocks"]
+    out = LiveRuns(config, loaded).run()
+    if speculation is not None:
+        speculation.update(out["speculation"])
+    return out["clocks"]
 
 
 @dataclasses.dataclass
@@ -72,7 +75,10 @@ def test_a_wall_clock_run_reports_the_virtual_clock_of_the_same_run():
     loaded = load_model_for(config)
     virtual_run = _run(config, loaded)
     assert virtual_run["virtual"]["source"] == "cache clock"
-    wall_run = _run(_config(**{"clock.kind": "wall"}), loaded)
+    speculation = {}
+    wall_run = _run(_config(**{"clock.kind": "wall"}), loaded, speculation)
+    # Speculative passes ran, and re-ran layers (the recorder saw their gates twice).
+    assert speculation["speculative_passes"] > 0 and speculation["failed_checks"] > 0
     got = wall_run["virtual"]
     assert got["source"] == "replay" and got["replay_counters_equal_live"] is True
     assert got["hardware"] == "cpu" and "replayed on the virtual clock" in got["what"]
@@ -94,6 +100,8 @@ def test_the_recorded_routing_replays_to_the_cache_clock_exactly():
     routing.attach(decoder, experts)
     for _ in range(2):
         decoder.generate(PROMPT, 6)
+    # Speculative passes ran beside the recorder, and re-ran layers (their gates seen twice).
+    assert experts.speculative_passes > 0 and experts.speculation_misses > 0
     assert routing.requests == 2
     traces = routing.traces()
     assert [t.prefill_passes for t in traces] == [1, 1]

@@ -107,6 +107,14 @@ def test_repeated_prompt_is_warm_at_full_capacity(tmp_path):
     assert cc["warm_ttft_s"] == cc["ttft_per_request_s"][1] < cc["cold_ttft_s"]
     prefills = [p for p in results["cache"]["passes"] if p["kind"] == "prefill"]
     assert len(prefills) == 2 and prefills[0]["stall_s"] > 0 and prefills[1]["stall_s"] == 0
+    # How the runtime ran its passes: speculative ones (the virtual clock: none failed for
+    # an expert in flight, a wall clock's reason).
+    spec = results["speculation"]
+    assert spec["speculative_passes"] > 0 and spec["failed_in_flight"] == 0
+    assert spec["failed_checks"] >= spec["failed_mid_pass"]
+    resident = _config(prompts=PROMPTS[:1])
+    resident.cache.enabled = False
+    assert "speculation" not in jobs.run(resident, str(tmp_path / "resident"))
 
 
 def test_one_prompt_reports_no_warm_ttft(single, tmp_path):

@@ -14,6 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from moejax.jobs.schema import base_config
+from moejax.models import stepped
 from moejax.models.stepped import SteppedDecoder
 from moejax.policies import names
 from moejax.serving.build import build_cached_experts
@@ -29,10 +30,12 @@ def tiny():
 
 
 def _run(tiny, speculate, capacity, eviction, prefetch, observe=False, clock="virtual",
-         landed=None, mid_pass="adaptive", prepare=None):
+         landed=None, mid_pass="adaptive", prepare=None, latency_s=None):
     cfg, model, loaded, prompt, _ = tiny
     c = base_config()
     c.clock.kind = clock
+    if latency_s is not None:
+        c.hardware.h2d_latency_s = latency_s
     c.cache.capacity_frac = capacity
     c.policies.eviction, c.policies.prefetch = eviction, prefetch
     source = build_cached_experts(c, loaded)
@@ -138,13 +141,94 @@ def test_a_cold_full_cache_speculates_and_re_runs_on_a_miss(tiny):
     _same_generation(out, tiny[4])
 
 
-def test_no_speculation_with_gate_observers_or_on_the_wall_clock(tiny):
-    """An observer (a trace recorder) would see a re-run pass's gates twice, and a wall clock
-    would time decisions when they are taken: neither speculates."""
+def test_only_decode_passes_speculate(tiny):
+    """A prefill layer asks for most of its experts: below a complete cache its checks would
+    fail and the pass run twice. On a warm half-size cache the prefill decides layer by
+    layer, and the decode passes after it speculate."""
+    _, model, loaded, prompt, _ = tiny
+    c = base_config()
+    c.cache.capacity_frac, c.cache.warm_start = 0.5, "all"
+    source = build_cached_experts(c, loaded)
+    assert source.cache_unsynced.residency  # warm: the prefill finds experts resident
+    dec = SteppedDecoder(model, source, max_len=MAX_LEN, lookahead=2)
+    dec.generate(prompt, 1)  # the prefill alone
+    assert source.speculative_passes == 0
+    dec.generate(prompt, 6)
+    assert source.speculative_passes > 0
+
+
+def test_no_speculation_with_gate_observers(tiny):
+    """An observer (a trace recorder) would see a re-run pass's gates twice."""
     _, _, source, seen = _run(tiny, True, 1.0, "lru", "none", observe=True)
     assert source.speculative_passes == 0
     cfg = tiny[0]
     assert len(seen) == len(cfg.moe_layers) * 12  # each pass's gates once
-    out, _, source, _ = _run(tiny, True, 1.0, "lru", "none", clock="wall")
-    assert source.speculative_passes == 0
+
+
+@pytest.mark.parametrize("speculate", [True, False])
+def test_on_the_wall_clock_no_kept_step_read_an_expert_in_flight(tiny, monkeypatch, speculate):
+    """The wall clock times a decision when it is taken, and emulates the link by making a
+    step wait for its experts' transfers: deciding layer by layer sleeps until they land,
+    then dispatches the step. A speculative step is dispatched before its layer is decided,
+    so it may read only experts whose transfers had landed when it was dispatched; a layer
+    whose step read one still in flight fails its check and runs again. With 3 ms a transfer
+    (a layer's prefetches are still in flight when the next layers are dispatched), observed
+    from outside the runtime — each transfer's landing as the cache books it (its sink), and
+    the slots each experts step reads when dispatched — no step whose output was kept (the
+    last of its pass and layer) read a slot before the transfer into it landed; the tokens
+    are the resident model's; and both kinds of speculative check occur."""
+    events = []  # ("load", slot, lands at) / ("step", pass, layer, dispatched at, slots read)
+    where = {"pass": -1, "layer": None}
+    clock = {}
+
+    def prepare(source):
+        cache = source.cache_unsynced
+        clock["now"] = cache.clock.now
+        book = source.load
+
+        def load(key, slot, prefetch):
+            events.append(("load", slot, cache.slot_ready[slot]))
+            book(key, slot, prefetch)
+
+        source.load = load
+
+    forward, experts, experts_step = (SteppedDecoder.forward, SteppedDecoder._experts,
+                                      stepped.experts_step)
+
+    def counted_forward(self, tokens):
+        where["pass"] += 1
+        return forward(self, tokens)
+
+    def layer_experts(self, l, h, h_norm, gate):
+        where["layer"] = l
+        return experts(self, l, h, h_norm, gate)
+
+    def recorded_step(graphdef, state, residual, h_norm, ids, weights, gate_up, down, slot_of,
+                      **kw):
+        read = np.unique(np.asarray(slot_of)[np.asarray(ids)])
+        events.append(("step", where["pass"], where["layer"], clock["now"](), read))
+        return experts_step(graphdef, state, residual, h_norm, ids, weights, gate_up, down,
+                            slot_of, **kw)
+
+    monkeypatch.setattr(SteppedDecoder, "forward", counted_forward)
+    monkeypatch.setattr(SteppedDecoder, "_experts", layer_experts)
+    monkeypatch.setattr(stepped, "experts_step", recorded_step)
+    out, _, source, _ = _run(tiny, speculate, 1.0, "lru", "score_percentile(p=80)",
+                             clock="wall", prepare=prepare, latency_s=0.003)
     _same_generation(out, tiny[4])
+    kept, lands = {}, {}
+    for i, e in enumerate(events):
+        if e[0] == "step":
+            kept[e[1], e[2]] = i  # a re-run's step replaces the one before
+    assert len(kept) == 12 * len(tiny[0].moe_layers)  # each layer of each pass: a kept step
+    for i, e in enumerate(events):
+        if e[0] == "load":
+            lands[e[1]] = e[2]
+        elif kept[e[1], e[2]] == i:
+            late = {int(s): lands[s] - e[3] for s in e[4] if lands[s] > e[3]}
+            assert not late, f"pass {e[1]} layer {e[2]} read slots before they landed: {late}"
+    if speculate:
+        assert source.speculative_passes > source.speculation_misses
+        assert 0 < source.speculation_in_flight < source.speculation_misses
+    else:
+        assert source.speculative_passes == 0

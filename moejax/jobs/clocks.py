@@ -81,7 +81,9 @@ class RunRouting:
         return None if self._driver is None else self._driver.driving
 
     def on_gate(self, gate: GateOutputs) -> None:
-        self._gates[gate.layer] = gate
+        self._gates[gate.layer] = gate  # a layer a speculative pass re-ran: its last gate
+
+    on_gate.sees_reruns = True  # (`moejax.models.stepped.sees_reruns`)
 
     def end_pass(self, tokens: np.ndarray) -> None:
         """`tokens` `[B, T]` the pass consumed (the decoder's position is already past them)."""

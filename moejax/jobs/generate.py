@@ -265,6 +265,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     if cache is not None:
         results["cache"] = report_cache(config, cache, workdir, policies=policies)
         results["timings"]["cache_clock"] = cache.metrics.timing()
+    if hasattr(experts, "speculation_report"):  # the live cache's runtime
+        results["speculation"] = experts.speculation_report()
     results["clocks"] = clocks.section(config, loaded, gens, cache, routing)
     if driving is not None:
         results["trace_driven"] = _driven_section(driving, driver, cfg.vocab_size)

@@ -98,10 +98,11 @@ def base_config() -> ml_collections.ConfigDict:
     # (`jax.device_put` from pinned_host on the transfer stream, then a placement step), or
     # "auto" (copy_stream on an accelerator, fused on the CPU backend).
     c.cache.load_path = "auto"
-    # Speculative passes (moejax/serving/runtime.py): on the virtual clock a pass may run every
-    # layer on the residency it began with and decide after it, re-running from the first
-    # layer whose decision would read other slots; the numbers are those of deciding layer by
-    # layer (tested), only the wall time changes. False: decide layer by layer.
+    # Speculative passes (moejax/serving/runtime.py): a decode pass may run every layer on the
+    # residency it finds and decide after it, re-running from the first layer whose decision
+    # would read other slots (or, on the wall clock, read an expert still in flight); on the
+    # virtual clock the numbers are those of deciding layer by layer (tested), only the wall
+    # time changes. False: decide layer by layer.
     c.cache.speculate = True
     # Fiddler / llama.cpp --n-cpu-moe: the experts of the first N MoE layers are always
     # computed on the host, never loaded into a slot.

@@ -229,6 +229,14 @@ def logits_step(graphdef: Static, state, x):
     return nnx.merge(graphdef.value, state).logits(x)
 
 
+def sees_reruns(observer: Callable[[GateOutputs], None]) -> bool:
+    """Whether a gate observer is marked `sees_reruns`: of a pass that re-runs layers (a
+    speculative pass whose check failed, `moejax.serving.runtime`) it keeps each layer's last
+    gate, the pass's own (`moejax.jobs.clocks.RunRouting`). An unmarked one (a trace recorder
+    appending every gate it sees) makes the decoder's source decide layer by layer."""
+    return bool(getattr(observer, "sees_reruns", False))
+
+
 class _Head(nnx.Module):
     """Embedding, final norm and LM head, split from the layers so their steps see only these."""
 
@@ -335,8 +343,9 @@ class SteppedDecoder:
             raise ValueError(f"position {self.pos}+{t} tokens exceeds max_len={self.max_len}")
         pos = jnp.int32(self.pos)
         if hasattr(self.experts, "speculation_allowed"):
-            # A speculative pass may compute gates twice: only without anyone watching them.
-            self.experts.speculation_allowed = not self.gate_observers
+            # A speculative pass may compute a layer's gate twice (the later one is the
+            # pass's): only observers that keep each layer's last gate of a pass may watch it.
+            self.experts.speculation_allowed = all(map(sees_reruns, self.gate_observers))
         self.experts.begin_pass(t, self.pos)
         x = embed_step(self.head_graph, self.head_state, tokens)
         saved: dict[int, tuple] = {}

@@ -98,6 +98,9 @@ class CachedExperts:
         self._spec_skip = 0
         self.speculative_passes = 0
         self.speculation_misses = 0  # failed checks, those found mid-pass (`rewinds`) included
+        # Of them, on the wall clock: a step read an expert whose emulated transfer had not
+        # landed when the step was dispatched (`_check`).
+        self.speculation_in_flight = 0
         self.rewinds = 0
         # Whether a gate's router step is done, asked before a speculative run checks the
         # layer mid-pass (never waiting for one there); replaceable (tests force both ways).
@@ -118,6 +121,18 @@ class CachedExperts:
         self._eager = True
         self._mark: tuple[int, int] | None = None
         self._resume: tuple[GateOutputs, list] | None = None
+
+    def speculation_report(self) -> dict:
+        """How this runtime's passes ran (results.json's `speculation`, the generate job):
+        speculative passes, their failed checks (of them: a step read an expert still in flight
+        on the wall clock; found mid-pass, so the rest of the pass was not dispatched), the
+        passes that checked mid-pass, and a complete cache's passes decided after them."""
+        return {"speculative_passes": self.speculative_passes,
+                "failed_checks": self.speculation_misses,
+                "failed_in_flight": self.speculation_in_flight,
+                "failed_mid_pass": self.rewinds,
+                "checked_mid_pass": self.eager_passes,
+                "complete_cache_passes": self.deferred_passes}
 
     @property
     def cache(self) -> ExpertCache:
@@ -237,7 +252,10 @@ class CachedExperts:
         if self.defer_complete and self._can_defer():
             self._refresh_full_maps()
             self._open = _DeferredPass(tokens, position, True)
-        elif self._may_speculate():
+        elif tokens == 1 and self._may_speculate():
+            # Decode passes only: a prefill layer asks for most of its experts, so below a
+            # complete cache its checks fail and the pass runs twice (25% warm: 35 ms TTFT
+            # speculating against 24 layer by layer, `benchmarks/cache_runtime.py` part 2).
             self._spec = _SpeculativePass()
             self._retries = 0
             self.speculative_passes += 1
@@ -272,19 +290,24 @@ class CachedExperts:
         """Whether this pass may run each layer's experts step on the experts of that layer
         resident when the step is dispatched, without a host round trip per layer, and decide
         the layer later (`_check`). Its decisions are then the same as layer by layer (same
-        gates, same order; the clock's times are the cost model's), and a layer whose
-        decision would read other slots than the step did is re-run from there. That holds
-        when a decision that finds every requested expert resident keeps the router's
-        selection and serves it in one wave from the slots it sits in: standard routing,
-        fetch, one slot pool, no watchdog queue (it may issue a layer's transfers out of
-        order), no disk tier (its loads wait for reads) and no layer computed on the host;
-        and on the virtual clock only (a wall clock would time the decisions when they are
-        taken, after the steps)."""
+        gates, same order), and a layer whose decision would read other slots than the step
+        did is re-run from there. That holds when a decision that finds every requested expert
+        resident keeps the router's selection and serves it in one wave from the slots it
+        sits in: standard routing, fetch, one slot pool, no watchdog queue (it may issue a
+        layer's transfers out of order), no disk tier (its loads wait for reads) and no layer
+        computed on the host.
+
+        On the virtual clock the times are the cost model's whenever the decisions are taken,
+        so every number is deciding layer by layer's. The wall clock times a decision when it
+        is taken: there a step may read only experts whose emulated transfers had landed when
+        it was dispatched (deciding layer by layer would have waited for them first; `_check`
+        fails the layer otherwise), and a layer's prefetches are issued when it is decided,
+        after the steps dispatched before — what this runtime does, timed as it does it."""
         c = self._cache
         if not (self.speculate and self.speculation_allowed) or self.gate_source is not None \
                 or c.routing.name != "standard" or c.miss.name != "fetch" or c.multi \
                 or c.queue or c.host is not None or c.host_layers \
-                or getattr(c.clock, "kind", None) != "virtual" or not c.residency:
+                or getattr(c.clock, "kind", None) not in ("virtual", "wall") or not c.residency:
             return False
         if self._spec_skip:
             self._spec_skip -= 1
@@ -318,7 +341,10 @@ class CachedExperts:
             held = self._resident_maps[layer] = (
                 changes, slot_of, self._slot_map(Wave(layer, slot_of, None, None, None, True)))
         _, slot_of, slot_map = held
-        self._spec.layers.append((gate, slot_of))
+        # The wall clock: when the step reads its experts (`_check` holds it to their landing).
+        clock = self._cache.clock
+        dispatched = clock.now() if clock.kind == "wall" else None
+        self._spec.layers.append((gate, slot_of, dispatched))
         gate_up, down = self.pool.arrays()
         return ExpertWave(gate_up, down, slot_map, gate.ids, gate.weights, True)
 
@@ -329,10 +355,10 @@ class CachedExperts:
         None."""
         spec = self._spec
         while spec.checked < len(spec.layers):
-            gate, slot_of = spec.layers[spec.checked]
+            gate, slot_of, dispatched = spec.layers[spec.checked]
             if not wait and not self.gate_landed(gate):
                 return None
-            failed = self._check(gate, slot_of)
+            failed = self._check(gate, slot_of, dispatched)
             if failed is not None:
                 return failed
             spec.checked += 1
@@ -351,20 +377,26 @@ class CachedExperts:
         self._cache.end_pass()
         return None
 
-    def _check(self, gate: GateOutputs, slot_of: dict[int, int]) -> int | None:
+    def _check(self, gate: GateOutputs, slot_of: dict[int, int],
+               dispatched: float | None = None) -> int | None:
         """Decides a speculative step's layer on its own gate if every expert it requested
-        still holds the slot the step read: then the decision serves exactly that (one wave,
-        all hits, the router's selection) and is taken as if layer by layer. Otherwise nothing
-        of it is decided and the layer is returned: the decoder re-runs the pass from there,
-        that layer decided first (`_resume`), the layers after it speculating again on the
-        residency they then find — or, past `SPEC_RETRIES` failed checks in the pass,
+        still holds the slot the step read (and on the wall clock, `dispatched` the time the
+        step was dispatched, had landed by then): then the decision serves exactly that (one
+        wave, all hits, the router's selection) and is taken as if layer by layer. Otherwise
+        nothing of it is decided and the layer is returned: the decoder re-runs the pass from
+        there, that layer decided first (`_resume`), the layers after it speculating again on
+        the residency they then find — or, past `SPEC_RETRIES` failed checks in the pass,
         deciding layer by layer."""
         got = self._to_host(self._policy_arrays(gate))
         host = self._layer_gate(gate, got)
         residency, layer = self._cache.residency, gate.layer
-        if any(residency.get((layer, e), -1) != slot_of.get(e, -2)
-               for e in set(host.ids.ravel().tolist())):
+        requested = set(host.ids.ravel().tolist())
+        moved = any(residency.get((layer, e), -1) != slot_of.get(e, -2) for e in requested)
+        in_flight = not moved and dispatched is not None and any(
+            self._cache.slot_ready[slot_of[e]] > dispatched for e in requested)
+        if moved or in_flight:
             self.speculation_misses += 1
+            self.speculation_in_flight += in_flight
             self._eager = self.mid_pass_checks != "never"
             self._resume = (gate, got)
             self._retries += 1

@@ -103,8 +103,8 @@ class LiveRuns:
         return request.new_tokens or self.config.run.max_new_tokens
 
     def run(self) -> dict:
-        """One live run: its `clocks` section, and its cache's size and counts (None without
-        a cache)."""
+        """One live run: its `clocks` section, its cache's size and counts (None without a
+        cache) and how its runtime ran the passes (`speculation`, with a cache)."""
         config = self.config
         experts, decoder = configured_decoder(config, self.loaded, max_len=self.max_len)
         cache = cache_of(experts)
@@ -126,6 +126,8 @@ class LiveRuns:
             out = {"slots": cache.shape.num_slots, "total_experts": cache.shape.total_experts,
                    "hit_rate": totals["hit_rate"], "misses": totals["misses"],
                    "requests": totals["requests"]}
+        if hasattr(experts, "speculation_report"):  # how the live runtime ran its passes
+            out["speculation"] = experts.speculation_report()
         return {"clocks": clocks.section(config, self.loaded, generations, cache, routing),
                 **out}
 
