@@ -184,24 +184,23 @@ def test_on_the_wall_clock_no_kept_step_read_an_expert_in_flight(tiny, monkeypat
     def prepare(source):
         cache = source.cache_unsynced
         clock["now"] = cache.clock.now
-        book = source.load
+        book, waves = source.load, source.experts_for
 
         def load(key, slot, prefetch):
             events.append(("load", slot, cache.slot_ready[slot]))
             book(key, slot, prefetch)
 
-        source.load = load
+        def experts_for(gate):  # the layer whose steps the decoder dispatches next
+            where["layer"] = gate.layer
+            yield from waves(gate)
 
-    forward, experts, experts_step = (SteppedDecoder.forward, SteppedDecoder._experts,
-                                      stepped.experts_step)
+        source.load, source.experts_for = load, experts_for
+
+    forward, experts_step = SteppedDecoder.forward, stepped.experts_step
 
     def counted_forward(self, tokens):
         where["pass"] += 1
         return forward(self, tokens)
-
-    def layer_experts(self, l, h, h_norm, gate):
-        where["layer"] = l
-        return experts(self, l, h, h_norm, gate)
 
     def recorded_step(graphdef, state, residual, h_norm, ids, weights, gate_up, down, slot_of,
                       **kw):
@@ -211,7 +210,6 @@ def test_on_the_wall_clock_no_kept_step_read_an_expert_in_flight(tiny, monkeypat
                             slot_of, **kw)
 
     monkeypatch.setattr(SteppedDecoder, "forward", counted_forward)
-    monkeypatch.setattr(SteppedDecoder, "_experts", layer_experts)
     monkeypatch.setattr(stepped, "experts_step", recorded_step)
     out, _, source, _ = _run(tiny, speculate, 1.0, "lru", "score_percentile(p=80)",
                              clock="wall", prepare=prepare, latency_s=0.003)
