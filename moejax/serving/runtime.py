@@ -84,7 +84,7 @@ class CachedExperts:
         # its experts hold when the step is dispatched, without waiting for its decision, and
         # checks and decides each layer once its gate has landed (`_check_pending`) or at the
         # end of the pass (`_verify`): `_spec` is the run being checked. `speculation_allowed`
-        # is the decoder's say (it has no gate observers to mislead). A failed check re-runs
+        # is the decoder's say (no gate observer it would mislead). A failed check re-runs
         # the pass from the layer that failed, that layer decided first and the layers after
         # it speculating again, up to `SPEC_RETRIES` times a pass (`_retries`); past that the
         # pass goes on layer by layer and the next `_spec_backoff` passes decide layer by
@@ -624,10 +624,12 @@ def gate_landed(gate: GateOutputs) -> bool:
 @dataclasses.dataclass
 class _SpeculativePass:
     """A speculative run (a pass, or what a failed check re-runs of it): per MoE layer, its
-    gate and the slots its experts step read (expert -> slot), in order; the first `checked`
-    are decided."""
+    gate, the slots its experts step read (expert -> slot) and, on the wall clock, when that
+    step was dispatched (None on the virtual clock), in order; the first `checked` are
+    decided."""
 
-    layers: list[tuple[GateOutputs, dict[int, int]]] = dataclasses.field(default_factory=list)
+    layers: list[tuple[GateOutputs, dict[int, int], float | None]] = dataclasses.field(
+        default_factory=list)
     checked: int = 0
 
 
