@@ -14,7 +14,9 @@ OLMoE capture (`policies.routing='trace(path=T)'`), at an emulated 5 GB/s host->
    steps of one layer at the real size, and the profile they give (`OUT/hardware.json`);
 2. live cells against the virtual clock: capacities 5%, 25%, 100%, with and without prefetch
    (`temporal`: the capture has no scores), each live on the wall clock (the cache's transfers
-   held to 5 GB/s) and as the virtual clock predicts it with the calibrated profile at 5 GB/s;
+   held to 5 GB/s) and as the virtual clock predicts it with the calibrated profile at 5 GB/s,
+   and how many decode passes speculated (these cells follow a capture, `routing=trace(...)`,
+   and a trace-driven gate decides layer by layer: the rows say 0 until that changes);
 3. an XProf trace of one prefetching decode step (`jax.profiler`, `OUT/xprof`; open it with
    TensorBoard's profile plugin or xprof), its host-side annotations on;
 4. one table of everything (and `OUT/gpu_check.json`, written after each part: a part that
@@ -150,6 +152,14 @@ def cell_rows(rows: list[dict], platform: str, width: int) -> list[Row]:
             Row("cells", f"{name}: decode error (virtual - wall) / wall",
                 _pct(r["decode_error"]), "%", f"larger: {r['larger']['decode']}"),
         ]
+        spec = r.get("speculation")
+        if spec is not None:  # the wall clock's speculative passes, all runs of the cell
+            out += [
+                Row("cells", f"{name}: speculative decode passes", spec["speculative_passes"],
+                    "passes", f"{spec['checked_mid_pass']} checked mid-pass"),
+                Row("cells", f"{name}: their failed checks", spec["failed_checks"], "checks",
+                    f"{spec['failed_in_flight']} for an expert still in flight"),
+            ]
     return out
 
 

@@ -46,7 +46,8 @@ def test_the_quick_check_prints_every_row_finite(tmp_path):
                      f"{name}: TTFT error (virtual - wall) / wall",
                      f"{name}: decode per token, wall clock",
                      f"{name}: decode per token, virtual clock",
-                     f"{name}: decode error (virtual - wall) / wall"]
+                     f"{name}: decode error (virtual - wall) / wall",
+                     f"{name}: speculative decode passes", f"{name}: their failed checks"]
     failed = [r["what"] for r in got["rows"] if r["what"].startswith("FAILED")]  # (sections
     # that raised: their message, so that a failure here says why)
     for what in expected:

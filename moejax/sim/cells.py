@@ -184,12 +184,21 @@ def run_cells(base: ml_collections.ConfigDict, cells: list[Cell], reps: int = 3,
                         "same_in_every_run": all(
                             run["clocks"]["virtual"]["decode_s"] == virtual["decode_s"]
                             for run in runs)},
+            # How the runtime ran its passes, summed over the live runs (None: no cache).
+            "speculation": _summed([run.get("speculation") for run in runs]),
             "ttft_error": relative_error(predicted["ttft_s"], wall["ttft_s"]),
             "decode_error": relative_error(predicted["decode_s"], wall["decode_s"]),
             "larger": {"ttft": _larger(wall["ttft_s"], predicted["ttft_s"]),
                        "decode": _larger(wall["decode_s"], predicted["decode_s"])},
         })
     return rows
+
+
+def _summed(reports: list[dict | None]) -> dict | None:
+    """The runs' `speculation` reports added up, key by key (None when a run had none)."""
+    if not reports or any(r is None for r in reports):
+        return None
+    return {k: sum(r[k] for r in reports) for k in reports[0]}
 
 
 def _ms(seconds: float | None) -> str:
