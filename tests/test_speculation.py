@@ -180,7 +180,7 @@ def test_on_the_wall_clock_no_kept_step_read_an_expert_in_flight(tiny, monkeypat
     sink), and the slots each experts step reads when dispatched — no step whose output was
     kept (the last of its pass and layer) read a slot before the transfer into it landed, and
     the tokens are the resident model's. "cold": 100% from cold at 3 ms a transfer, where
-    speculative checks hold and fail. "link behind": every expert resident (a warm start),
+    speculative passes run and some of their checks fail. "link behind": every expert resident (a warm start),
     but as the first decode pass begins every slot's transfer is made to land 30 ms later (a
     link that far behind): the cache is not complete until then, every speculative step
     reads experts in flight, and their checks fail for it."""
@@ -243,7 +243,7 @@ def test_on_the_wall_clock_no_kept_step_read_an_expert_in_flight(tiny, monkeypat
             assert not late, f"pass {e[1]} layer {e[2]} read slots before they landed: {late}"
     if not speculate:
         assert source.speculative_passes == 0
-    elif scenario == "cold":
-        assert source.speculative_passes > source.speculation_misses > 0
+    elif scenario == "cold":  # (how many checks fail for a transfer in flight is timing)
+        assert source.speculative_passes > 0 and source.speculation_misses > 0
     else:
         assert source.speculation_in_flight > 0
