@@ -19,7 +19,14 @@ OLMoE capture (`policies.routing='trace(path=T)'`), at an emulated 5 GB/s host->
    and a trace-driven gate decides layer by layer: the rows say 0 until that changes);
 3. an XProf trace of one prefetching decode step (`jax.profiler`, `OUT/xprof`; open it with
    TensorBoard's profile plugin or xprof), its host-side annotations on;
-4. one table of everything (and `OUT/gpu_check.json`, written after each part: a part that
+4. speculative passes on the wall clock, where the router's own gates drive the cache: the
+   first command (`configs/default.py`, the embedded model, 100% from cold, 64 tokens; 16
+   with `--quick`) on the wall clock at the emulated 5 GB/s, speculating and layer by layer
+   (`cache.speculate=False`), alternated: decode tok/s of each, their ratio, and the
+   speculative passes' failed checks, of them for an expert still in flight (on a GPU the
+   copy stream's transfers are real; its tiny experts make this the runtime's overhead, not
+   a real model's);
+5. one table of everything (and `OUT/gpu_check.json`, written after each part: a part that
    fails is a row saying so, the others still run, and the exit status is 1).
 
 `--quick` runs the same code on the CPU backend at tiny sizes in under a minute (OLMoE's
@@ -163,6 +170,50 @@ def cell_rows(rows: list[dict], platform: str, width: int) -> list[Row]:
     return out
 
 
+def speculation_rows(quick: bool) -> list[Row]:
+    """Part 4: the embedded model's first command on the wall clock, speculating and layer by
+    layer, alternated (`reps` each), through the generate job."""
+    import contextlib
+    import io
+
+    from moejax import jobs
+    from moejax.jobs.schema import base_config
+
+    tokens, reps = (16, 1) if quick else (64, 3)
+
+    def run(speculate: bool) -> dict:
+        config = base_config()
+        config.run.max_new_tokens = tokens
+        config.log.progress = config.log.tensorboard = False
+        config.clock.kind = "wall"
+        config.hardware.h2d_gbps = EMULATED_GBPS
+        config.cache.capacity_frac = 1.0
+        config.cache.speculate = speculate
+        with tempfile.TemporaryDirectory() as workdir, \
+                contextlib.redirect_stdout(io.StringIO()):
+            return jobs.run(config, os.path.join(workdir, "w"))
+
+    got: dict[bool, list[dict]] = {True: [], False: []}
+    for r in range(reps):
+        for speculate in ((True, False) if r % 2 == 0 else (False, True)):
+            got[speculate].append(run(speculate))
+    tok = {k: float(np.median([g["timings"]["decode_tok_per_s"] for g in v]))
+           for k, v in got.items()}
+    spec = [g["speculation"] for g in got[True]]
+    what = f"first command, 100% cold, wall clock, {tokens} tokens"
+    note = f"{reps} run{'s' if reps > 1 else ''} of each, alternated: the median"
+    return [
+        Row("speculation", f"{what}: decode speculating", tok[True], "tok/s", note),
+        Row("speculation", f"{what}: decode layer by layer", tok[False], "tok/s", note),
+        Row("speculation", f"{what}: speculating / layer by layer", tok[True] / tok[False],
+            "x", "above 1: speculation is faster"),
+        Row("speculation", f"{what}: speculative passes' failed checks",
+            sum(s["failed_checks"] for s in spec), "checks",
+            f"of {sum(s['speculative_passes'] for s in spec)} passes; "
+            f"{sum(s['failed_in_flight'] for s in spec)} for an expert still in flight"),
+    ]
+
+
 def _ms(seconds):
     return None if seconds is None else 1e3 * seconds
 
@@ -278,6 +329,7 @@ def main(argv=None) -> int:
     section("calibration", calibration)
     section("cells", live_cells)
     section("xprof", xprof)
+    section("speculation", lambda: speculation_rows(args.quick))
     rows.append(Row("run", "gpu_check wall time", time.perf_counter() - start, "s",
                     "--quick" if args.quick else "the budget on a GPU: 360 s"))
     report["rows"] = [r.to_dict() for r in rows]

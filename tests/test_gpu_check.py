@@ -48,6 +48,10 @@ def test_the_quick_check_prints_every_row_finite(tmp_path):
                      f"{name}: decode per token, virtual clock",
                      f"{name}: decode error (virtual - wall) / wall",
                      f"{name}: speculative decode passes", f"{name}: their failed checks"]
+    spec = "first command, 100% cold, wall clock, 16 tokens"
+    expected += [f"{spec}: decode speculating", f"{spec}: decode layer by layer",
+                 f"{spec}: speculating / layer by layer",
+                 f"{spec}: speculative passes' failed checks"]
     failed = [r["what"] for r in got["rows"] if r["what"].startswith("FAILED")]  # (sections
     # that raised: their message, so that a failure here says why)
     for what in expected:
