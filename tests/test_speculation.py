@@ -180,10 +180,10 @@ def test_on_the_wall_clock_no_kept_step_read_an_expert_in_flight(tiny, monkeypat
     sink), and the slots each experts step reads when dispatched — no step whose output was
     kept (the last of its pass and layer) read a slot before the transfer into it landed, and
     the tokens are the resident model's. "cold": 100% from cold at 3 ms a transfer, where
-    speculative passes run and some of their checks fail. "link behind": every expert resident (a warm start),
-    but as the first decode pass begins every slot's transfer is made to land 30 ms later (a
-    link that far behind): the cache is not complete until then, every speculative step
-    reads experts in flight, and their checks fail for it."""
+    speculative passes run and some of their checks fail. "link behind": every expert
+    resident (a warm start), but as the first decode pass begins every slot's transfer is made
+    to land 30 ms later (a link that far behind): the cache is not complete until then, every
+    speculative step reads experts in flight, and their checks fail for it."""
     events = []  # ("load", slot, lands at) / ("step", pass, layer, dispatched at, slots read)
     where = {"pass": -1, "layer": None}
     clock = {}
