@@ -115,7 +115,8 @@ def cli_run(fields: dict, tokens: int) -> dict:
     """`python -m moejax.main --config=configs/default.py --config.run.max_new_tokens=N
     --config.cache.<field>=<value>...` in this process (a field "group.name" is
     `--config.group.name`): the job the CLI runs (its warm-up, its clock, its results.json);
-    returns results.json's `timings` (the wall clock's TTFT and decode tok/s the CLI prints)."""
+    returns its results.json (`timings`: the wall clock's TTFT and decode tok/s the CLI
+    prints)."""
     import contextlib
     import io
     import tempfile
@@ -129,7 +130,7 @@ def cli_run(fields: dict, tokens: int) -> dict:
         group, name = k.split(".") if "." in k else ("cache", k)
         config[group][name] = v
     with tempfile.TemporaryDirectory() as workdir, contextlib.redirect_stdout(io.StringIO()):
-        return jobs.run(config, workdir + "/w")["timings"]
+        return jobs.run(config, workdir + "/w")
 
 
 def cli_speeds(rounds: int, tokens: int = 64, settings=CLI_SETTINGS) -> dict[str, np.ndarray]:
@@ -140,7 +141,7 @@ def cli_speeds(rounds: int, tokens: int = 64, settings=CLI_SETTINGS) -> dict[str
     names = list(settings)
     for r in range(rounds):
         for name in (names if r % 2 == 0 else names[::-1]):
-            t = cli_run(settings[name], tokens)
+            t = cli_run(settings[name], tokens)["timings"]
             out[name].append((t["ttft_s"], t["decode_tok_per_s"]))
     return {k: np.asarray(v) for k, v in out.items()}
 

@@ -172,31 +172,16 @@ def cell_rows(rows: list[dict], platform: str, width: int) -> list[Row]:
 
 def speculation_rows(quick: bool) -> list[Row]:
     """Part 4: the embedded model's first command on the wall clock, speculating and layer by
-    layer, alternated (`reps` each), through the generate job."""
-    import contextlib
-    import io
-
-    from moejax import jobs
-    from moejax.jobs.schema import base_config
+    layer, alternated (`reps` each), through the generate job (`cache_runtime.cli_run`)."""
+    from cache_runtime import cli_run  # benchmarks/cache_runtime.py, beside this script
 
     tokens, reps = (16, 1) if quick else (64, 3)
-
-    def run(speculate: bool) -> dict:
-        config = base_config()
-        config.run.max_new_tokens = tokens
-        config.log.progress = config.log.tensorboard = False
-        config.clock.kind = "wall"
-        config.hardware.h2d_gbps = EMULATED_GBPS
-        config.cache.capacity_frac = 1.0
-        config.cache.speculate = speculate
-        with tempfile.TemporaryDirectory() as workdir, \
-                contextlib.redirect_stdout(io.StringIO()):
-            return jobs.run(config, os.path.join(workdir, "w"))
-
     got: dict[bool, list[dict]] = {True: [], False: []}
     for r in range(reps):
         for speculate in ((True, False) if r % 2 == 0 else (False, True)):
-            got[speculate].append(run(speculate))
+            got[speculate].append(cli_run({"capacity_frac": 1.0, "speculate": speculate,
+                                           "clock.kind": "wall",
+                                           "hardware.h2d_gbps": EMULATED_GBPS}, tokens))
     tok = {k: float(np.median([g["timings"]["decode_tok_per_s"] for g in v]))
            for k, v in got.items()}
     spec = [g["speculation"] for g in got[True]]

@@ -378,7 +378,7 @@ class CachedExperts:
         return None
 
     def _check(self, gate: GateOutputs, slot_of: dict[int, int],
-               dispatched: float | None = None) -> int | None:
+               dispatched: float | None) -> int | None:
         """Decides a speculative step's layer on its own gate if every expert it requested
         still holds the slot the step read (and on the wall clock, `dispatched` the time the
         step was dispatched, had landed by then): then the decision serves exactly that (one
