@@ -15,11 +15,11 @@ OLMoE capture (`policies.routing='trace(path=T)'`), at an emulated 5 GB/s host->
 2. live cells against the virtual clock: capacities 5%, 25%, 100%, with and without prefetch
    (`temporal`: the capture has no scores), each live on the wall clock (the cache's transfers
    held to 5 GB/s) and as the virtual clock predicts it with the calibrated profile at 5 GB/s,
-   and how many decode passes speculated (these cells follow a capture, `routing=trace(...)`,
-   and a trace-driven gate decides layer by layer: the rows say 0 until that changes);
+   and how many decode passes speculated, with their failed checks (these cells follow a
+   capture, `routing=trace(...)`: a trace-driven pass speculates on the trace's selection);
 3. an XProf trace of one prefetching decode step (`jax.profiler`, `OUT/xprof`; open it with
    TensorBoard's profile plugin or xprof), its host-side annotations on;
-4. speculative passes on the wall clock, where the router's own gates drive the cache: the
+4. speculative passes on the wall clock where the router's own gates drive the cache: the
    first command (`configs/default.py`, the embedded model, 100% from cold, 64 tokens; 16
    with `--quick`) on the wall clock at the emulated 5 GB/s, speculating and layer by layer
    (`cache.speculate=False`), alternated: decode tok/s of each, their ratio, and the

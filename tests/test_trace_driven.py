@@ -19,6 +19,7 @@ from moejax import bundled, jobs
 from moejax.errors import ConfigError
 from moejax.families import FAMILIES, WIDTH_STEP, preset
 from moejax.jobs.schema import base_config
+from moejax.models.stepped import SteppedDecoder
 from moejax.seam import LayerGate
 from moejax.serving.runtime import CachedExperts
 from moejax.traces import driven
@@ -71,29 +72,49 @@ def _replay(tmp_path, trace: Trace, name: str, **cache) -> dict:
 
 @pytest.fixture
 def steps(monkeypatch) -> list:
-    """What every experts step of the run computed (the warm-up's first): per MoE layer of each
-    pass, the waves' (ids, weights), as the runtime handed them to the step."""
-    seen, experts_for = [], CachedExperts.experts_for
+    """What every experts step of the run computed (the warm-up's first): per pass, per MoE
+    layer in the order they ran, the waves' (ids, weights) as the runtime handed them to the
+    step. A layer a speculative pass re-ran (a failed check) appears again: its last steps are
+    the pass's."""
+    seen, experts_for, forward = [], CachedExperts.experts_for, SteppedDecoder.forward
 
     def spy(self, gate):
         waves = []
-        seen.append((gate.layer, waves))
+        seen[-1].append((gate.layer, waves))
         for wave in experts_for(self, gate):
             waves.append((np.asarray(wave.ids), np.asarray(wave.weights)))
             yield wave
 
+    def each_pass(self, tokens):
+        seen.append([])
+        return forward(self, tokens)
+
     monkeypatch.setattr(CachedExperts, "experts_for", spy)
+    monkeypatch.setattr(SteppedDecoder, "forward", each_pass)
     return seen
 
 
-def _check_steps(steps: list, trace: Trace, passes: int, warmup: bool) -> None:
+def _check_steps(steps: list, trace: Trace, passes: int, warmup: bool,
+                 speculated: bool = False) -> None:
     """Each experts step got the trace's ids, pass by pass and layer by layer, and its weights
-    (or 1/K each where it has none) spread over the layer's waves; never the router's."""
+    (or 1/K each where it has none) spread over the layer's waves; never the router's. A
+    speculative step that a failed check re-ran did too (speculated: some did)."""
     layers = len(trace.layers)
     if warmup:  # the warm-up's two passes ran first, on a driver of its own
-        steps = steps[2 * layers:]
-    assert len(steps) == passes * layers
-    for i, (layer, waves) in enumerate(steps):
+        steps = steps[2:]
+    assert len(steps) == passes
+    kept, reruns = [], 0
+    for run in steps:
+        last = {layer: waves for layer, waves in run}  # each layer's last steps
+        assert list(last) == list(trace.layers)
+        kept += last.items()
+        reruns += len(run) - layers
+        for layer, waves in run:  # a re-run layer's first steps got the trace's ids as well
+            p, pos = len(kept) // layers - 1, trace.layers.index(layer)
+            for ids, _ in waves:
+                np.testing.assert_array_equal(ids, trace.ids[trace.pass_rows(p), pos])
+    assert (reruns > 0) == speculated
+    for i, (layer, waves) in enumerate(kept):
         p, pos = divmod(i, layers)
         rows = trace.pass_rows(p)
         assert layer == trace.layers[pos] and waves
@@ -134,7 +155,7 @@ def test_a_capture_drives_a_narrowed_preset_as_its_replay_runs(tmp_path, steps, 
     assert 0 < ran["total"]["hits"] and 0 < ran["total"]["misses"]
     if cell.get("prefetch"):
         assert ran["total"]["prefetch_issued"] > 0
-    _check_steps(steps, capture, PASSES, warmup)
+    _check_steps(steps, capture, PASSES, warmup, _speculated(live, cell))
 
 
 @pytest.mark.parametrize("cell", [
@@ -161,7 +182,35 @@ def test_a_scored_trace_drives_the_embedded_model_as_its_replay_runs(tmp_path, s
     assert ran["total"]["prefetch_issued"] > 0 and ran["total"]["late_hits"] > 0
     assert live["prompt_ids"] == trace.tokens[trace.pass_rows(0)].tolist()
     assert live["trace_driven"]["weights"] == "the trace's"
-    _check_steps(steps, trace, PASSES, warmup)
+    _check_steps(steps, trace, PASSES, warmup, _speculated(live, cell))
+
+
+def test_a_trace_driven_run_over_a_whole_cache_speculates_every_decode_pass(tmp_path, steps):
+    """Every expert resident from the start: each decode pass runs every layer's experts step
+    on the trace's experts without waiting for its router step, every check holds (no layer
+    runs twice), and the counters and virtual times are the replay's."""
+    cell = dict(capacity_frac=1.0, warm_start="all")
+    live = jobs.run(_live(SCORED, PASSES, width=False, **cell), str(tmp_path / "live"))
+    (trace,) = load_traces(SCORED)
+    rep = _replay(tmp_path, _first_passes(trace, PASSES), "scored", **cell)["cache"]
+    for part in ("slots", "total", "per_layer", "timing"):
+        assert live["cache"][part] == rep[part], part
+    assert live["cache"]["total"]["misses"] == 0
+    assert live["speculation"]["speculative_passes"] == PASSES - 1
+    assert live["speculation"]["failed_checks"] == 0
+    _check_steps(steps, trace, PASSES, False, speculated=False)
+
+
+def _speculated(live: dict, cell: dict) -> bool:
+    """A trace-driven run's decode passes speculated (not all of them: after failed checks
+    past `SPEC_RETRIES` some decide layer by layer), but for the watchdog queue's, which
+    decide layer by layer; whether one of their checks failed (then its layer ran again)."""
+    ran = live["speculation"]
+    if cell.get("prefetch_queue") == "watchdog":
+        assert ran["speculative_passes"] == 0
+    else:
+        assert 0 < ran["speculative_passes"] <= PASSES - 1
+    return ran["failed_checks"] > 0
 
 
 def _counts(row: dict) -> dict:

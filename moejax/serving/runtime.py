@@ -60,6 +60,10 @@ class CachedExperts:
         # the router's `LayerGate` returning the one to decide on (a trace-driven run's recorded
         # gate). The experts step then runs the replaced selection, never the router's.
         self.gate_source: Callable[[LayerGate], LayerGate] | None = None
+        # Its gates of the pass being run, per layer: the source is asked once per layer and
+        # pass, in order (`moejax.traces.driven.TraceDriver`), and a layer a speculative pass
+        # re-runs takes the gate it had (`_source_gate`).
+        self._sourced: dict[int, LayerGate] = {}
         # This runtime computes a wave's host experts (`Wave.host_experts`: host compute) in
         # a step on the host (`_host_wave`, `moejax.models.stepped.host_experts_step`).
         self.computes_host_experts = self._host_backend
@@ -239,6 +243,7 @@ class CachedExperts:
 
     # ExpertSource
     def begin_pass(self, tokens: int, position: int) -> None:
+        self._sourced = {}
         if self._pending and self.defer_complete:
             # The pass before was complete, so this one is too (`_can_defer`: a complete
             # cache's decisions are all hits, it stays complete): run it on the same full slot
@@ -293,9 +298,11 @@ class CachedExperts:
         gates, same order), and a layer whose decision would read other slots than the step
         did is re-run from there. That holds when a decision that finds every requested expert
         resident keeps the router's selection and serves it in one wave from the slots it
-        sits in: standard routing, fetch, one slot pool, no watchdog queue (it may issue a
-        layer's transfers out of order), no disk tier (its loads wait for reads) and no layer
-        computed on the host.
+        sits in: standard routing (or a trace-driven run's, whose selection is the trace's,
+        known on the host when the step is dispatched; its check still waits for the router's
+        step, the round trip a run of the router makes), fetch, one slot pool, no watchdog
+        queue (it may issue a layer's transfers out of order), no disk tier (its loads wait for
+        reads) and no layer computed on the host.
 
         On the virtual clock the times are the cost model's whenever the decisions are taken,
         so every number is deciding layer by layer's. The wall clock times a decision when it
@@ -304,9 +311,10 @@ class CachedExperts:
         fails the layer otherwise), and a layer's prefetches are issued when it is decided,
         after the steps dispatched before — what this runtime does, timed as it does it."""
         c = self._cache
-        if not (self.speculate and self.speculation_allowed) or self.gate_source is not None \
-                or c.routing.name != "standard" or c.miss.name != "fetch" or c.multi \
-                or c.queue or c.host is not None or c.host_layers \
+        routing = "standard" if self.gate_source is None else "trace"
+        if not (self.speculate and self.speculation_allowed) or c.routing.name != routing \
+                or c.miss.name != "fetch" or c.multi \
+                or c.watchdog or c.host is not None or c.host_layers \
                 or getattr(c.clock, "kind", None) not in ("virtual", "wall") or not c.residency:
             return False
         if self._spec_skip:
@@ -344,9 +352,17 @@ class CachedExperts:
         # The wall clock: when the step reads its experts (`_check` holds it to their landing).
         clock = self._cache.clock
         dispatched = clock.now() if clock.kind == "wall" else None
-        self._spec.layers.append((gate, slot_of, dispatched))
+        if self.gate_source is None:  # the router's own selection, on the device
+            ran = None
+            ids, weights = gate.ids, gate.weights
+        else:  # the trace's, known on the host before the router's step lands
+            traced = self._source_gate(gate.layer, gate.ids)
+            ids, weights = self._cache.routing.select(traced, self._cache.in_cache[layer])
+            ran = (np.asarray(ids, np.int32), np.asarray(weights, np.float32))
+            ids, weights = (self._upload(a) for a in ran)
+        self._spec.layers.append((gate, slot_of, dispatched, ran))
         gate_up, down = self.pool.arrays()
-        return ExpertWave(gate_up, down, slot_map, gate.ids, gate.weights, True)
+        return ExpertWave(gate_up, down, slot_map, ids, weights, True)
 
     def _check_pending(self, wait: bool) -> int | None:
         """Checks and decides the speculative run's layers not checked yet (`_check`), in
@@ -355,10 +371,10 @@ class CachedExperts:
         None."""
         spec = self._spec
         while spec.checked < len(spec.layers):
-            gate, slot_of, dispatched = spec.layers[spec.checked]
+            gate, slot_of, dispatched, ran = spec.layers[spec.checked]
             if not wait and not self.gate_landed(gate):
                 return None
-            failed = self._check(gate, slot_of, dispatched)
+            failed = self._check(gate, slot_of, dispatched, ran)
             if failed is not None:
                 return failed
             spec.checked += 1
@@ -377,12 +393,13 @@ class CachedExperts:
         self._cache.end_pass()
         return None
 
-    def _check(self, gate: GateOutputs, slot_of: dict[int, int],
-               dispatched: float | None) -> int | None:
+    def _check(self, gate: GateOutputs, slot_of: dict[int, int], dispatched: float | None,
+               ran: tuple[np.ndarray, np.ndarray] | None) -> int | None:
         """Decides a speculative step's layer on its own gate if every expert it requested
         still holds the slot the step read (and on the wall clock, `dispatched` the time the
         step was dispatched, had landed by then): then the decision serves exactly that (one
-        wave, all hits, the router's selection) and is taken as if layer by layer. Otherwise
+        wave, all hits, the router's selection, or in a trace-driven run `ran`, the trace's ids
+        and weights the step computed) and is taken as if layer by layer. Otherwise
         nothing of it is decided and the layer is returned: the decoder re-runs the pass from
         there, that layer decided first (`_resume`), the layers after it speculating again on
         the residency they then find — or, past `SPEC_RETRIES` failed checks in the pass,
@@ -409,10 +426,15 @@ class CachedExperts:
             return layer
         waves = list(self._cache.run_layer(host))
         wave = waves[0]
-        if len(waves) != 1 or not wave.active.all() or wave.ids is not host.ids or any(
+        if ran is None:
+            same = wave.ids is host.ids
+        else:  # a trace-driven step computed what the decision serves, bit for bit
+            same = np.array_equal(wave.ids, ran[0]) and np.array_equal(
+                np.asarray(wave.weights, np.float32), ran[1])
+        if len(waves) != 1 or not wave.active.all() or not same or any(
                 slot_of.get(e) != s for e, s in wave.slot_of.items()):
             raise AssertionError(f"layer {layer}: a speculative step's check passed but its "
-                                 "decision served other slots")
+                                 "decision served other experts or slots")
         if self._queued:  # its prefetches, as after its step
             self._dispatch(None, landed_only=False)
         return None
@@ -496,10 +518,19 @@ class CachedExperts:
 
     def _layer_gate(self, gate: GateOutputs, got: list) -> LayerGate:
         if self.gate_source is not None:  # `got` is the router's ids alone
-            return self.gate_source(LayerGate(gate.layer, got[0], None, None))
+            return self._source_gate(gate.layer, got[0])
         spec = got[-1][: len(gate.spec_layers)] if self.needs_spec else None
         return LayerGate(gate.layer, got[0], got[1], got[2] if self.needs_probs else None, spec,
                          gate.spec_layers)
+
+    def _source_gate(self, layer: int, routed_ids) -> LayerGate:
+        """`gate_source`'s gate of `layer` in the pass being run: asked once (with the router's
+        ids, host or device: the source reads their shape), then the same gate for a re-run."""
+        sourced = self._sourced.get(layer)
+        if sourced is None:
+            sourced = self._sourced[layer] = self.gate_source(
+                LayerGate(layer, routed_ids, None, None))
+        return sourced
 
     def experts_for(self, gate: GateOutputs) -> Iterator[ExpertWave]:
         if self._open is not None:  # every expert resident: decide after the pass
@@ -624,11 +655,12 @@ def gate_landed(gate: GateOutputs) -> bool:
 @dataclasses.dataclass
 class _SpeculativePass:
     """A speculative run (a pass, or what a failed check re-runs of it): per MoE layer, its
-    gate, the slots its experts step read (expert -> slot) and, on the wall clock, when that
-    step was dispatched (None on the virtual clock), in order; the first `checked` are
-    decided."""
+    gate, the slots its experts step read (expert -> slot), on the wall clock when that step
+    was dispatched (None on the virtual clock), and in a trace-driven run the trace's ids and
+    weights it computed (None: the router's), in order; the first `checked` are decided."""
 
-    layers: list[tuple[GateOutputs, dict[int, int], float | None]] = dataclasses.field(
+    layers: list[tuple[GateOutputs, dict[int, int], float | None,
+                       tuple[np.ndarray, np.ndarray] | None]] = dataclasses.field(
         default_factory=list)
     checked: int = 0
 
