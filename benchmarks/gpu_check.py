@@ -17,9 +17,12 @@ OLMoE capture (`policies.routing='trace(path=T)'`), at an emulated 5 GB/s host->
    held to 5 GB/s) and as the virtual clock predicts it with the calibrated profile at 5 GB/s,
    and how many decode passes speculated, with their failed checks (these cells follow a
    capture, `routing=trace(...)`: a trace-driven pass speculates on the trace's selection);
+   the 100% prefetching cell also runs layer by layer (`cache.speculate=False`, its twin);
 3. an XProf trace of one prefetching decode step (`jax.profiler`, `OUT/xprof`; open it with
    TensorBoard's profile plugin or xprof), its host-side annotations on;
-4. speculative passes on the wall clock where the router's own gates drive the cache: the
+4. speculative passes on the wall clock: the 100% prefetching cell of part 2 against its
+   layer-by-layer twin (a trace-driven run at this check's size: OLMoE's real size on a GPU),
+   decode tok/s of each and their ratio; and where the router's own gates drive the cache, the
    first command (`configs/default.py`, the embedded model, 100% from cold, 64 tokens; 16
    with `--quick`) on the wall clock at the emulated 5 GB/s, speculating and layer by layer
    (`cache.speculate=False`), alternated: decode tok/s of each, their ratio, and the
@@ -170,6 +173,29 @@ def cell_rows(rows: list[dict], platform: str, width: int) -> list[Row]:
     return out
 
 
+def cell_speculation_rows(ran: list[dict] | None, pair: cells.Cell | None, platform: str,
+                          width: int) -> list[Row]:
+    """Part 4 on the cells (part 2): the largest prefetching cell, a trace-driven run, speculating
+    against deciding layer by layer (its twin cell), wall-clock decode of each (median of the
+    cell's runs, alternated with the others)."""
+    if not ran or pair is None:
+        return [Row("speculation", "trace-driven cell: no cells ran (part 2 failed)", None, "")]
+    by_name = {r["cell"]: r for r in ran}
+    spec = by_name[pair.name]
+    lbl = by_name[dataclasses.replace(pair, speculate=False).name]
+    size = gpu_only(platform, f"OLMoE's structure at width {width}, not its real size") \
+        if width else "OLMoE-1B-7B's real size"
+    what = f"cell {pair.name}, trace-driven, wall clock"
+    tok = spec["wall"]["decode_tok_per_s"], lbl["wall"]["decode_tok_per_s"]
+    return [
+        Row("speculation", f"{what}: decode speculating", tok[0], "tok/s", size),
+        Row("speculation", f"{what}: decode layer by layer", tok[1], "tok/s", size),
+        Row("speculation", f"{what}: speculating / layer by layer",
+            tok[0] / tok[1] if tok[0] and tok[1] else None, "x",
+            "above 1: speculation is faster; its failed checks are the cell's rows"),
+    ]
+
+
 def speculation_rows(quick: bool) -> list[Row]:
     """Part 4: the embedded model's first command on the wall clock, speculating and layer by
     layer, alternated (`reps` each), through the generate job (`cache_runtime.cli_run`)."""
@@ -292,8 +318,12 @@ def main(argv=None) -> int:
     def live_cells():
         base = calibrate.cells_base(the_plan, state["hardware_file"])
         state["base"], state["loaded"] = base, calibrate.cells_model(the_plan, base)
-        state["cells"] = cells.cells_of(the_plan.capacities,
-                                        ("none", calibrate.cell_prefetch(the_plan)))
+        prefetch = calibrate.cell_prefetch(the_plan)
+        state["cells"] = cells.cells_of(the_plan.capacities, ("none", prefetch))
+        # The largest prefetching cell, speculating (the default) and layer by layer: what
+        # speculation saves on a trace-driven run at this size (part 4).
+        state["spec_pair"] = spec_pair = cells.Cell(max(the_plan.capacities), prefetch)
+        state["cells"].append(dataclasses.replace(spec_pair, speculate=False))
         print(f"live cells ({len(state['cells'])} x {the_plan.reps} runs, "
               f"{calibrate.cells_description(the_plan)}) at {EMULATED_GBPS:g} GB/s "
               "host->device:")
@@ -303,7 +333,7 @@ def main(argv=None) -> int:
         return cell_rows(ran, platform, the_plan.width)
 
     def xprof():
-        cell = state["cells"][-1]
+        cell = state["spec_pair"]
         got = xprof_decode_step(cell.config(state["base"]), state["loaded"],
                                 os.path.join(out, "xprof"))
         report["xprof"] = got
@@ -314,7 +344,8 @@ def main(argv=None) -> int:
     section("calibration", calibration)
     section("cells", live_cells)
     section("xprof", xprof)
-    section("speculation", lambda: speculation_rows(args.quick))
+    section("speculation", lambda: cell_speculation_rows(report.get("cells"), state.get(
+        "spec_pair"), platform, the_plan.width) + speculation_rows(args.quick))
     rows.append(Row("run", "gpu_check wall time", time.perf_counter() - start, "s",
                     "--quick" if args.quick else "the budget on a GPU: 360 s"))
     report["rows"] = [r.to_dict() for r in rows]

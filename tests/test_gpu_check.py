@@ -40,7 +40,7 @@ def test_the_quick_check_prints_every_row_finite(tmp_path):
                 "peak (roofline fit)", "memory bandwidth (roofline fit)",
                 "launch per step (roofline fit)", "roofline fit residual (rms)",
                 "gpu_check wall time"]
-    for cell in ("5% none", "5% temporal"):
+    for cell in ("5% none", "5% temporal", "5% temporal layer by layer"):
         name = f"cell {cell} (51/1024 slots)"
         expected += [f"{name}: TTFT, wall clock", f"{name}: TTFT, virtual clock",
                      f"{name}: TTFT error (virtual - wall) / wall",
@@ -48,6 +48,9 @@ def test_the_quick_check_prints_every_row_finite(tmp_path):
                      f"{name}: decode per token, virtual clock",
                      f"{name}: decode error (virtual - wall) / wall",
                      f"{name}: speculative decode passes", f"{name}: their failed checks"]
+    twins = "cell 5% temporal, trace-driven, wall clock"
+    expected += [f"{twins}: decode speculating", f"{twins}: decode layer by layer",
+                 f"{twins}: speculating / layer by layer"]
     spec = "first command, 100% cold, wall clock, 16 tokens"
     expected += [f"{spec}: decode speculating", f"{spec}: decode layer by layer",
                  f"{spec}: speculating / layer by layer",
@@ -70,6 +73,12 @@ def test_the_quick_check_prints_every_row_finite(tmp_path):
     assert "GPU-only (cpu here: the CPU backend has no copy stream" in rows[
         "native: a wave's copy_stream load / raw device_put"]["note"]
     assert got["failed"] == []
+    # The twin cell decided layer by layer; the prefetching cell speculated (and its passes'
+    # checks failed: 5% holds few of a layer's experts).
+    twin = {r["cell"]: r["speculation"] for r in got["cells"]}
+    assert twin["5% temporal layer by layer"]["speculative_passes"] == 0
+    assert twin["5% temporal"]["speculative_passes"] > 0
+    assert twin["5% temporal"]["failed_checks"] > 0
     # Its profile is one a run reads back (`--config.hardware.file`).
     hw = hardware.from_file(got["hardware_file"])
     assert hw.name.startswith("calibrated:")

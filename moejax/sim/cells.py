@@ -1,14 +1,15 @@
 """Live against virtual: the same runs timed by this machine's wall clock and predicted by the
 virtual clock, cell by cell, so a user sees how far the virtual clock is from the hardware.
 
-A cell is one cache setting (a capacity, a prefetch policy) of one model run. It runs live on
-the wall clock (`clock.kind=wall`: the cache's transfers held to the profile's host->device
-bandwidth, compute as long as it takes) `reps` times, alternated with the other cells', each
-time on a fresh cache; its wall figures are the medians. Its prediction is what results.json's
-`clocks.virtual` reports for such a run (`moejax.jobs.clocks`): the run's own routing replayed
-through a fresh cache of the same settings on the virtual clock, with the same profile. Each
-cell's error is signed, `(virtual - wall) / wall`: negative when the virtual clock predicts
-less time than the run took.
+A cell is one cache setting (a capacity, a prefetch policy, speculative passes or layer by
+layer) of one model run. It runs live on the wall clock (`clock.kind=wall`: the cache's
+transfers held to the profile's host->device bandwidth, compute as long as it takes) `reps`
+times, alternated with the other cells', each time on a fresh cache; its wall figures are the
+medians. Its prediction is what results.json's `clocks.virtual` reports for such a run
+(`moejax.jobs.clocks`): the run's own routing replayed through a fresh cache of the same
+settings on the virtual clock, with the same profile. Each cell's error is signed,
+`(virtual - wall) / wall`: negative when the virtual clock predicts less time than the run
+took.
 
 Runs are the generate job's, in process (`LiveRuns`): its requests (a trace-driven run's, when
 `policies.routing='trace(path=T)'`), its warm-up (compiles out of the timed runs), its decoder
@@ -41,16 +42,19 @@ from moejax.traces import driven
 class Cell:
     capacity_frac: float
     prefetch: str  # a prefetch policy spec
+    speculate: bool = True  # `cache.speculate`: False decides every layer before its step
 
     @property
     def name(self) -> str:
-        return f"{100 * self.capacity_frac:g}% {self.prefetch}"
+        return f"{100 * self.capacity_frac:g}% {self.prefetch}" + (
+            "" if self.speculate else " layer by layer")
 
     def config(self, base: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-        """`base` with this cell's capacity and prefetch, on the wall clock."""
+        """`base` with this cell's capacity, prefetch and speculation, on the wall clock."""
         c = ml_collections.ConfigDict(base.to_dict())
         c.cache.enabled = True
         c.cache.capacity_frac, c.cache.slots = self.capacity_frac, 0
+        c.cache.speculate = self.speculate
         c.policies.prefetch = self.prefetch
         c.clock.kind = "wall"
         return c
@@ -173,6 +177,7 @@ def run_cells(base: ml_collections.ConfigDict, cells: list[Cell], reps: int = 3,
                                              "decode_tokens")}
         rows.append({
             "cell": cell.name, "capacity_frac": cell.capacity_frac, "prefetch": cell.prefetch,
+            "speculate": cell.speculate,
             "slots": runs[0]["slots"], "total_experts": runs[0]["total_experts"],
             "hit_rate": runs[0]["hit_rate"], "requests": runs[0]["requests"],
             "misses": runs[0]["misses"], "hardware": hardware_from(config).name,
