@@ -1,12 +1,15 @@
 """What the live cache's decisions cost the host thread (issue 24, part 5), in one process:
 
-    python benchmarks/decision_cost.py [--rounds 12] [--parts 1234]
+    python benchmarks/decision_cost.py [--rounds 12] [--parts 1234] [--model fresh|once]
 
 1. decode at 100% from cold against every expert resident, `configs/default.py`'s model and
-   prompt, 64 tokens: one decoder per setting, a fresh cache every round, the settings
-   alternated (`--rounds`; the order reversed every other round): ms a token, median
-   [25th, 75th percentile], and resident / cached round by round (the CLI's job adds its
-   warm-up and reporting around the same generation: `cache_runtime.py` part 2);
+   prompt, 64 tokens: every run on a model loaded for it, as each CLI run is (`--model once`:
+   one model and one decoder per setting for the whole benchmark, which reads the cache's
+   overhead lower: the resident decoder is slower on a model loaded long before), a fresh
+   cache every round, the settings alternated (`--rounds`; the order reversed every other
+   round): ms a token, median [25th, 75th percentile], and resident / cached round by round
+   (the CLI's job adds its warm-up and reporting around the same generation:
+   `cache_runtime.py` part 2);
 2. the host thread's CPU per steady decode pass (passes 21-64, `time.thread_time`) split by
    piece — attention / experts step dispatch, the speculative checks and decisions
    (`CachedExperts._check`, of it `ExpertCache.run_layer`), the rest — resident and cached;
@@ -55,36 +58,45 @@ CHECKS = {"resident": (dict(enabled=False), None),
              for mode in runtime.MID_PASS_CHECKS}}
 
 
-def alternated(loaded, prompt, rounds: int, settings: dict | None = None
-               ) -> dict[str, np.ndarray]:
+def alternated(loaded, prompt, rounds: int, settings: dict | None = None,
+               fresh: bool = True) -> dict[str, np.ndarray]:
     """Part 1 (part 4 with `settings`: name -> (cache fields, mid-pass checks)): per setting,
     `[rounds, 3]`: the decode ms a token of each round, and the ms a pass of its decode passes
     1-15 (the cold cache's misses) and 21-63 (steady), each pass from its start to the next's
-    (the generation reads each pass's token before the next)."""
+    (the generation reads each pass's token before the next).
+
+    `fresh`: every run on a model loaded for it (`load_model`), as every CLI run is; else every
+    run on `loaded`, one decoder per setting. A resident decoder on a model loaded long before
+    decodes slower than on one just loaded (the cache's slot pools are new every run either
+    way), so the shared model reads the cache's overhead lower than the CLI does (`--model
+    once`)."""
     settings = settings or {name: (fields, None) for name, fields in SETTINGS.items()}
     starts: list[float] = []
     forward = stepped.SteppedDecoder.forward
+    max_len = prompt.shape[1] + TOKENS + 2
 
     def stamped(self, tokens):
         starts.append(time.perf_counter())
         return forward(self, tokens)
 
-    decoders = {}
-    for name, (fields, _) in settings.items():
-        _, dec = configured_decoder(_config(**fields), loaded, max_len=prompt.shape[1] + TOKENS + 2)
-        dec.generate(prompt, 3)  # compiles
-        decoders[name] = dec
+    def decoder(fields: dict, model):
+        _, dec = configured_decoder(_config(**fields), model, max_len=max_len)
+        dec.generate(prompt, 3)  # compiles (the first time)
+        return dec
+
+    decoders = {name: decoder(fields, loaded) for name, (fields, _) in settings.items()}
     out = {name: [] for name in settings}
     names = list(settings)
     stepped.SteppedDecoder.forward = stamped
     try:
         for r in range(rounds):
             for name in (names if r % 2 == 0 else names[::-1]):
-                dec = decoders[name]
                 fields, checks = settings[name]
+                model = load_model(base_config().model) if fresh else loaded
+                dec = decoder(fields, model) if fresh else decoders[name]
                 if fields.get("enabled", True):  # a fresh, cold cache
-                    dec.experts, _ = configured_decoder(_config(**fields), loaded,
-                                                        max_len=prompt.shape[1] + TOKENS + 2)
+                    dec.experts, _ = configured_decoder(_config(**fields), model,
+                                                        max_len=max_len)
                     if checks is not None:
                         dec.experts.mid_pass_checks = checks
                 starts.clear()
@@ -232,6 +244,9 @@ def main():
     parser.add_argument("--rounds", type=int, default=12,
                         help="parts 1 and 4's alternated rounds")
     parser.add_argument("--parts", default="1234", help="which parts to run, e.g. 14")
+    parser.add_argument("--model", choices=("fresh", "once"), default="fresh",
+                        help="parts 1 and 4: a model loaded for every run, as the CLI's "
+                        "(default), or one for the whole benchmark")
     args = parser.parse_args()
     if not args.parts or set(args.parts) - set("1234"):
         parser.error(f"--parts={args.parts!r}: the digits of the parts to run, 1 to 4")
@@ -241,7 +256,7 @@ def main():
     prompt = np.asarray(requests_of(config, loaded)[0].ids, np.int32)[None]
 
     if 1 in parts:
-        ms = alternated(loaded, prompt, args.rounds)
+        ms = alternated(loaded, prompt, args.rounds, fresh=args.model == "fresh")
         print(f"1. decode, {TOKENS} tokens, {args.rounds} alternated rounds in one process: "
               "ms, median [25th, 75th percentile] over the rounds")
         _print_rounds(ms)
@@ -271,7 +286,8 @@ def main():
               f"alone, {beside:.1f} beside a numpy matmul in another process")
 
     if 4 in parts:
-        ms = alternated(loaded, prompt, args.rounds, CHECKS)
+        ms = alternated(loaded, prompt, args.rounds, CHECKS,
+                        fresh=args.model == "fresh")
         print(f"4. mid-pass checks (`mid_pass_checks`), decode as in 1, {args.rounds} "
               "alternated rounds: ms, median [25th, 75th percentile]")
         _print_rounds(ms)
