@@ -94,7 +94,7 @@ def test_resident_experts_run_several_prompts(single, tmp_path):
     assert len(t["ttft_per_request_s"]) == 2 and t["warm_ttft_s"] == t["ttft_per_request_s"][1]
 
 
-def test_repeated_prompt_is_warm_at_full_capacity(tmp_path):
+def test_repeated_prompt_is_warm_at_full_capacity(tmp_path, capsys):
     """Capacity for every expert: the second request of a repeated prompt finds every expert
     its prefill needs resident (no stall), so its TTFT on the cache's clock is below the first's."""
     c = _config(prompts=PROMPTS[:1] * 2)
@@ -112,6 +112,14 @@ def test_repeated_prompt_is_warm_at_full_capacity(tmp_path):
     spec = results["speculation"]
     assert spec["speculative_passes"] > 0 and spec["failed_in_flight"] == 0
     assert spec["failed_checks"] >= spec["failed_mid_pass"]
+    # ... and the run says so in a line of its own.
+    line = next(x for x in capsys.readouterr().out.splitlines()
+                if x.startswith("live runtime: "))
+    assert line.startswith(f"live runtime: {spec['speculative_passes']} speculative passes "
+                           f"({spec['checked_mid_pass']} checked mid-pass), "
+                           f"{spec['failed_checks']} failed check")
+    assert line.endswith(f"; {spec['complete_cache_passes']} passes over a complete cache "
+                         "decided after them")
     resident = _config(prompts=PROMPTS[:1])
     resident.cache.enabled = False
     assert "speculation" not in jobs.run(resident, str(tmp_path / "resident"))

@@ -284,6 +284,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
             print(f"{r['prompt']}{r['generated_text']}")
     if cache is not None:
         print(cache_table(config, cache, policies=policies))
+    if "speculation" in results:
+        print(speculation_line(results["speculation"]))
     print(summary_line(cfg.family, loaded.source, results,
                        cache_clock_words(cache) if cache is not None else None))
     print(clocks.line(results["clocks"]))
@@ -317,6 +319,19 @@ def _decode_rate(tokens: int, seconds: float) -> str:
     if tokens == 0:
         return "decode n/a (one token: it came from prefill)"
     return f"decode {tokens / seconds:.1f} tok/s" if seconds > 0 else "decode n/a (no time)"
+
+
+def speculation_line(report: dict) -> str:
+    """How the live runtime ran its passes (results.json's `speculation`), in words: which of
+    them speculated (DESIGN "Speculative passes"), how many of their checks failed and made a
+    layer run again, and the complete cache's passes decided after them."""
+    failed = report["failed_checks"]
+    why = (f": {report['failed_in_flight']} for an expert still in flight, "
+           f"{report['failed_mid_pass']} found mid-pass" if failed else "")
+    return (f"live runtime: {report['speculative_passes']} speculative passes "
+            f"({report['checked_mid_pass']} checked mid-pass), {failed} failed "
+            f"check{'' if failed == 1 else 's'} whose layer ran again{why}; "
+            f"{report['complete_cache_passes']} passes over a complete cache decided after them")
 
 
 def summary_line(family: str, source: str, results: dict, cache_clock: str | None) -> str:
