@@ -4,9 +4,8 @@
 
 1. decode at 100% from cold against every expert resident, `configs/default.py`'s model and
    prompt, 64 tokens: every run on a model loaded for it, as each CLI run is (`--model once`:
-   one model and one decoder per setting for the whole benchmark, which reads the cache's
-   overhead lower: the resident decoder is slower on a model loaded long before), a fresh
-   cache every round, the settings alternated (`--rounds`; the order reversed every other
+   one model and one decoder per setting for the whole benchmark, as before 2026-12-02; both
+   settings decoded slower on it), a fresh cache every round, the settings alternated (`--rounds`; the order reversed every other
    round): ms a token, median [25th, 75th percentile], and resident / cached round by round
    (the CLI's job adds its warm-up and reporting around the same generation:
    `cache_runtime.py` part 2);
@@ -66,10 +65,9 @@ def alternated(loaded, prompt, rounds: int, settings: dict | None = None,
     (the generation reads each pass's token before the next).
 
     `fresh`: every run on a model loaded for it (`load_model`), as every CLI run is; else every
-    run on `loaded`, one decoder per setting. A resident decoder on a model loaded long before
-    decodes slower than on one just loaded (the cache's slot pools are new every run either
-    way), so the shared model reads the cache's overhead lower than the CLI does (`--model
-    once`)."""
+    run on `loaded`, one decoder per setting (`--model once`). On the model loaded at the start
+    both settings decoded slower (benchmarks/README.md), and the CLI never runs on such a
+    model."""
     settings = settings or {name: (fields, None) for name, fields in SETTINGS.items()}
     starts: list[float] = []
     forward = stepped.SteppedDecoder.forward
