@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import difflib
+import io
 import json
 import os
 import shutil
@@ -139,8 +140,10 @@ def run_cell(config_path: str, arg: str | None, name: str, overrides: dict[str, 
     from moejax.cli import UsageError
 
     t0 = time.perf_counter()
+    notes = io.StringIO()  # the claim's (taking over a lock a killed run left): into log.txt
     try:
-        claim = workdir_lib.claim(workdir)
+        with contextlib.redirect_stderr(notes):
+            claim = workdir_lib.claim(workdir)
     except UsageError as e:
         return {"name": name, "ok": False, "error": f"UsageError: {e}",
                 "seconds": time.perf_counter() - t0}
@@ -149,8 +152,12 @@ def run_cell(config_path: str, arg: str | None, name: str, overrides: dict[str, 
     with open(marker, "w") as f:
         f.write(str(os.getpid()))
     error = None
+    log = os.path.join(workdir, "log.txt")
+    if notes.getvalue():
+        with open(log, "w") as f:
+            f.write(notes.getvalue())
     try:
-        with _output_to(os.path.join(workdir, "log.txt")):
+        with _output_to(log):
             try:
                 config = build_config(config_path, arg, overrides)
                 from moejax import jobs

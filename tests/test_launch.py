@@ -12,6 +12,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -314,6 +315,21 @@ def test_run_cell_leaves_a_cell_another_run_holds_alone_and_releases_its_own(tmp
     outcome = worker.run_cell("unused.py", None, "cell", {}, workdir)
     assert not outcome["ok"] and "a bad override" in outcome["error"]
     assert sorted(os.listdir(workdir)) == ["error.txt", "log.txt"]  # emptied, claim released
+    workdir_lib.claim(workdir).release()
+
+    # A lock a killed run left (no process holds it): taken over, and the cell's log says so.
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)
+    with open(os.path.join(workdir, workdir_lib.LOCK_NAME), "w") as f:
+        json.dump({"pid": int(dead.stdout), "host": socket.gethostname(), "started": 0.0,
+                   "command": "a killed run"}, f)
+    outcome = worker.run_cell("unused.py", None, "cell", {}, workdir)
+    assert "a bad override" in outcome["error"]
+    with open(os.path.join(workdir, "log.txt")) as f:
+        log = f.read()
+    assert log.startswith(f"note: --workdir={workdir}: taking over the lock left by pid "
+                          f"{int(dead.stdout)}"), log[:300]
+    assert "(no longer running)" in log.splitlines()[0]
     workdir_lib.claim(workdir).release()
 
 
