@@ -97,33 +97,29 @@ def steps(monkeypatch) -> list:
 def _check_steps(steps: list, trace: Trace, passes: int, warmup: bool,
                  speculated: bool = False) -> None:
     """Each experts step got the trace's ids, pass by pass and layer by layer, and its weights
-    (or 1/K each where it has none) spread over the layer's waves; never the router's. A
-    speculative step that a failed check re-ran did too (speculated: some did)."""
+    (or 1/K each where it has none) spread over the layer's waves; never the router's. So did
+    the steps of a layer a failed speculative check made run again (`speculated`: some ran
+    again; a layer whose dispatch the failed check stopped ran none the first time), and each
+    pass ran every layer, in order, its last time with its steps."""
     layers = len(trace.layers)
     if warmup:  # the warm-up's two passes ran first, on a driver of its own
         steps = steps[2:]
     assert len(steps) == passes
-    kept, reruns = [], 0
-    for run in steps:
-        last = {layer: waves for layer, waves in run}  # each layer's last steps
-        assert list(last) == list(trace.layers)
-        kept += last.items()
-        reruns += len(run) - layers
-        for layer, waves in run:  # a re-run layer's first steps got the trace's ids as well
-            p, pos = len(kept) // layers - 1, trace.layers.index(layer)
-            for ids, _ in waves:
-                np.testing.assert_array_equal(ids, trace.ids[trace.pass_rows(p), pos])
-    assert (reruns > 0) == speculated
-    for i, (layer, waves) in enumerate(kept):
-        p, pos = divmod(i, layers)
+    reruns = 0
+    for p, run in enumerate(steps):
         rows = trace.pass_rows(p)
-        assert layer == trace.layers[pos] and waves
-        want = (np.full(trace.ids[rows, pos].shape, np.float32(1 / trace.top_k))
-                if trace.weights is None else trace.weights[rows, pos])
-        for ids, _ in waves:
-            np.testing.assert_array_equal(ids, trace.ids[rows, pos])
-        # Each contribution runs in one wave, 0.0 in the others.
-        np.testing.assert_array_equal(sum(w for _, w in waves), want)
+        last = {layer: waves for layer, waves in run}
+        assert list(last) == list(trace.layers) and all(last.values())  # in order
+        reruns += len(run) - layers
+        for layer, waves in filter(lambda call: call[1], run):
+            pos = trace.layers.index(layer)
+            want = (np.full(trace.ids[rows, pos].shape, np.float32(1 / trace.top_k))
+                    if trace.weights is None else trace.weights[rows, pos])
+            for ids, _ in waves:
+                np.testing.assert_array_equal(ids, trace.ids[rows, pos])
+            # Each contribution runs in one wave, 0.0 in the others.
+            np.testing.assert_array_equal(sum(w for _, w in waves), want)
+    assert (reruns > 0) == speculated
 
 
 @pytest.mark.parametrize("cell", [
