@@ -82,7 +82,8 @@ def alternated(loaded, prompt, rounds: int, settings: dict | None = None,
         dec.generate(prompt, 3)  # compiles (the first time)
         return dec
 
-    decoders = {name: decoder(fields, loaded) for name, (fields, _) in settings.items()}
+    decoders = {} if fresh else {name: decoder(fields, loaded)
+                                 for name, (fields, _) in settings.items()}
     out = {name: [] for name in settings}
     names = list(settings)
     stepped.SteppedDecoder.forward = stamped

@@ -390,14 +390,15 @@ def check_same_sweep(sweep_dir: str, config: str, arg: str | None,
         with open(path) as f:
             held = json.load(f)
         held_config, held_arg = held["config"], held["config_arg"]
+        if not isinstance(held_config, str) or not isinstance(held_arg, (str, type(None))):
+            raise TypeError("its config and config_arg are not strings")
         held_cells = {c["name"]: c["overrides"] for c in held["cells"]}
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise UsageError(f"--sweep_dir={sweep_dir}: its sweep.json cannot be read "
                          f"({type(e).__name__}: {e}); move it away, or choose another "
                          f"--sweep_dir") from None
     theirs = held_config + (f":{held_arg}" if held_arg is not None else "")
-    if held_arg != arg or not isinstance(held_config, str) or \
-            os.path.realpath(held_config) != os.path.realpath(config):
+    if held_arg != arg or os.path.realpath(held_config) != os.path.realpath(config):
         raise UsageError(f"--sweep_dir={sweep_dir}: holds the sweep of {theirs}, not "
                          f"{config + (f':{arg}' if arg is not None else '')}; its finished "
                          f"cells would be taken as this one's. Choose another --sweep_dir")

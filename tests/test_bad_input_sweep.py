@@ -183,6 +183,10 @@ def test_a_cell_name_with_other_overrides_is_refused_a_grown_sweep_is_not(tmp_pa
     (sweep_dir / "sweep.json").write_text(json.dumps(held))
     _usage_error(capsys, _slurm(str(config), sweep_dir), f"its cell {name} ran "
                  '{"run.max_new_tokens": 7}, this sweep\'s has {"run.max_new_tokens": 1}')
+    held["config"] = 5  # edited by hand into something that is no path
+    (sweep_dir / "sweep.json").write_text(json.dumps(held))
+    _usage_error(capsys, _slurm(str(config), sweep_dir), "its sweep.json cannot be read",
+                 "not strings")
     (sweep_dir / "sweep.json").write_text('{"cells": ')  # cut off
     _usage_error(capsys, _slurm(str(config), sweep_dir), "its sweep.json cannot be read")
     assert (sweep_dir / "sweep.json").read_text() == '{"cells": '
