@@ -80,7 +80,7 @@ def generation_wall(config, loaded, prompt, tokens, gate_path="returned"):
     if config.cache.enabled:
         source = build_cached_experts(config, loaded)
     else:
-        source = ResidentExperts.from_host(loaded.host_gate_up, loaded.host_down)
+        source = ResidentExperts.from_host(*loaded.experts_at("native"))
     dec = SteppedDecoder(loaded.model, source, max_len=prompt.shape[1] + tokens + 1,
                          lookahead=2, gate_path=gate_path)
     dec.generate(prompt, 3)  # compile

@@ -45,6 +45,8 @@ class LoadedModel:
     groups: dict[str, dict[str, int]] = dataclasses.field(default_factory=dict)
     # The checkpoint directory the experts are read from ("" for weights drawn in memory).
     path: str = ""
+    # Drops the source's host copy of a precision's experts (None: it cannot read them again).
+    forget: Callable[[str], None] | None = None
 
     @property
     def precisions(self) -> tuple[str, ...]:
@@ -52,7 +54,7 @@ class LoadedModel:
 
     def experts_at(self, precision: str) -> tuple[dict, dict]:
         if precision == "native":
-            if self.host_gate_up is None:  # loaded without its experts: read them now
+            if self.host_gate_up is None:  # loaded without them, or handed over: read them
                 self.host_gate_up, self.host_down = self.quantized("native")
             return self.host_gate_up, self.host_down
         if precision not in self.groups or self.quantized is None:
@@ -61,6 +63,20 @@ class LoadedModel:
                               f"moejax.convert --out=CKPT --add_precisions "
                               f"--precisions={precision}`")
         return self.quantized(precision)
+
+    def take_experts(self, precision: str) -> tuple[dict, dict]:
+        """`experts_at(precision)`, handed over to a caller that keeps them in another form
+        (copy_stream's per-expert records) and may empty the dicts as it goes: a source that
+        can read them again (a checkpoint) forgets its copy, so the experts are held once,
+        and a later `experts_at` reads them from disk; weights drawn in memory are kept, and
+        the caller gets copies of the dicts (it frees nothing, and changes nothing here)."""
+        gate_up, down = self.experts_at(precision)
+        if self.forget is None:
+            return dict(gate_up), dict(down)
+        if precision == "native":
+            self.host_gate_up = self.host_down = None
+        self.forget(precision)
+        return gate_up, down
 
     def precision_bytes(self) -> dict[str, int]:
         """Bytes of one routed expert at each precision the source has."""
@@ -120,7 +136,7 @@ def load_model(m: ml_collections.ConfigDict, seed: int = 0,
         tok = load_tokenizer(ck.tokenizer_dir, ck.cfg.vocab_size)
         groups = {p: dict(info["groups"]) for p, info in ck.precisions.items() if p != "native"}
         return LoadedModel(ck.cfg, ck.model, ck.host_gate_up, ck.host_down, tok, ck.path,
-                           ck.experts_at, groups, ck.path)
+                           ck.experts_at, groups, ck.path, ck.forget_experts)
     width = m.get("width", 0)
     cfg = preset(m.family, m.preset, width)
     name = f"{m.family}/{m.preset}" + (f" at width {width}" if width else "")

@@ -18,6 +18,8 @@ record or entry, placed when a step reads the slot), and the coalescing of a wav
 
 from __future__ import annotations
 
+import gc
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -315,3 +317,80 @@ def test_a_live_run_dispatches_each_waves_loads_together(monkeypatch, tiny):
     made = [n for n in calls if n]
     assert sum(made) == source.pool.loads > len(waves) >= len(made), (made, len(waves))
     assert max(made) > 1
+
+
+# --- host memory ---------------------------------------------------------------------------
+
+
+def _pinned_bytes() -> int:
+    gc.collect()
+    return sum(a.nbytes for a in jax.live_arrays() if a.sharding.memory_kind == "pinned_host")
+
+
+def _fresh(path: str):
+    m = base_config().model
+    m.checkpoint = path
+    return load_model(m)
+
+
+@pytest.mark.parametrize("precision", ("native", "int4"))
+def test_copy_stream_holds_each_expert_once_in_host_memory(tiny, precision):
+    """copy_stream's per-expert records take the place of the checkpoint's host tables, a
+    layer at a time: building the runtime adds no second copy of the experts to pinned host
+    memory, its records are every expert's bytes, and a later `experts_at` reads the same
+    bytes from disk again."""
+    model, _, path = tiny
+    loaded = _fresh(path)
+    tables = loaded.experts_at(precision)
+    expected = sum(leaf.nbytes for leaf in jax.tree.leaves(tables))
+    want = jax.tree.map(lambda a: np.array(a, copy=True), tables)  # (a view holds the buffer)
+    del tables
+    before = _pinned_bytes()
+    source = build_cached_experts(
+        _config("copy_stream", 5, "" if precision == "native" else precision), loaded)
+    grown = _pinned_bytes() - before
+    pool = source.pool.pools[0]
+    keys = [(layer, e) for layer in model.cfg.moe_layers for e in range(model.cfg.num_experts)]
+    records = pool.host_entries(keys)
+    assert sum(r.nbytes for r in records) == expected
+    assert {r.sharding.memory_kind for r in records} == {"pinned_host"}
+    # The records are the one copy (before: the tables stayed too, `grown` == `expected`).
+    assert grown < expected / 4, (grown, expected)
+    assert all(leaf.shape[0] == 1 for leaf in jax.tree.leaves((pool.host_gate_up,
+                                                               pool.host_down)))
+    again = loaded.experts_at(precision)
+    for a, b in zip(jax.tree.leaves(again), jax.tree.leaves(want), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), b)
+    out, _ = _run(model, loaded, _config("copy_stream", 5, "" if precision == "native"
+                                         else precision), _prompt(model.cfg))
+    _same(out, _reference(model, loaded, precision, _prompt(model.cfg)))
+
+
+def test_copy_stream_leaves_weights_drawn_in_memory_where_they_are():
+    """Weights drawn in memory cannot be read again: the runtime copies them and the loaded
+    model keeps its own, unchanged."""
+    m = base_config().model
+    m.preset, m.family = "tiny", "olmoe"
+    loaded = load_model(m)
+    held = {layer: np.asarray(v) for layer, v in loaded.host_gate_up.items()}
+    source = build_cached_experts(_config("copy_stream", 5), loaded)
+    assert loaded.host_gate_up is not None and set(loaded.host_gate_up) == set(held)
+    for layer, v in held.items():
+        np.testing.assert_array_equal(np.asarray(loaded.host_gate_up[layer]), v)
+    assert source.pool.pools[0].host_entries([(loaded.cfg.moe_layers[0], 0)])
+
+
+def test_copy_stream_keeps_the_tables_when_experts_run_on_the_host(tiny):
+    """Host compute reads the host tables (`CachedExperts._host_tables`): they are not handed
+    over, and a run computing misses on the host still decodes as the resident model."""
+    model, _, path = tiny
+    loaded = _fresh(path)
+    config = _config("copy_stream", 5, miss="host_compute")
+    source = build_cached_experts(config, loaded)
+    pool = source.pool.pools[0]
+    assert loaded.host_gate_up is not None
+    assert set(pool.host_gate_up) == set(model.cfg.moe_layers)
+    assert pool.host_gate_up[model.cfg.moe_layers[0]].shape[0] == model.cfg.num_experts
+    out, source = _run(model, loaded, config, _prompt(model.cfg))
+    assert source.cache.metrics.totals()["host_computed"] > 0
+    _same(out, _reference(model, loaded, "native", _prompt(model.cfg)))

@@ -61,6 +61,16 @@ class Checkpoint:
                 self.path, self.cfg, precision, self.precisions[precision], self.expert_index)
         return self._quantized[precision]
 
+    def forget_experts(self, precision: str) -> None:
+        """Drops this checkpoint's host copy of the experts at `precision`; `experts_at` reads
+        them from disk again when asked. (A slot pool that keeps its own copy in another form
+        takes them over: `LoadedModel.take_experts`.)"""
+        formats.check(precision)
+        if precision == "native":
+            self.host_gate_up = self.host_down = None
+        else:
+            self._quantized.pop(precision, None)
+
 
 def host_memory_kind(device: jax.Device | None = None) -> str:
     """`pinned_host` where the platform has it (GPU and CPU backends do), else the next best."""

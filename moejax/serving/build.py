@@ -14,7 +14,7 @@ from moejax.errors import ConfigError
 from moejax.models.stepped import ResidentExperts
 from moejax.policies import presets
 from moejax.serving.runtime import CachedExperts
-from moejax.serving.slot_pool import SlotPool, SlotPools
+from moejax.serving.slot_pool import SlotPool, SlotPools, resolve_load_path
 from moejax.traces import driven
 
 
@@ -51,9 +51,15 @@ def build_cached_experts(config: ml_collections.ConfigDict, loaded) -> CachedExp
             raise ConfigError(f"{policy.kind} policy {policy.name!r} needs the future routing: "
                               "it runs in trace replay only (configs/replay.py)")
     if cache.host is None:
-        runtime = CachedExperts(cache, SlotPools.for_shape(cache.shape, loaded.experts_at,
-                                                           config.cache.load_path),
-                                cfg.num_experts)
+        # copy_stream keeps each expert as a record in host memory (`SlotPool`): it takes the
+        # tables over and lets them go, so the experts are held once, unless a step computes
+        # experts on the host, which reads the tables.
+        handed_over = resolve_load_path(config.cache.load_path) == "copy_stream" and not (
+            cache.miss.computes_on_host or cache.host_layers)
+        pools = SlotPools.for_shape(
+            cache.shape, loaded.take_experts if handed_over else loaded.experts_at,
+            config.cache.load_path, keep_tables=not handed_over)
+        runtime = CachedExperts(cache, pools, cfg.num_experts)
     else:
         runtime = _storage_backed(config, cache, loaded)
     if driving is not None:

@@ -182,6 +182,12 @@ class _Layout:
         return cls(tuple(parts))
 
 
+def _template(table):
+    """Zeros shaped like one expert of a layer's table (`[1, ...]` leaves, in numpy): the
+    shapes a pool is built from, with no computation on host memory."""
+    return jax.tree.map(lambda leaf: np.zeros((1, *leaf.shape[1:]), leaf.dtype), table)
+
+
 def _records(table, layout: _Layout) -> list:
     """One layer's host table (`(gate_up, down)`, `[E, ...]` leaves) as E records in host
     memory (the table's memory kind): each expert's bytes, its leaves back to back, one array
@@ -209,11 +215,17 @@ class SlotPool:
     device (`pending`), and a prefetch's transfer runs behind every step dispatched before."""
 
     def __init__(self, num_slots: int, host_gate_up: dict[int, ExpertPool],
-                 host_down: dict[int, ExpertPool], host_store=None, load_path: str = "auto"):
+                 host_down: dict[int, ExpertPool], host_store=None, load_path: str = "auto",
+                 keep_tables: bool = True):
         """`host_store`: with the disk tier, a `moejax.cache.host_store.HostExperts` the loads
         read from; then `host_gate_up` / `host_down` are only shape templates (`[1, ...]`
-        leaves) and hold no experts. `load_path`: `cache.load_path` (`resolve_load_path`)."""
-        self.host_gate_up, self.host_down = host_gate_up, host_down
+        leaves) and hold no experts. `load_path`: `cache.load_path` (`resolve_load_path`).
+        `keep_tables=False`, along copy_stream: the tables are handed over
+        (`LoadedModel.take_experts`) and the records replace them, a layer at a time: the
+        dicts are emptied as each layer's records are made, so the experts are held once
+        (twice only for the layer being copied), and `host_gate_up` / `host_down` become
+        shape templates as with the disk tier (nothing reads the tables on this path but host
+        compute, which keeps them)."""
         self.host_store = host_store
         self.load_path = resolve_load_path(load_path)
         first = next(iter(host_gate_up))
@@ -228,8 +240,17 @@ class SlotPool:
         self._layout: _Layout | None = None
         if self.load_path == "copy_stream" and host_store is None:
             self._layout = _Layout.of((host_gate_up[first], host_down[first]))
-            self._records = {layer: _records((host_gate_up[layer], host_down[layer]),
-                                             self._layout) for layer in host_gate_up}
+            if not keep_tables:
+                templates = ({first: _template(host_gate_up[first])},
+                             {first: _template(host_down[first])})
+            for layer in list(host_gate_up):
+                table = (host_gate_up.pop(layer), host_down.pop(layer)) if not keep_tables \
+                    else (host_gate_up[layer], host_down[layer])
+                self._records[layer] = _records(table, self._layout)
+                del table  # (handed over: the layer's table goes now, before the next's copy)
+            if not keep_tables:
+                host_gate_up, host_down = templates
+        self.host_gate_up, self.host_down = host_gate_up, host_down
 
     @property
     def gate_up(self) -> ExpertPool:
@@ -326,11 +347,12 @@ class SlotPools:
 
     @classmethod
     def for_shape(cls, shape, experts_at: Callable[[str], tuple[dict, dict]],
-                  load_path: str = "auto") -> "SlotPools":
+                  load_path: str = "auto", keep_tables: bool = True) -> "SlotPools":
         """One `SlotPool` per `shape.pools` entry, fed from `experts_at(precision)`: the host
-        tables (gate_up, down per MoE layer) at that precision, loaded along `load_path`."""
-        return cls([SlotPool(p.num_slots, *experts_at(p.precision), load_path=load_path)
-                    for p in shape.pools])
+        tables (gate_up, down per MoE layer) at that precision, loaded along `load_path`
+        (`keep_tables`: `SlotPool`'s)."""
+        return cls([SlotPool(p.num_slots, *experts_at(p.precision), load_path=load_path,
+                             keep_tables=keep_tables) for p in shape.pools])
 
     @property
     def loads(self) -> int:
