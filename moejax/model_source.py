@@ -47,6 +47,9 @@ class LoadedModel:
     path: str = ""
     # Drops the source's host copy of a precision's experts (None: it cannot read them again).
     forget: Callable[[str], None] | None = None
+    # Other host-memory forms of its experts, built once by a consumer and shared by every
+    # runtime built from this model (copy_stream's records: `moejax.serving.build`).
+    shared: dict = dataclasses.field(default_factory=dict, repr=False)
 
     @property
     def precisions(self) -> tuple[str, ...]:

@@ -358,6 +358,13 @@ def test_copy_stream_holds_each_expert_once_in_host_memory(tiny, precision):
     assert grown < expected / 4, (grown, expected)
     assert all(leaf.shape[0] == 1 for leaf in jax.tree.leaves((pool.host_gate_up,
                                                                pool.host_down)))
+    # A second runtime from the model reads the same records: nothing is copied again.
+    before = _pinned_bytes()
+    other = build_cached_experts(
+        _config("copy_stream", 7, "" if precision == "native" else precision), loaded)
+    assert _pinned_bytes() - before < expected / 4
+    assert all(a is b for a, b in zip(other.pool.pools[0].host_entries(keys), records,
+                                      strict=True))
     again = loaded.experts_at(precision)
     for a, b in zip(jax.tree.leaves(again), jax.tree.leaves(want), strict=True):
         np.testing.assert_array_equal(np.asarray(a), b)
@@ -368,7 +375,7 @@ def test_copy_stream_holds_each_expert_once_in_host_memory(tiny, precision):
 
 def test_copy_stream_leaves_weights_drawn_in_memory_where_they_are():
     """Weights drawn in memory cannot be read again: the runtime copies them and the loaded
-    model keeps its own, unchanged."""
+    model keeps its own, unchanged; the copy is made once for every runtime built from it."""
     m = base_config().model
     m.preset, m.family = "tiny", "olmoe"
     loaded = load_model(m)
@@ -377,7 +384,9 @@ def test_copy_stream_leaves_weights_drawn_in_memory_where_they_are():
     assert loaded.host_gate_up is not None and set(loaded.host_gate_up) == set(held)
     for layer, v in held.items():
         np.testing.assert_array_equal(np.asarray(loaded.host_gate_up[layer]), v)
-    assert source.pool.pools[0].host_entries([(loaded.cfg.moe_layers[0], 0)])
+    key = [(loaded.cfg.moe_layers[0], 0)]
+    again = build_cached_experts(_config("copy_stream", 7), loaded)
+    assert again.pool.pools[0].host_entries(key)[0] is source.pool.pools[0].host_entries(key)[0]
 
 
 def test_copy_stream_keeps_the_tables_when_experts_run_on_the_host(tiny):

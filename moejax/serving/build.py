@@ -14,7 +14,7 @@ from moejax.errors import ConfigError
 from moejax.models.stepped import ResidentExperts
 from moejax.policies import presets
 from moejax.serving.runtime import CachedExperts
-from moejax.serving.slot_pool import SlotPool, SlotPools, resolve_load_path
+from moejax.serving.slot_pool import HostRecords, SlotPool, SlotPools, resolve_load_path
 from moejax.traces import driven
 
 
@@ -51,20 +51,34 @@ def build_cached_experts(config: ml_collections.ConfigDict, loaded) -> CachedExp
             raise ConfigError(f"{policy.kind} policy {policy.name!r} needs the future routing: "
                               "it runs in trace replay only (configs/replay.py)")
     if cache.host is None:
-        # copy_stream keeps each expert as a record in host memory (`SlotPool`): it takes the
-        # tables over and lets them go, so the experts are held once, unless a step computes
-        # experts on the host, which reads the tables.
-        handed_over = resolve_load_path(config.cache.load_path) == "copy_stream" and not (
-            cache.miss.computes_on_host or cache.host_layers)
-        pools = SlotPools.for_shape(
-            cache.shape, loaded.take_experts if handed_over else loaded.experts_at,
-            config.cache.load_path, keep_tables=not handed_over)
+        # copy_stream holds each expert as a record in host memory (`HostRecords`), built once
+        # per model from its tables, which it takes over (`records_of`), unless a step computes
+        # experts on the host, which reads the tables: then the pool keeps both.
+        if resolve_load_path(config.cache.load_path) == "copy_stream" and not (
+                cache.miss.computes_on_host or cache.host_layers):
+            pools = SlotPools.from_records(cache.shape, lambda p: records_of(loaded, p))
+        else:
+            pools = SlotPools.for_shape(cache.shape, loaded.experts_at, config.cache.load_path)
         runtime = CachedExperts(cache, pools, cfg.num_experts)
     else:
         runtime = _storage_backed(config, cache, loaded)
     if driving is not None:
         runtime.gate_source = driven.TraceDriver(driving, cfg.moe_layers)
     return runtime
+
+
+def records_of(loaded, precision: str) -> HostRecords:
+    """copy_stream's records of `loaded`'s experts at `precision`: built on first use from the
+    tables handed over (`LoadedModel.take_experts`: a checkpoint forgets its copy, so each
+    expert is held once; weights drawn in memory keep theirs) and kept in `loaded.shared`,
+    so every runtime built from the model (a sweep's cells in one process, calibration's and
+    `gpu_check.py`'s live runs) reads the same records instead of copying every expert
+    again."""
+    key = ("copy_stream records", precision)
+    held = loaded.shared.get(key)
+    if held is None:
+        held = loaded.shared[key] = HostRecords.of(*loaded.take_experts(precision), consume=True)
+    return held
 
 
 def _storage_backed(config: ml_collections.ConfigDict, cache: ExpertCache,

@@ -182,6 +182,40 @@ class _Layout:
         return cls(tuple(parts))
 
 
+@dataclasses.dataclass(frozen=True)
+class HostRecords:
+    """copy_stream's host form of one precision's experts: per MoE layer, each expert as one
+    record (`_records`) in host memory, where each leaf lies in a record (`layout`), and zeros
+    shaped like one expert (`templates`: `(gate_up, down)`, `[1, ...]` leaves) to shape a pool
+    from. Read only: every pool built from one model may share them."""
+
+    layout: _Layout
+    records: dict[int, list]
+    templates: tuple
+
+    @classmethod
+    def of(cls, gate_up: dict, down: dict, consume: bool) -> "HostRecords":
+        """The records of the host tables `gate_up` / `down` (per MoE layer). `consume`: the
+        tables are handed over (`LoadedModel.take_experts`) and each layer's is taken out of
+        the dicts once its records are made, so that, held nowhere else, it goes then: the
+        experts are held twice only for the layer being copied."""
+        first = next(iter(gate_up))
+        layout = _Layout.of((gate_up[first], down[first]))
+        templates = (_template(gate_up[first]), _template(down[first]))
+        records = {}
+        for layer in list(gate_up):
+            table = (gate_up.pop(layer), down.pop(layer)) if consume else \
+                (gate_up[layer], down[layer])
+            records[layer] = _records(table, layout)
+            del table
+        return cls(layout, records, templates)
+
+    def tables(self) -> tuple[dict, dict]:
+        """The templates as one-layer tables, as a pool reads its shapes."""
+        first = next(iter(self.records))
+        return {first: self.templates[0]}, {first: self.templates[1]}
+
+
 def _template(table):
     """Zeros shaped like one expert of a layer's table (`[1, ...]` leaves, in numpy): the
     shapes a pool is built from, with no computation on host memory."""
@@ -214,43 +248,35 @@ class SlotPool:
     `gate_up` / `down`), not when it is issued: until then its moved copy is held on the
     device (`pending`), and a prefetch's transfer runs behind every step dispatched before."""
 
-    def __init__(self, num_slots: int, host_gate_up: dict[int, ExpertPool],
-                 host_down: dict[int, ExpertPool], host_store=None, load_path: str = "auto",
-                 keep_tables: bool = True):
+    def __init__(self, num_slots: int, host_gate_up: dict[int, ExpertPool] | None,
+                 host_down: dict[int, ExpertPool] | None, host_store=None,
+                 load_path: str = "auto", records: HostRecords | None = None):
         """`host_store`: with the disk tier, a `moejax.cache.host_store.HostExperts` the loads
         read from; then `host_gate_up` / `host_down` are only shape templates (`[1, ...]`
         leaves) and hold no experts. `load_path`: `cache.load_path` (`resolve_load_path`).
-        `keep_tables=False`, along copy_stream: the tables are handed over
-        (`LoadedModel.take_experts`) and the records replace them, a layer at a time: the
-        dicts are emptied as each layer's records are made, so the experts are held once
-        (twice only for the layer being copied), and `host_gate_up` / `host_down` become
-        shape templates as with the disk tier (nothing reads the tables on this path but host
-        compute, which keeps them)."""
+        `records`: copy_stream's host form of the experts, built before (`HostRecords`,
+        shared by every pool built from one model: `moejax.serving.build`); then the tables
+        are not given (None) and `host_gate_up` / `host_down` are the records' templates.
+        Without it, copy_stream builds records of its own from the tables, which stay."""
         self.host_store = host_store
         self.load_path = resolve_load_path(load_path)
+        if records is not None:
+            if self.load_path != "copy_stream" or host_store is not None:
+                raise ValueError("records are copy_stream's host form, without a host store")
+            host_gate_up, host_down = records.tables()
         first = next(iter(host_gate_up))
         self.num_slots = num_slots
         self._gate_up = _empty_slots(host_gate_up[first], num_slots)
         self._down = _empty_slots(host_down[first], num_slots)
+        self.host_gate_up, self.host_down = host_gate_up, host_down
         self.loads = 0
         # copy_stream: moved experts not yet placed, local slot -> the last one into it.
         self.pending: dict[int, object] = {}
-        # copy_stream from the host tables: each expert's record, per layer.
-        self._records: dict[int, list] = {}
-        self._layout: _Layout | None = None
-        if self.load_path == "copy_stream" and host_store is None:
-            self._layout = _Layout.of((host_gate_up[first], host_down[first]))
-            if not keep_tables:
-                templates = ({first: _template(host_gate_up[first])},
-                             {first: _template(host_down[first])})
-            for layer in list(host_gate_up):
-                table = (host_gate_up.pop(layer), host_down.pop(layer)) if not keep_tables \
-                    else (host_gate_up[layer], host_down[layer])
-                self._records[layer] = _records(table, self._layout)
-                del table  # (handed over: the layer's table goes now, before the next's copy)
-            if not keep_tables:
-                host_gate_up, host_down = templates
-        self.host_gate_up, self.host_down = host_gate_up, host_down
+        if self.load_path == "copy_stream" and host_store is None and records is None:
+            records = HostRecords.of(host_gate_up, host_down, consume=False)
+        # copy_stream from host memory: each expert's record, per layer, and their layout.
+        self._records: dict[int, list] = {} if records is None else records.records
+        self._layout: _Layout | None = None if records is None else records.layout
 
     @property
     def gate_up(self) -> ExpertPool:
@@ -347,12 +373,18 @@ class SlotPools:
 
     @classmethod
     def for_shape(cls, shape, experts_at: Callable[[str], tuple[dict, dict]],
-                  load_path: str = "auto", keep_tables: bool = True) -> "SlotPools":
+                  load_path: str = "auto") -> "SlotPools":
         """One `SlotPool` per `shape.pools` entry, fed from `experts_at(precision)`: the host
-        tables (gate_up, down per MoE layer) at that precision, loaded along `load_path`
-        (`keep_tables`: `SlotPool`'s)."""
-        return cls([SlotPool(p.num_slots, *experts_at(p.precision), load_path=load_path,
-                             keep_tables=keep_tables) for p in shape.pools])
+        tables (gate_up, down per MoE layer) at that precision, loaded along `load_path`."""
+        return cls([SlotPool(p.num_slots, *experts_at(p.precision), load_path=load_path)
+                    for p in shape.pools])
+
+    @classmethod
+    def from_records(cls, shape, records_at: Callable[[str], HostRecords]) -> "SlotPools":
+        """One copy_stream `SlotPool` per `shape.pools` entry, fed from `records_at(precision)`
+        (`HostRecords`)."""
+        return cls([SlotPool(p.num_slots, None, None, load_path="copy_stream",
+                             records=records_at(p.precision)) for p in shape.pools])
 
     @property
     def loads(self) -> int:
