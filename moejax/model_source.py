@@ -35,8 +35,10 @@ class LoadedModel:
 
     cfg: ModelConfig
     model: MoEDecoder
-    host_gate_up: dict[int, jax.Array]  # per MoE layer, in host memory (pinned where possible)
-    host_down: dict[int, jax.Array]
+    # Per MoE layer, in host memory (pinned where possible); None until read, and once handed
+    # over (`take_experts`): read them through `experts_at`.
+    host_gate_up: dict[int, jax.Array] | None
+    host_down: dict[int, jax.Array] | None
     tokenizer: Tokenizer
     source: str  # a checkpoint path (the embedded model's too), or "preset:<family>/<name>"
     # Quantized experts of a precision, (gate_up, down) per MoE layer in host memory.
