@@ -52,6 +52,9 @@ class LoadedModel:
     # Other host-memory forms of its experts, built once by a consumer and shared by every
     # runtime built from this model (copy_stream's records: `moejax.serving.build`).
     shared: dict = dataclasses.field(default_factory=dict, repr=False)
+    # The native experts as numpy arrays, where the source keeps them (weights drawn in
+    # memory, `in_memory`).
+    host_numpy: tuple[dict, dict] | None = dataclasses.field(default=None, repr=False)
 
     @property
     def precisions(self) -> tuple[str, ...]:
@@ -74,10 +77,15 @@ class LoadedModel:
         (copy_stream's per-expert records) and may empty the dicts as it goes: a source that
         can read them again (a checkpoint) forgets its copy, so the experts are held once,
         and a later `experts_at` reads them from disk; weights drawn in memory are kept, and
-        the caller gets copies of the dicts (it frees nothing, and changes nothing here)."""
-        gate_up, down = self.experts_at(precision)
+        the caller gets copies of the dicts (it frees nothing, and changes nothing here) — of
+        the numpy arrays the native experts were drawn as, where they are kept: reading a
+        bfloat16 host table with numpy leaves a host copy that JAX keeps with the table
+        (DESIGN "Records")."""
         if self.forget is None:
-            return dict(gate_up), dict(down)
+            if precision == "native" and self.host_numpy is not None:
+                return dict(self.host_numpy[0]), dict(self.host_numpy[1])
+            return tuple(dict(t) for t in self.experts_at(precision))
+        gate_up, down = self.experts_at(precision)
         if precision == "native":
             self.host_gate_up = self.host_down = None
         self.forget(precision)
@@ -185,4 +193,4 @@ def in_memory(cfg: ModelConfig, model: MoEDecoder, gate_up: dict, down: dict,
     return LoadedModel(cfg, model, {l: checkpoint.to_host(v) for l, v in gate_up.items()},
                        {l: checkpoint.to_host(v) for l, v in down.items()},
                        tokenizer or load_tokenizer(None, cfg.vocab_size), source, quantized,
-                       groups)
+                       groups, host_numpy=(gate_up, down))

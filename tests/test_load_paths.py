@@ -389,6 +389,26 @@ def test_copy_stream_leaves_weights_drawn_in_memory_where_they_are():
     assert again.pool.pools[0].host_entries(key)[0] is source.pool.pools[0].host_entries(key)[0]
 
 
+def test_copy_stream_cuts_the_records_of_weights_drawn_in_memory_from_their_numpy_arrays():
+    """Records cut from a bfloat16 host table would leave a host copy JAX keeps with the table
+    (one more copy of every expert): a model drawn in memory gives its numpy arrays instead,
+    and the build adds the records alone to pinned host memory, the same bytes."""
+    m = base_config().model
+    m.preset, m.family, m.width = "olmoe-1b-7b", "olmoe", 32
+    loaded = load_model(m)
+    assert loaded.cfg.dtype == "bfloat16"
+    tables = loaded.host_gate_up, loaded.host_down
+    expected = sum(leaf.nbytes for leaf in jax.tree.leaves(tables))
+    before = _pinned_bytes()
+    source = build_cached_experts(_config("copy_stream", 64), loaded)
+    assert _pinned_bytes() - before == expected
+    keys = [(layer, e) for layer in loaded.cfg.moe_layers[:2] for e in (0, 5)]
+    for (layer, e), record in zip(keys, source.pool.pools[0].host_entries(keys), strict=True):
+        want = np.concatenate([np.asarray(t[layer][e]).reshape(-1).view(np.uint8)
+                               for t in tables])
+        np.testing.assert_array_equal(np.asarray(record), want)
+
+
 def test_copy_stream_keeps_the_tables_when_experts_run_on_the_host(tiny):
     """Host compute reads the host tables (`CachedExperts._host_tables`): they are not handed
     over, and a run computing misses on the host still decodes as the resident model."""
