@@ -407,6 +407,9 @@ def test_copy_stream_cuts_the_records_of_weights_drawn_in_memory_from_their_nump
         want = np.concatenate([np.asarray(t[layer][e]).reshape(-1).view(np.uint8)
                                for t in tables])
         np.testing.assert_array_equal(np.asarray(record), want)
+    prompt = _prompt(loaded.cfg)
+    _same(_run(loaded.model, loaded, _config("copy_stream", 64), prompt)[0],
+          _run(loaded.model, loaded, _config("fused", 64), prompt)[0])
 
 
 def test_copy_stream_keeps_the_tables_when_experts_run_on_the_host(tiny):
