@@ -399,9 +399,14 @@ def test_copy_stream_cuts_the_records_of_weights_drawn_in_memory_from_their_nump
     assert loaded.cfg.dtype == "bfloat16"
     tables = loaded.host_gate_up, loaded.host_down
     expected = sum(leaf.nbytes for leaf in jax.tree.leaves(tables))
-    before = _pinned_bytes()
+    gc.collect()
+    held = jax.live_arrays()  # (held, so that no new array can take an old one's id)
+    before = {id(a) for a in held}
     source = build_cached_experts(_config("copy_stream", 64), loaded)
-    assert _pinned_bytes() - before == expected
+    added = [a for a in jax.live_arrays()
+             if id(a) not in before and a.sharding.memory_kind == "pinned_host"]
+    del held
+    assert sum(a.nbytes for a in added) == expected
     keys = [(layer, e) for layer in loaded.cfg.moe_layers[:2] for e in (0, 5)]
     for (layer, e), record in zip(keys, source.pool.pools[0].host_entries(keys), strict=True):
         want = np.concatenate([np.asarray(t[layer][e]).reshape(-1).view(np.uint8)
