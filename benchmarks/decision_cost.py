@@ -5,10 +5,10 @@
 1. decode at 100% from cold against every expert resident, `configs/default.py`'s model and
    prompt, 64 tokens: every run on a model loaded for it, as each CLI run is (`--model once`:
    one model and one decoder per setting for the whole benchmark, as before 2026-12-02; both
-   settings decoded slower on it), a fresh cache every round, the settings alternated (`--rounds`; the order reversed every other
-   round): ms a token, median [25th, 75th percentile], and resident / cached round by round
-   (the CLI's job adds its warm-up and reporting around the same generation:
-   `cache_runtime.py` part 2);
+   settings decoded slower on it), a fresh cache every round, the settings alternated
+   (`--rounds`; the order reversed every other round): ms a token, median [25th, 75th
+   percentile], and resident / cached round by round (the CLI's job adds its warm-up and
+   reporting around the same generation: `cache_runtime.py` part 2);
 2. the host thread's CPU per steady decode pass (passes 21-64, `time.thread_time`) split by
    piece — attention / experts step dispatch, the speculative checks and decisions
    (`CachedExperts._check`, of it `ExpertCache.run_layer`), the rest — resident and cached;

@@ -37,6 +37,8 @@ def main() -> None:
     parser.add_argument("--olmoe-layer", action="store_true",
                         help="also time cutting one OLMoE-1B-7B layer into records")
     args = parser.parse_args()
+    if args.runtimes < 1:
+        parser.error(f"--runtimes={args.runtimes}: the runtimes to build, 1 or more")
     config = base_config()
     config.cache.load_path, config.cache.capacity_frac = "copy_stream", 0.25
     loaded = load_model(config.model)

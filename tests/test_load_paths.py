@@ -340,14 +340,14 @@ def test_copy_stream_holds_each_expert_once_in_host_memory(tiny, precision):
     memory, its records are every expert's bytes, and a later `experts_at` reads the same
     bytes from disk again."""
     model, _, path = tiny
+    level = "" if precision == "native" else precision  # (`cache.precision`)
     loaded = _fresh(path)
     tables = loaded.experts_at(precision)
     expected = sum(leaf.nbytes for leaf in jax.tree.leaves(tables))
     want = jax.tree.map(lambda a: np.array(a, copy=True), tables)  # (a view holds the buffer)
     del tables
     before = _pinned_bytes()
-    source = build_cached_experts(
-        _config("copy_stream", 5, "" if precision == "native" else precision), loaded)
+    source = build_cached_experts(_config("copy_stream", 5, level), loaded)
     grown = _pinned_bytes() - before
     pool = source.pool.pools[0]
     keys = [(layer, e) for layer in model.cfg.moe_layers for e in range(model.cfg.num_experts)]
@@ -360,16 +360,14 @@ def test_copy_stream_holds_each_expert_once_in_host_memory(tiny, precision):
                                                                pool.host_down)))
     # A second runtime from the model reads the same records: nothing is copied again.
     before = _pinned_bytes()
-    other = build_cached_experts(
-        _config("copy_stream", 7, "" if precision == "native" else precision), loaded)
+    other = build_cached_experts(_config("copy_stream", 7, level), loaded)
     assert _pinned_bytes() - before < expected / 4
     assert all(a is b for a, b in zip(other.pool.pools[0].host_entries(keys), records,
                                       strict=True))
     again = loaded.experts_at(precision)
     for a, b in zip(jax.tree.leaves(again), jax.tree.leaves(want), strict=True):
         np.testing.assert_array_equal(np.asarray(a), b)
-    out, _ = _run(model, loaded, _config("copy_stream", 5, "" if precision == "native"
-                                         else precision), _prompt(model.cfg))
+    out, _ = _run(model, loaded, _config("copy_stream", 5, level), _prompt(model.cfg))
     _same(out, _reference(model, loaded, precision, _prompt(model.cfg)))
 
 
