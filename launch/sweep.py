@@ -13,7 +13,8 @@ Before anything runs (and in `--dry_run`) it prints the sweep's size and an esti
 time: the median wall time of the cells this sweep directory has finished (each cell's
 `wall_time.json`), or "unknown" until some have. A mistake in what was typed (a flag, the
 config file or its argument, the sweep directory) is one line and exit status 2, before
-anything is written (`moejax.cli.guarded`).
+anything is written (`moejax.cli.guarded`); so is a cell whose config does not build or check
+(`launch/preflight.py`: every selected cell's, in a spawned process).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ import traceback
 from concurrent.futures.process import BrokenProcessPool
 
 from launch import cells as cells_lib
-from launch import slurm, worker
+from launch import preflight, slurm, worker
 from moejax import cli
 from moejax.cli import UsageError, debug, guarded, message_of
 
@@ -355,14 +356,20 @@ def size_line(sweep_dir: str, all_cells: list[cells_lib.Cell], selected: list[ce
 
 
 def dry_run(sweep_dir: str, all_cells: list[cells_lib.Cell], selected: list[cells_lib.Cell],
-            workers: int) -> int:
+            workers: int, refused_cells: dict[str, str] | None = None) -> None:
+    """Lists the selected cells with their state: finished, failed, todo, or refused (its
+    config does not check: `refused_cells`, the reason on the line after it)."""
+    refused_cells = refused_cells or {}
     for c in selected:
         done = cells_lib.is_finished(cells_lib.results_path(sweep_dir, c.name))
         failed = os.path.exists(os.path.join(cells_lib.cell_dir(sweep_dir, c.name), "error.txt"))
         status = "finished" if done else ("failed" if failed else "todo")
+        if c.name in refused_cells:
+            status = "refused"
         print(f"{status:9} {c.name}  {json.dumps(c.overrides)}")
+        if c.name in refused_cells:
+            print(f"{'':9} {refused_cells[c.name]}")
     print(size_line(sweep_dir, all_cells, selected, workers))
-    return 0
 
 
 # -- checking what was typed -----------------------------------------------------------------
@@ -433,17 +440,48 @@ def load_cells(spec: str, config: str, arg: str | None) -> list[cells_lib.Cell]:
         return cells_lib.cells_from_config(config, arg)
     except cells_lib.SweepError as e:
         raise UsageError(f"--config={spec}: {e}") from None
-    except (ValueError, KeyError, TypeError, AttributeError, SyntaxError, NameError,
-            ImportError, OSError) as e:
-        if debug() or message_of(e) is not None and isinstance(e, ImportError):
-            raise  # an optional extra missing: the shared error path names it
-        if isinstance(e, SyntaxError):
-            what = f"SyntaxError: {e.msg}"
-        elif isinstance(e, (ValueError, OSError)):
-            what = str(e).strip("'\"")
-        else:  # more likely a defect of the config file: its kind helps find it
-            what = f"{type(e).__name__}: {e}"
-        raise UsageError(f"--config={spec}: {what}{_config_frame(e, config)}") from None
+    except CONFIG_FILE_ERRORS as e:
+        raise config_file_error(f"--config={spec}", config, e) from None
+
+
+# What a config file's own code may raise, named as the config's fault (`config_file_error`).
+CONFIG_FILE_ERRORS = (ValueError, KeyError, TypeError, AttributeError, SyntaxError, NameError,
+                      ImportError, OSError)
+
+
+def config_file_error(prefix: str, config: str, e: BaseException) -> UsageError:
+    """`e`, raised by the config file's code, as a usage error: its message (its kind too where
+    it more likely is a defect of the file) and the file's line. Re-raised as it is under
+    debug, and for an optional extra missing (the shared error path names it)."""
+    if debug() or message_of(e) is not None and isinstance(e, ImportError):
+        raise e
+    if isinstance(e, SyntaxError):
+        what = f"SyntaxError: {e.msg}"
+    elif isinstance(e, (ValueError, OSError)):
+        what = str(e)
+    else:
+        what = f"{type(e).__name__}: {e}"
+    return UsageError(f"{prefix}: {what}{_config_frame(e, config)}")
+
+
+def check_cells(spec: str, config: str, arg: str | None,
+                cells: list[cells_lib.Cell]) -> dict[str, str]:
+    """Every cell's config built and checked (`launch/preflight.py`), in a spawned process:
+    cell name -> why it is refused. A `get_config(arg)` that raises is a usage error naming
+    `--config`."""
+    message, errors = preflight.check_in_subprocess(spec, config, arg, cells)
+    if message is not None:
+        raise UsageError(message)
+    return errors
+
+
+def refused(spec: str, errors: dict[str, str], checked: int) -> UsageError:
+    """The usage error for cells whose config is refused: how many, the first one and why."""
+    name, why = next(iter(errors.items()))
+    more = (f" (and {len(errors) - 1} more: --dry_run lists every cell's)"
+            if len(errors) > 1 else "")
+    return UsageError(f"--config={spec}: {len(errors)} of {checked} cells cannot run; cell "
+                      f"{name}: {why}{more}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -463,9 +501,16 @@ def _main(args: argparse.Namespace) -> int:
     if not selected:
         raise UsageError(f"--only={args.only}: matches none of the {len(all_cells)} cell names "
                          f"(--dry_run without --only lists them)")
+    # Every selected cell's config, before anything is written (a dry run lists the refused).
+    errors = check_cells(args.config, config, arg, selected)
     if args.dry_run:
         check_same_sweep(sweep_dir, config, arg, all_cells)
-        return dry_run(sweep_dir, all_cells, selected, args.workers)
+        dry_run(sweep_dir, all_cells, selected, args.workers, errors)
+        if errors:
+            raise refused(args.config, errors, len(selected))
+        return 0
+    if errors:
+        raise refused(args.config, errors, len(selected))
     os.makedirs(os.path.join(sweep_dir, "cells"), exist_ok=True)
     # The lock before sweep.json: a second launcher must not rewrite the first one's files.
     with _sweep_lock(sweep_dir):

@@ -39,10 +39,13 @@ from tests.sweep_fixtures import synthetic_results
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GRID_SPECMD = os.path.join(ROOT, "configs", "grid_specmd.py")
 
-# A sweep of N cells that imports nothing: only the launcher's side is exercised.
+# A sweep of N cells of the schema's config: only the launcher's side is exercised (it builds
+# and checks every cell's config, in a process of its own).
 TINY_CONFIG = textwrap.dedent('''
     def get_config(arg=None):
-        raise AssertionError("the launcher never builds a cell's config")
+        from moejax.jobs.schema import base_config
+
+        return base_config()
 
 
     def sweep(add, arg=None):
@@ -120,6 +123,83 @@ def test_a_config_file_that_is_missing_a_directory_or_broken_is_named(tmp_path, 
     assert not (tmp_path / "s").exists()
 
 
+# A sweep whose config argument picks its cells: one of them refused by a check `sweep(add)`
+# cannot make (the field's existence, its value, the job's own fields).
+REFUSED_CONFIG = textwrap.dedent('''
+    def get_config(arg=None):
+        if arg == "bogus":
+            raise ValueError(f"config argument {arg!r}: expected 'typo', 'range' or 'job'")
+        from moejax.jobs.schema import base_config
+
+        return base_config()
+
+
+    BAD = {"typo": {"cache.capacity_fac": 0.5}, "range": {"cache.capacity_frac": 1.5},
+           "job": {"run.max_new_tokens": 0}}
+
+
+    def sweep(add, arg=None):
+        add(**{"cache.capacity_frac": 0.25})
+        add(**BAD.get(arg, {"cache.capacity_frac": 0.5}))
+        add(**{"cache.capacity_frac": 0.75})
+''')
+
+
+@pytest.mark.parametrize("arg, name, words", [
+    ("typo", "capacity_fac=0.5", ["cache.capacity_fac is not a declared field",
+                                  "did you mean cache.capacity_frac?"]),
+    ("range", "capacity_frac=1.5", ["cache.capacity_frac=1.5 must be in (0, 1]"]),
+    ("job", "max_new_tokens=0", ["run.max_new_tokens=0 must be >= 1"]),
+])
+def test_a_cell_whose_config_does_not_check_is_refused_before_anything_runs(
+        arg, name, words, tmp_path, capsys):
+    config = tmp_path / "refused.py"
+    config.write_text(REFUSED_CONFIG)
+    spec = f"{config}:{arg}"
+    for mode in ([], ["--slurm"]):
+        status = sweep.main([f"--config={spec}", f"--sweep_dir={tmp_path / 's'}", *mode])
+        _usage_error(capsys, status, f"--config={spec}: 1 of 3 cells cannot run; cell {name}: ",
+                     *words)
+        assert not (tmp_path / "s").exists()
+    # A dry run lists every cell, the refused one with why, and exits 2 too.
+    status = sweep.main([f"--config={spec}", f"--sweep_dir={tmp_path / 's'}", "--dry_run"])
+    out = capsys.readouterr()
+    assert status == 2
+    lines = out.out.splitlines()
+    refused = [i for i, line in enumerate(lines) if line.startswith("refused")]
+    assert len(refused) == 1 and name in lines[refused[0]], out.out
+    assert all(w in lines[refused[0] + 1] for w in words), out.out
+    assert sum(line.startswith("todo") for line in lines) == 2, out.out
+    # Selected away, the refused cell does not stop the others.
+    status = sweep.main([f"--config={spec}", f"--sweep_dir={tmp_path / 's'}", "--dry_run",
+                         "--only=capacity_frac=0.25"])
+    assert status == 0, capsys.readouterr()
+
+
+def test_a_config_argument_get_config_rejects_is_named_once(tmp_path, capsys):
+    config = tmp_path / "refused.py"
+    config.write_text(REFUSED_CONFIG)
+    spec = f"{config}:bogus"
+    status = sweep.main([f"--config={spec}", f"--sweep_dir={tmp_path / 's'}"])
+    err = _usage_error(capsys, status, f"--config={spec}: get_config('bogus'): config argument "
+                       "'bogus': expected 'typo', 'range' or 'job' (", "refused.py, line 4)")
+    assert len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "s").exists()
+
+
+def test_the_launching_process_checks_the_cells_without_importing_jax(tmp_path):
+    config = tmp_path / "refused.py"
+    config.write_text(REFUSED_CONFIG)
+    code = ("import sys; from launch import sweep; "
+            f"status = sweep.main(['--config={config}:typo', '--sweep_dir={tmp_path / 's'}', "
+            "'--dry_run']); "
+            "print(status, sorted({'jax', 'flax'} & set(sys.modules)))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=ROOT, timeout=120)
+    assert out.stdout.strip().splitlines()[-1] == "2 []", out.stdout + out.stderr
+    assert "cache.capacity_fac is not a declared field" in out.stdout
+
+
 @pytest.mark.parametrize("flag", ["--time=4h", "--mem=lots", "--job_name=my job",
                                   "--max_parallel=-1", "--cpus_per_task=0", "--workers=0"])
 def test_slurm_and_pool_values_are_checked_before_anything_is_written(flag, tiny_config,
@@ -169,7 +249,7 @@ def test_a_sweep_dir_holding_another_sweep_is_refused_and_kept(tiny_config, tmp_
 
 def test_a_cell_name_with_other_overrides_is_refused_a_grown_sweep_is_not(tmp_path, capsys):
     config, sweep_dir = tmp_path / "grid.py", tmp_path / "s"
-    grid = "def get_config(arg=None):\n    raise AssertionError\n\n\n" \
+    grid = "from moejax.jobs.schema import base_config as get_config\n\n\n" \
            "def sweep(add):\n    for n in {}:\n        add(**{{'run.max_new_tokens': n}})\n"
     config.write_text(grid.format("(1, 2)"))
     assert _slurm(str(config), sweep_dir) == 0

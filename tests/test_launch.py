@@ -31,8 +31,6 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SWEEP_CONFIG = textwrap.dedent('''
     import os
 
-    import ml_collections
-
     from moejax.jobs.schema import base_config
 
     SETS = {
@@ -47,26 +45,35 @@ SWEEP_CONFIG = textwrap.dedent('''
         # distinct slot counts: each cell compiles (~2 s), so the sweep is slow enough to kill
         "kill": [{"cache.capacity_frac": f, "policies.eviction": "lru"}
                  for f in (0.3, 0.4, 0.55, 0.7)],
+        # configs that check, cells that fail as they run (below; a config that does not check
+        # is refused at launch: tests/test_bad_input_sweep.py)
         "fail": [
             {"cache.capacity_frac": 0.25, "policies.eviction": "lru"},
-            {"run.max_new_token": 3},  # undeclared (max_new_tokens)
-            {"policies.eviction": "no_such_policy"},
+            {"run.max_new_tokens": 101},
+            {"run.max_new_tokens": 102},
         ],
         # seed=-1 kills its worker process (below); the other cells fail cheaply, without JAX
-        "crash": [{"run.max_new_token": 1}, {"seed": -1}, {"run.max_new_token": 2},
-                  {"run.max_new_token": 3}, {"run.max_new_token": 4}],
+        "crash": [{"run.max_new_tokens": 101}, {"seed": -1}, {"run.max_new_tokens": 102},
+                  {"run.max_new_tokens": 103}, {"run.max_new_tokens": 104}],
         # each cell's job writes its results.json, then its worker dies (below): no JAX
         "finish_then_die": [{"run.max_new_tokens": 5}, {"run.max_new_tokens": 6}],
     }
 
 
-    class Exploding(ml_collections.ConfigDict):
-        """Dies, as a segfault or the OOM killer would, when the launcher sets seed=-1."""
+    def _fail_or_die(run):
+        """A cell's job that dies (os._exit, as a segfault or the OOM killer would) with
+        seed=-1, fails with run.max_new_tokens > 100, and is `run` otherwise."""
 
-        def __setitem__(self, key, value):
-            if key == "seed" and value == -1:
+        def job(config, workdir, claim=None):
+            if config.seed == -1:
                 os._exit(3)
-            super().__setitem__(key, value)
+            if config.run.max_new_tokens > 100:
+                raise RuntimeError(f"run.max_new_tokens={config.run.max_new_tokens}: this "
+                                   "cell fails as it runs")
+            return run(config, workdir, claim=claim)
+
+        job.replaced = True
+        return job
 
 
     def _finish_then_die(config, workdir, claim=None):
@@ -80,11 +87,14 @@ SWEEP_CONFIG = textwrap.dedent('''
 
 
     def get_config(arg=None):
+        """(Also called where the launcher checks the cells: `jobs.check` is not replaced.)"""
         assert arg in SETS, arg
-        if arg == "finish_then_die":  # in the worker process running the cell
-            import moejax.jobs
+        import moejax.jobs
 
+        if arg == "finish_then_die":  # in the worker process running the cell
             moejax.jobs.run = _finish_then_die
+        elif arg in ("fail", "crash") and not getattr(moejax.jobs.run, "replaced", False):
+            moejax.jobs.run = _fail_or_die(moejax.jobs.run)
         c = base_config()
         c.model.preset = "tiny"
         c.model.family = "olmoe"
@@ -92,7 +102,7 @@ SWEEP_CONFIG = textwrap.dedent('''
         c.run.max_new_tokens = 2
         c.run.warmup = False
         c.log.progress = False
-        return Exploding(c.to_dict()) if arg == "crash" else c
+        return c
 
 
     def sweep(add, arg):
@@ -343,9 +353,9 @@ def test_failing_cells_are_reported_and_do_not_stop_the_others(env, config_file,
     with open(os.path.join(sweep_dir, "failures.json")) as f:
         failures = {x["name"]: x["error"] for x in json.load(f)}
     assert sorted(failures) == sorted(names[1:])
-    assert "run.max_new_token is not a declared field" in failures[names[1]]
-    assert "max_new_tokens" in failures[names[1]]  # the suggestion
-    assert "no_such_policy" in failures[names[2]]
+    for name, n in zip(names[1:], (101, 102)):
+        assert failures[name] == (f"RuntimeError: run.max_new_tokens={n}: this cell fails as "
+                                  "it runs"), failures
     assert "2 failed" in proc.stdout
     assert os.path.exists(os.path.join(sweep_dir, "cells", names[2], "error.txt"))
 
@@ -359,7 +369,7 @@ def test_a_cell_that_kills_its_worker_fails_alone(env, config_file, tmp_path):
         failures = {x["name"]: x["error"] for x in json.load(f)}
     assert len(failures) == 5
     assert "worker process died" in failures.pop("seed=-1")
-    assert all("is not a declared field" in e for e in failures.values())  # each ran itself
+    assert all("this cell fails as it runs" in e for e in failures.values())  # each ran itself
     # The pool breaks for every cell in flight when a worker dies, so the message names
     # all of them as suspects (which ones depends on timing); each is rerun alone.
     died = [line for line in proc.stdout.splitlines()

@@ -20,7 +20,7 @@ from moejax.cli import Interrupted
 from moejax.errors import ConfigError
 from moejax.jobs.schema import JOBS, base_config
 
-__all__ = ["JOBS", "base_config", "run"]
+__all__ = ["JOBS", "base_config", "check", "run"]
 
 
 def run(config: ml_collections.ConfigDict, workdir: str,
@@ -29,12 +29,7 @@ def run(config: ml_collections.ConfigDict, workdir: str,
     sweep's worker claims a cell's directory before it empties it), released here however the
     run ends, as the claim `run` takes itself is."""
     try:
-        if config.job not in JOBS:
-            raise ConfigError(f"config.job={config.job!r} is not one of {JOBS}")
-        if config.job != "train":  # the cache, clock, storage, io and policy fields: before
-            from moejax.cache.from_config import check_settings  # the model loads or W exists
-
-            check_settings(config, live=config.job != "replay", defaults=base_config())
+        check(config)  # before the model loads or W exists
         if claim is None:  # a workdir the run cannot use fails before the job loads
             workdir_lib.check(workdir)
         job = runner_of(config.job)  # a missing extra fails here, before the workdir is made
@@ -53,6 +48,24 @@ def run(config: ml_collections.ConfigDict, workdir: str,
         raise Interrupted(claim.kept()) from None
     finally:
         claim.release()
+
+
+def check(config: ml_collections.ConfigDict, warn: bool = True) -> None:
+    """What a run checks before its job starts: `config.job`; the cache, clock, storage, io
+    and policy fields (`check_settings`; with `warn`, one line on stderr for each setting given
+    that does not apply); the job's own fields (its module's `validate`, where it has one).
+    A value outside a field is a ConfigError naming it. The sweep launcher checks every cell
+    with it before the first one runs (`launch/preflight.py`)."""
+    if config.job not in JOBS:
+        raise ConfigError(f"config.job={config.job!r} is not one of {JOBS}")
+    if config.job != "train":
+        from moejax.cache.from_config import check_settings
+
+        check_settings(config, live=config.job != "replay",
+                       defaults=base_config() if warn else None)
+    validate = getattr(importlib.import_module(_RUNNERS[config.job][0]), "validate", None)
+    if validate is not None:
+        validate(config)
 
 
 # Each job's module and function: imported only when it runs (their imports are heavy, and
