@@ -1,6 +1,6 @@
 """What the live cache's decisions cost the host thread (issue 24, part 5), in one process:
 
-    python benchmarks/decision_cost.py [--rounds 12] [--parts 1234] [--model fresh|once]
+    python benchmarks/decision_cost.py [--rounds 12] [--parts 12345] [--model fresh|once]
 
 1. decode at 100% from cold against every expert resident, `configs/default.py`'s model and
    prompt, 64 tokens: every run on a model loaded for it, as each CLI run is (`--model once`:
@@ -22,13 +22,20 @@
 4. where a speculative pass checks its layers (`CachedExperts.mid_pass_checks`): part 1's
    decode at 100% from cold with checks mid-pass in every pass ("always"), in none ("never":
    all at the end of the pass) and in a pass after one whose residency changed or whose check
-   failed ("adaptive", the default), alternated with resident as in part 1.
+   failed ("adaptive", the default), alternated with resident as in part 1;
+5. the most a cheaper decision path could gain: part 1's decode at 100% from cold and warm
+   (`cache.warm_start=all`: a complete cache, decided after each pass), each with the real
+   `ExpertCache.run_layer` and with a stand-in that serves every one-token layer whose experts
+   are all resident as one wave from their slots without deciding anything (`free_decisions`;
+   the other layers are decided for real), alternated with resident. The stand-in's counters
+   are wrong by construction: it times, it does not run the cache.
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import multiprocessing
 import time
 
@@ -40,6 +47,7 @@ from moejax.jobs.generate import requests_of
 from moejax.jobs.schema import base_config
 from moejax.model_source import load_model
 from moejax.models import stepped
+from moejax.seam import Wave
 from moejax.serving import runtime
 
 TOKENS = 64
@@ -58,11 +66,18 @@ SETTINGS = {"resident": dict(enabled=False), "100% cold": dict(capacity_frac=1.0
 CHECKS = {"resident": (dict(enabled=False), None),
           **{f"100% cold, {mode}": (dict(capacity_frac=1.0), mode)
              for mode in runtime.MID_PASS_CHECKS}}
+# Part 5: a setting's cache fields, no mid-pass setting, and whether its decisions are free.
+FREE = {"resident": (dict(enabled=False), None),
+        "100% cold": (dict(capacity_frac=1.0), None),
+        "100% cold, free decisions": (dict(capacity_frac=1.0), None, True),
+        "100% warm": (dict(capacity_frac=1.0, warm_start="all"), None),
+        "100% warm, free decisions": (dict(capacity_frac=1.0, warm_start="all"), None, True)}
 
 
 def alternated(loaded, prompt, rounds: int, settings: dict | None = None,
                fresh: bool = True) -> dict[str, np.ndarray]:
-    """Part 1 (part 4 with `settings`: name -> (cache fields, mid-pass checks)): per setting,
+    """Part 1 (parts 4 and 5 with `settings`: name -> (cache fields, mid-pass checks[, free
+    decisions])): per setting,
     `[rounds, 3]`: the decode ms a token of each round, and the ms a pass of its decode passes
     1-15 (the cold cache's misses) and 21-63 (steady), each pass from its start to the next's
     (the generation reads each pass's token before the next).
@@ -93,7 +108,7 @@ def alternated(loaded, prompt, rounds: int, settings: dict | None = None,
     try:
         for r in range(rounds):
             for name in (names if r % 2 == 0 else names[::-1]):
-                fields, checks = settings[name]
+                fields, checks, *free = settings[name]
                 model = load_model(base_config().model) if fresh else loaded
                 dec = decoder(fields, model) if fresh else decoders[name]
                 if fields.get("enabled", True):  # a fresh, cold cache
@@ -102,13 +117,39 @@ def alternated(loaded, prompt, rounds: int, settings: dict | None = None,
                     if checks is not None:
                         dec.experts.mid_pass_checks = checks
                 starts.clear()
-                gen = dec.generate(prompt, TOKENS)
+                with free_decisions(bool(free and free[0])):
+                    gen = dec.generate(prompt, TOKENS)
                 per_pass = np.diff(starts) * 1e3  # [i]: pass i (0: the prefill)
                 out[name].append((gen.decode_s / (TOKENS - 1) * 1e3,
                                   np.median(per_pass[1:16]), np.median(per_pass[STEADY + 1:])))
     finally:
         stepped.SteppedDecoder.forward = forward
     return {k: np.asarray(v) for k, v in out.items()}
+
+
+@contextlib.contextmanager
+def free_decisions(on: bool):
+    """Part 5: while `on`, `ExpertCache.run_layer` serves a one-token layer whose experts are
+    all resident as one wave from their slots, deciding nothing (no counter, no policy state,
+    no prefetch) — what the runtime sees of a decision that costs nothing; any other layer is
+    decided for real."""
+    decide = expert_cache.ExpertCache.run_layer
+
+    def free(self, gate):
+        ids = gate.ids
+        layer, residency = gate.layer, self.residency
+        requested = set(ids.ravel().tolist())
+        if ids.shape[0] != 1 or any((layer, e) not in residency for e in requested):
+            return decide(self, gate)
+        return iter((Wave(layer, {e: residency[(layer, e)] for e in requested}, ids,
+                          gate.weights, np.ones(ids.shape, bool), first=True, last=True),))
+
+    if on:
+        expert_cache.ExpertCache.run_layer = free
+    try:
+        yield
+    finally:
+        expert_cache.ExpertCache.run_layer = decide
 
 
 PIECES = ("pass to pass, wall", "pass to pass, host-thread CPU", "pass (all)",
@@ -253,14 +294,14 @@ def _spin_matmul(stop):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=12,
-                        help="parts 1 and 4's alternated rounds")
-    parser.add_argument("--parts", default="1234", help="which parts to run, e.g. 14")
+                        help="parts 1, 4 and 5's alternated rounds")
+    parser.add_argument("--parts", default="12345", help="which parts to run, e.g. 14")
     parser.add_argument("--model", choices=("fresh", "once"), default="fresh",
-                        help="parts 1 and 4: a model loaded for every run, as the CLI's "
+                        help="parts 1, 4 and 5: a model loaded for every run, as the CLI's "
                         "(default), or one for the whole benchmark")
     args = parser.parse_args()
-    if not args.parts or set(args.parts) - set("1234"):
-        parser.error(f"--parts={args.parts!r}: the digits of the parts to run, 1 to 4")
+    if not args.parts or set(args.parts) - set("12345"):
+        parser.error(f"--parts={args.parts!r}: the digits of the parts to run, 1 to 5")
     parts = {int(p) for p in args.parts}
     config = base_config()
     loaded = load_model(config.model)
@@ -302,6 +343,13 @@ def main():
                         fresh=args.model == "fresh")
         print(f"4. mid-pass checks (`mid_pass_checks`), decode as in 1, {args.rounds} "
               "alternated rounds: ms, median [25th, 75th percentile]")
+        _print_rounds(ms)
+
+    if 5 in parts:
+        ms = alternated(loaded, prompt, args.rounds, FREE, fresh=args.model == "fresh")
+        print(f"5. decode as in 1 with the decisions free (a stand-in serving every all-hit "
+              f"one-token layer), {args.rounds} alternated rounds: ms, median [25th, 75th "
+              "percentile]")
         _print_rounds(ms)
 
 

@@ -36,7 +36,7 @@ from concurrent.futures.process import BrokenProcessPool
 
 from launch import cells as cells_lib
 from launch import preflight, slurm, worker
-from moejax import cli
+from moejax import cli, workdir
 from moejax.cli import UsageError, debug, guarded, message_of
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -178,10 +178,12 @@ class _Runner:
         return os.path.join(cells_lib.cell_dir(self.sweep_dir, cell.name), worker.RUNNING)
 
     def _submit(self, pool, cell):
-        with contextlib.suppress(FileNotFoundError):  # left by a killed launcher
-            os.unlink(self._marker(cell))
+        directory = cells_lib.cell_dir(self.sweep_dir, cell.name)
+        if not workdir.held(directory):  # left by a killed launcher (a live run's stays:
+            with contextlib.suppress(FileNotFoundError):  # its claim refuses this one)
+                os.unlink(self._marker(cell))
         return pool.submit(worker.run_cell, self.config, self.arg, cell.name, cell.overrides,
-                           cells_lib.cell_dir(self.sweep_dir, cell.name))
+                           directory)
 
     def _record(self, cell, outcome: dict) -> None:
         if outcome["ok"]:
@@ -466,22 +468,24 @@ def config_file_error(prefix: str, config: str, e: BaseException) -> UsageError:
 
 def check_cells(spec: str, config: str, arg: str | None,
                 cells: list[cells_lib.Cell]) -> dict[str, str]:
-    """Every cell's config built and checked (`launch/preflight.py`), in a spawned process:
-    cell name -> why it is refused. A `get_config(arg)` that raises is a usage error naming
-    `--config`."""
+    """Every cell's config built and checked (`launch/preflight.py`), in a spawned process
+    (none for no cells): cell name -> why it is refused. A `get_config(arg)` that raises is a
+    usage error naming `--config`."""
+    if not cells:
+        return {}
     message, errors = preflight.check_in_subprocess(spec, config, arg, cells)
     if message is not None:
         raise UsageError(message)
     return errors
 
 
-def refused(spec: str, errors: dict[str, str], checked: int) -> UsageError:
+def refused(spec: str, errors: dict[str, str]) -> UsageError:
     """The usage error for cells whose config is refused: how many, the first one and why."""
     name, why = next(iter(errors.items()))
     more = (f" (and {len(errors) - 1} more: --dry_run lists every cell's)"
             if len(errors) > 1 else "")
-    return UsageError(f"--config={spec}: {len(errors)} of {checked} cells cannot run; cell "
-                      f"{name}: {why}{more}")
+    cells = "cell cannot" if len(errors) == 1 else "cells cannot"
+    return UsageError(f"--config={spec}: {len(errors)} {cells} run; cell {name}: {why}{more}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -501,16 +505,19 @@ def _main(args: argparse.Namespace) -> int:
     if not selected:
         raise UsageError(f"--only={args.only}: matches none of the {len(all_cells)} cell names "
                          f"(--dry_run without --only lists them)")
-    # Every selected cell's config, before anything is written (a dry run lists the refused).
-    errors = check_cells(args.config, config, arg, selected)
+    # Every selected cell's config that is to run, before anything is written (a dry run lists
+    # the refused; a finished cell is not run again, so it is not checked either).
+    errors = check_cells(args.config, config, arg,
+                         [c for c in selected if not cells_lib.is_finished(
+                             cells_lib.results_path(sweep_dir, c.name))])
     if args.dry_run:
         check_same_sweep(sweep_dir, config, arg, all_cells)
         dry_run(sweep_dir, all_cells, selected, args.workers, errors)
         if errors:
-            raise refused(args.config, errors, len(selected))
+            raise refused(args.config, errors)
         return 0
     if errors:
-        raise refused(args.config, errors, len(selected))
+        raise refused(args.config, errors)
     os.makedirs(os.path.join(sweep_dir, "cells"), exist_ok=True)
     # The lock before sweep.json: a second launcher must not rewrite the first one's files.
     with _sweep_lock(sweep_dir):

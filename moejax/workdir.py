@@ -108,6 +108,23 @@ def _alive(holder: dict) -> bool | None:
     return True
 
 
+def held(path: str) -> bool:
+    """Whether a run may be holding `path`'s lock now: its lock file names a process that runs
+    on this host, one on another host, or none readable (a run between creating the file and
+    writing itself into it). False when there is no lock file or it names a process that has
+    died. Read only: probing the lock with `flock` could make a run claiming it at that very
+    moment fail."""
+    try:
+        fd = os.open(os.path.join(path, LOCK_NAME), os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        holder = _read_holder(fd)
+    finally:
+        os.close(fd)
+    return not holder or _alive(holder) is not False
+
+
 def _snapshot(path: str) -> dict[str, tuple[int, int]]:
     """The workdir's entries (not the lock): name -> (mtime_ns, size)."""
     found = {}

@@ -203,6 +203,24 @@ def test_lock_left_by_a_dead_run_is_taken_over_with_a_note(tmp_path, capsys):
     assert os.listdir(w) == []
 
 
+def test_held_tells_a_live_runs_lock_from_a_dead_ones_without_taking_it(tmp_path):
+    w = tmp_path / "w"
+    w.mkdir()
+    assert not workdir.held(str(w))  # no lock file
+    with workdir.claimed(str(w)):
+        assert workdir.held(str(w))  # this process holds it
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    lock = w / workdir.LOCK_NAME
+    lock.write_text(json.dumps({"pid": dead.pid, "host": os.uname().nodename}))
+    assert not workdir.held(str(w))  # left by a run that died
+    lock.write_text(json.dumps({"pid": os.getpid(), "host": "another-host.example"}))
+    assert workdir.held(str(w))  # cannot be told: held
+    lock.write_text("")
+    assert workdir.held(str(w))  # a run writing itself into it
+    workdir.claim(str(w)).release()  # probing took no lock: it can be claimed
+
+
 # --- Ctrl-C ----------------------------------------------------------------------------------
 
 def _interrupted(body) -> cli.Interrupted:

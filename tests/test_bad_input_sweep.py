@@ -158,7 +158,7 @@ def test_a_cell_whose_config_does_not_check_is_refused_before_anything_runs(
     spec = f"{config}:{arg}"
     for mode in ([], ["--slurm"]):
         status = sweep.main([f"--config={spec}", f"--sweep_dir={tmp_path / 's'}", *mode])
-        _usage_error(capsys, status, f"--config={spec}: 1 of 3 cells cannot run; cell {name}: ",
+        _usage_error(capsys, status, f"--config={spec}: 1 cell cannot run; cell {name}: ",
                      *words)
         assert not (tmp_path / "s").exists()
     # A dry run lists every cell, the refused one with why, and exits 2 too.

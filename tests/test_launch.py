@@ -55,6 +55,8 @@ SWEEP_CONFIG = textwrap.dedent('''
         # seed=-1 kills its worker process (below); the other cells fail cheaply, without JAX
         "crash": [{"run.max_new_tokens": 101}, {"seed": -1}, {"run.max_new_tokens": 102},
                   {"run.max_new_tokens": 103}, {"run.max_new_tokens": 104}],
+        # cells that fail as they run, cheaply (below)
+        "marker": [{"run.max_new_tokens": 101}, {"run.max_new_tokens": 102}],
         # each cell's job writes its results.json, then its worker dies (below): no JAX
         "finish_then_die": [{"run.max_new_tokens": 5}, {"run.max_new_tokens": 6}],
     }
@@ -93,7 +95,8 @@ SWEEP_CONFIG = textwrap.dedent('''
 
         if arg == "finish_then_die":  # in the worker process running the cell
             moejax.jobs.run = _finish_then_die
-        elif arg in ("fail", "crash") and not getattr(moejax.jobs.run, "replaced", False):
+        elif arg in ("fail", "crash", "marker") and not getattr(moejax.jobs.run, "replaced",
+                                                               False):
             moejax.jobs.run = _fail_or_die(moejax.jobs.run)
         c = base_config()
         c.model.preset = "tiny"
@@ -377,6 +380,29 @@ def test_a_cell_that_kills_its_worker_fails_alone(env, config_file, tmp_path):
     assert len(died) == 1, proc.stdout
     suspects = died[0].removeprefix("a worker process died while running ").split(";")[0]
     assert "seed=-1" in suspects.split(", "), died[0]
+
+
+@pytest.mark.slow
+def test_a_cell_another_run_holds_keeps_its_running_marker(env, config_file, tmp_path):
+    """A cell another process runs (a Slurm task re-run by hand) fails in the pool as its claim
+    is refused, and keeps the RUNNING marker it wrote; a marker a killed launcher left goes."""
+    from launch import worker
+    from moejax import workdir as workdir_lib
+
+    sweep_dir = tmp_path / "sweep"
+    names = ["max_new_tokens=101", "max_new_tokens=102"]
+    for name in names:
+        (sweep_dir / "cells" / name).mkdir(parents=True)
+        (sweep_dir / "cells" / name / worker.RUNNING).write_text("4242")
+    with workdir_lib.claimed(str(sweep_dir / "cells" / names[0])):
+        proc = launch(env, f"{config_file}:marker", str(sweep_dir), "--workers=1")
+        assert (sweep_dir / "cells" / names[0] / worker.RUNNING).read_text() == "4242"
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    with open(sweep_dir / "failures.json") as f:
+        failures = {x["name"]: x["error"] for x in json.load(f)}
+    assert f"in use by pid {os.getpid()}" in failures[names[0]], failures
+    assert "this cell fails as it runs" in failures[names[1]], failures
+    assert not (sweep_dir / "cells" / names[1] / worker.RUNNING).exists()
 
 
 @pytest.mark.slow
