@@ -135,7 +135,7 @@ REFUSED_CONFIG = textwrap.dedent('''
 
 
     BAD = {"typo": {"cache.capacity_fac": 0.5}, "range": {"cache.capacity_frac": 1.5},
-           "job": {"run.max_new_tokens": 0}}
+           "job": {"run.max_new_tokens": 0}, "policy": {"policies.prefetch": "topk(depth=2)"}}
 
 
     def sweep(add, arg=None):
@@ -150,6 +150,8 @@ REFUSED_CONFIG = textwrap.dedent('''
                                   "did you mean cache.capacity_frac?"]),
     ("range", "capacity_frac=1.5", ["cache.capacity_frac=1.5 must be in (0, 1]"]),
     ("job", "max_new_tokens=0", ["run.max_new_tokens=0 must be >= 1"]),
+    ("policy", "prefetch=topk_depth-2", ["prefetch policy 'topk(depth=2)': unknown argument "
+                                         "'depth'; it takes ['overfetch', 'lookahead']"]),
 ])
 def test_a_cell_whose_config_does_not_check_is_refused_before_anything_runs(
         arg, name, words, tmp_path, capsys):

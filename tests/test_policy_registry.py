@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from moejax.errors import ConfigError
-from moejax.policies import build, names, parse
+from moejax.policies import build, check, names, parse
 from moejax.policies.registry import PLANNED
 
 CTX = dict(num_layers=3, num_experts=8, top_k=2, num_slots=6, seed=0, renormalize=True)
@@ -83,6 +83,31 @@ def test_unknown_argument_named_with_valid_ones():
         build("prefetch", "topk(top_k=4)", **CTX)
     with pytest.raises(ConfigError, match="unknown argument 'seed'"):
         build("eviction", "random(seed=3)", **CTX)
+
+
+@pytest.mark.parametrize("kind, spec, message", [
+    ("prefetch", "topk(overfech=1.5)", "unknown argument 'overfech'; it takes"),
+    ("prefetch", "topk(top_k=4)", "unknown argument 'top_k'"),  # context, not an argument
+    ("eviction", "lru(1)", "too many arguments"),
+    ("miss", "drop(2, keep=3)", "'keep' given twice"),
+    ("prefetch", "topk(overfetch='x')", "overfetch='x' must be a finite number"),
+    ("eviction", "no_such_policy", "unknown eviction policy 'no_such_policy'"),
+])
+def test_check_refuses_what_build_refuses_of_a_spec_without_the_context(kind, spec, message):
+    """`check` (what `moejax.jobs.check` and a sweep's launch run, before any model is
+    known) refuses a spec's names, count and kinds of arguments as `build` does."""
+    with pytest.raises(ConfigError, match=message):
+        check(kind, spec)
+    with pytest.raises(ConfigError, match=message):
+        build(kind, spec, **CTX)
+
+
+def test_check_leaves_ranges_to_the_constructor():
+    """A range is the constructor's to check (some depend on the model): `check` passes a
+    value `build` refuses."""
+    assert check("prefetch", "score_percentile(p=150)").__name__ == "ScorePercentilePrefetch"
+    with pytest.raises(ConfigError, match=r"p=150 must be in \[0, 100\)"):
+        build("prefetch", "score_percentile(p=150)", **CTX)
 
 
 def test_too_many_and_duplicate_args():

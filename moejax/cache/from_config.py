@@ -31,6 +31,7 @@ from moejax.cache.host_tier import HostTier
 from moejax.errors import ConfigError
 from moejax.model_config import ModelConfig
 from moejax.policies import build, presets
+from moejax.policies import check as check_policy
 from moejax.policies.registry import policy_class
 from moejax.quant import formats
 from moejax.timing import hardware as hw_lib
@@ -168,9 +169,11 @@ def check_settings(config: ml_collections.ConfigDict, *, live: bool | None = Non
                    defaults: ml_collections.ConfigDict | None = None) -> None:
     """Checks the fields that feed the cache, the clocks, storage, io and the policies against
     what each means, before anything runs: a value outside it is a ConfigError naming
-    `field=value` and what the field takes, whether or not this run uses the field. Limits
-    that need the model (a slot count above its experts) are checked where the model is known
-    (`capacity.pools_for`, `build_host_tier`); policy arguments where the policy is built.
+    `field=value` and what the field takes, whether or not this run uses the field; each
+    policy's name and arguments against the values it declares (`moejax.policies.check`).
+    Limits that need the model (a slot count above its experts, a prefetch lookahead beyond
+    its MoE layers) are checked where the model is known (`capacity.pools_for`,
+    `build_host_tier`, the policy's constructor).
 
     Then, given `defaults` (the schema's `base_config()`: `moejax.jobs.run` passes it; the
     cache does not import the jobs), a setting that is given (not the schema's default) but
@@ -206,9 +209,9 @@ def check_settings(config: ml_collections.ConfigDict, *, live: bool | None = Non
     storage_from(config)
     _check_io(config)
     for kind, spec in presets.resolve(config.policies).items():
-        policy_class(kind, spec)
+        check_policy(kind, spec)
     try:
-        policy_class("eviction", c.host_eviction)
+        check_policy("eviction", c.host_eviction)
     except ConfigError as e:
         raise ConfigError(f"cache.host_eviction: {e}") from e
     if defaults is None:

@@ -14,8 +14,16 @@ from moejax.policies.base import (
     PrefetchPolicy,
     RoutingPolicy,
 )
-from moejax.policies.registry import build, names, parse, policy_class, register, spec_arguments
+from moejax.policies.registry import (
+    build,
+    check,
+    names,
+    parse,
+    policy_class,
+    register,
+    spec_arguments,
+)
 
 __all__ = ["KINDS", "EvictionPolicy", "MissDecision", "MissPolicy", "Policy", "PrefetchPolicy",
-           "RoutingPolicy", "build", "names", "parse", "policy_class", "presets", "register",
+           "RoutingPolicy", "build", "check", "names", "parse", "policy_class", "presets", "register",
            "spec_arguments"]

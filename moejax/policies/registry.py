@@ -13,6 +13,7 @@ from __future__ import annotations
 import ast
 import inspect
 import re
+from collections.abc import Iterable
 from typing import Any
 
 from moejax.errors import ConfigError
@@ -155,11 +156,21 @@ def parse(spec: str) -> tuple[str, list[Any], dict[str, Any]]:
     raise ConfigError(f"policy spec {spec!r} must look like name or name(arg=value, ...)")
 
 
-def build(kind: str, spec: str, **context: Any) -> Any:
-    """Builds the `kind` policy named by `spec`. `context` (model shape, seed, ...) is passed to
-    constructors that declare those parameters."""
+def check(kind: str, spec: str) -> type[Policy]:
+    """What `build` checks of `spec` before it builds the policy, without the cache's context:
+    the policy's name, its arguments' names and count, each against the values it declares
+    (`ARGS`), and every required one given. Returns the class. What a constructor checks
+    against the cache's shape (a lookahead beyond the model's MoE layers) waits for `build`."""
     name, args, kwargs = parse(spec)
     ctor = policy_class(kind, name)
+    _bind(kind, spec, ctor, args, kwargs, CONTEXT)
+    return ctor
+
+
+def _bind(kind: str, spec: str, ctor: type[Policy], args: list[Any], kwargs: dict[str, Any],
+          context: Iterable[str]) -> dict[str, Any]:
+    """The spec's arguments bound to `ctor`'s parameters other than the `context` ones, each
+    checked against its declared values."""
     params = inspect.signature(ctor).parameters
     user = [p for p in params.values() if p.name not in context and p.name not in CONTEXT_ONLY
             and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
@@ -173,6 +184,10 @@ def build(kind: str, spec: str, **context: Any) -> Any:
         if key in bound:
             raise ConfigError(f"{kind} policy {spec!r}: {key!r} given twice")
         bound[key] = value
+    missing = [p.name for p in user if p.default is p.empty and p.name not in bound]
+    if missing:
+        raise ConfigError(f"{kind} policy {spec!r}: {', '.join(missing)} must be given; it "
+                          f"takes {valid}")
     for key, value in bound.items():
         # Once here for every policy: a constructor comparing a string with a number would
         # say only "'<=' not supported between 'str' and 'int'".
@@ -180,6 +195,16 @@ def build(kind: str, spec: str, **context: Any) -> Any:
         if domain is not None and domain.refuses(value):
             raise ConfigError(f"{kind} policy {spec!r}: {key}={value!r} must be "
                               f"{domain.takes()}")
+    return bound
+
+
+def build(kind: str, spec: str, **context: Any) -> Any:
+    """Builds the `kind` policy named by `spec`. `context` (model shape, seed, ...) is passed to
+    constructors that declare those parameters."""
+    name, args, kwargs = parse(spec)
+    ctor = policy_class(kind, name)
+    params = inspect.signature(ctor).parameters
+    bound = _bind(kind, spec, ctor, args, kwargs, context)
     ctx = {k: v for k, v in context.items() if k in params}
     try:
         policy = ctor(**bound, **ctx)
