@@ -124,11 +124,11 @@ def test_a_config_file_that_is_missing_a_directory_or_broken_is_named(tmp_path, 
 
 
 # A sweep whose config argument picks its cells: one of them refused by a check `sweep(add)`
-# cannot make (the field's existence, its value, the job's own fields).
+# cannot make (the field's existence, its value, the job's own fields, a policy's arguments).
 REFUSED_CONFIG = textwrap.dedent('''
     def get_config(arg=None):
         if arg == "bogus":
-            raise ValueError(f"config argument {arg!r}: expected 'typo', 'range' or 'job'")
+            raise ValueError(f"config argument {arg!r}: expected one of {sorted(BAD)}")
         from moejax.jobs.schema import base_config
 
         return base_config()
@@ -184,7 +184,8 @@ def test_a_config_argument_get_config_rejects_is_named_once(tmp_path, capsys):
     spec = f"{config}:bogus"
     status = sweep.main([f"--config={spec}", f"--sweep_dir={tmp_path / 's'}"])
     err = _usage_error(capsys, status, f"--config={spec}: get_config('bogus'): config argument "
-                       "'bogus': expected 'typo', 'range' or 'job' (", "refused.py, line 4)")
+                       "'bogus': expected one of ['job', 'policy', 'range', 'typo'] (",
+                       "refused.py, line 4)")
     assert len(err.strip().splitlines()) == 1, err
     assert not (tmp_path / "s").exists()
 
