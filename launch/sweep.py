@@ -358,12 +358,12 @@ def size_line(sweep_dir: str, all_cells: list[cells_lib.Cell], selected: list[ce
 
 
 def dry_run(sweep_dir: str, all_cells: list[cells_lib.Cell], selected: list[cells_lib.Cell],
-            workers: int, refused_cells: dict[str, str] | None = None) -> None:
-    """Lists the selected cells with their state: finished, failed, todo, or refused (its
-    config does not check: `refused_cells`, the reason on the line after it)."""
-    refused_cells = refused_cells or {}
+            workers: int, finished: set[str], refused_cells: dict[str, str]) -> None:
+    """Lists the selected cells with their state: finished (`finished`, the names of those
+    with a complete results.json), failed, todo, or refused (its config does not check:
+    `refused_cells`, the reason on the line after it)."""
     for c in selected:
-        done = cells_lib.is_finished(cells_lib.results_path(sweep_dir, c.name))
+        done = c.name in finished
         failed = os.path.exists(os.path.join(cells_lib.cell_dir(sweep_dir, c.name), "error.txt"))
         status = "finished" if done else ("failed" if failed else "todo")
         if c.name in refused_cells:
@@ -507,12 +507,13 @@ def _main(args: argparse.Namespace) -> int:
                          f"(--dry_run without --only lists them)")
     # Every selected cell's config that is to run, before anything is written (a dry run lists
     # the refused; a finished cell is not run again, so it is not checked either).
+    finished = {c.name for c in selected
+                if cells_lib.is_finished(cells_lib.results_path(sweep_dir, c.name))}
     errors = check_cells(args.config, config, arg,
-                         [c for c in selected if not cells_lib.is_finished(
-                             cells_lib.results_path(sweep_dir, c.name))])
+                         [c for c in selected if c.name not in finished])
     if args.dry_run:
         check_same_sweep(sweep_dir, config, arg, all_cells)
-        dry_run(sweep_dir, all_cells, selected, args.workers, errors)
+        dry_run(sweep_dir, all_cells, selected, args.workers, finished, errors)
         if errors:
             raise refused(args.config, errors)
         return 0
