@@ -47,7 +47,7 @@ def single(tmp_path_factory):
 
 def _jit_entries() -> dict[str, int]:
     steps = ("attention_router_step", "experts_step", "dense_layer_step", "embed_step",
-             "logits_step")
+             "logits_step", "logits_next_step")
     return {name: getattr(stepped, name)._cache_size() for name in steps}
 
 
@@ -112,11 +112,13 @@ def test_repeated_prompt_is_warm_at_full_capacity(tmp_path, capsys):
     spec = results["speculation"]
     assert spec["speculative_passes"] > 0 and spec["failed_in_flight"] == 0
     assert spec["failed_checks"] >= spec["failed_mid_pass"]
+    assert spec["host_copy_reads"] > 0  # the CPU backend: cold misses read from host copies
     # ... and the run says so in a line of its own.
     line = next(x for x in capsys.readouterr().out.splitlines()
                 if x.startswith("live runtime: "))
     assert line.startswith(f"live runtime: {spec['speculative_passes']} speculative passes "
-                           f"({spec['checked_mid_pass']} checked mid-pass), "
+                           f"({spec['checked_mid_pass']} checked mid-pass, "
+                           f"{spec['host_copy_reads']} expert reads from the host copy), "
                            f"{spec['failed_checks']} failed check")
     assert line.endswith(f"; {spec['complete_cache_passes']} passes over a complete cache "
                          "decided after them")

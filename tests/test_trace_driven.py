@@ -76,7 +76,7 @@ def steps(monkeypatch) -> list:
     layer in the order they ran, the waves' (ids, weights) as the runtime handed them to the
     step. A layer a speculative pass re-ran (a failed check) appears again: its last steps are
     the pass's."""
-    seen, experts_for, forward = [], CachedExperts.experts_for, SteppedDecoder.forward
+    seen, experts_for, forward = [], CachedExperts.experts_for, SteppedDecoder.forward_next
 
     def spy(self, gate):
         waves = []
@@ -90,7 +90,7 @@ def steps(monkeypatch) -> list:
         return forward(self, tokens)
 
     monkeypatch.setattr(CachedExperts, "experts_for", spy)
-    monkeypatch.setattr(SteppedDecoder, "forward", each_pass)
+    monkeypatch.setattr(SteppedDecoder, "forward_next", each_pass)
     return seen
 
 

@@ -229,6 +229,16 @@ def logits_step(graphdef: Static, state, x):
     return nnx.merge(graphdef.value, state).logits(x)
 
 
+@functools.partial(jax.jit, static_argnames=("graphdef",))
+def logits_next_step(graphdef: Static, state, x):
+    """`logits_step` and the greedy next token of each row (the last position's argmax), in
+    one computation: dispatched with the pass, the device picks the token while the host
+    ends the pass (an expert cache's checks and decisions), instead of waiting for three
+    more dispatches after them."""
+    logits = nnx.merge(graphdef.value, state).logits(x)
+    return logits, jnp.argmax(logits[:, -1], axis=-1)
+
+
 def sees_reruns(observer: Callable[[GateOutputs], None]) -> bool:
     """Whether a gate observer is marked `sees_reruns`: of a pass that re-runs layers (a
     speculative pass whose check failed, `moejax.serving.runtime`) it keeps each layer's last
@@ -333,6 +343,15 @@ class SteppedDecoder:
 
     def forward(self, tokens: np.ndarray | jax.Array) -> jax.Array:
         """Runs `tokens` `[B, T]` at the current position; returns float32 logits `[B, T, V]`."""
+        return self._forward(tokens, logits_step)
+
+    def forward_next(self, tokens: np.ndarray | jax.Array) -> tuple[jax.Array, jax.Array]:
+        """`forward`, and the greedy next token `[B]` computed with the logits
+        (`logits_next_step`)."""
+        return self._forward(tokens, logits_next_step)
+
+    def _forward(self, tokens, head: Callable):
+        """The pass (`forward`), `head` computing its outputs from the last hidden state."""
         # Committed to the device like every step's output, so each step sees one commitment
         # of its arguments whatever the layer (a compilation is keyed on it).
         tokens = jax.device_put(jnp.asarray(tokens, jnp.int32), self._on_device)
@@ -349,29 +368,29 @@ class SteppedDecoder:
         self.experts.begin_pass(t, self.pos)
         x = embed_step(self.head_graph, self.head_state, tokens)
         saved: dict[int, tuple] = {}
-        logits, resume = self._run_from(x, pos, 0, saved)
+        out, resume = self._run_from(x, pos, 0, saved, head)
         while resume is not None:
             # A speculative pass's check failed at MoE layer `resume`: the layers before it
             # stand; from its experts step on the pass runs again (attention rewrites the same
             # KV positions).
-            logits, resume = self._run_from(None, pos, resume, saved)
+            out, resume = self._run_from(None, pos, resume, saved, head)
         self.pos += t
         if self.pass_observers:
             host_tokens = np.asarray(tokens)
             for observe in self.pass_observers:
                 observe(host_tokens)
-        return logits
+        return out
 
-    def _run_from(self, x, pos, start: int, saved: dict[int, tuple]):
-        """Layers `start`.. (`_layers`), the logits and the source's `end_pass`: the logits
-        and None, or the MoE layer to run again from (`end_pass`'s answer, or a `Rewind`
-        the source raised before the pass was through)."""
+    def _run_from(self, x, pos, start: int, saved: dict[int, tuple], head: Callable):
+        """Layers `start`.. (`_layers`), the `head` step's outputs and the source's
+        `end_pass`: the outputs and None, or the MoE layer to run again from (`end_pass`'s
+        answer, or a `Rewind` the source raised before the pass was through)."""
         try:
             x = self._layers(x, pos, start, saved)
         except Rewind as rewind:
             return None, rewind.layer
-        logits = logits_step(self.head_graph, self.head_state, x)
-        return logits, self.experts.end_pass()
+        out = head(self.head_graph, self.head_state, x)  # dispatched before the source's end
+        return out, self.experts.end_pass()
 
     def _layers(self, x, pos, start: int, saved: dict[int, tuple]):
         """Runs layers `start`.. on `x`, returning the last hidden state. Each MoE layer's
@@ -437,8 +456,8 @@ class SteppedDecoder:
         prompt = np.asarray(prompt, np.int32)
         self.reset()
         start = time.perf_counter()
-        logits = self.forward(prompt)
-        nxt = np.asarray(jnp.argmax(logits[:, -1], axis=-1))
+        logits, nxt = self.forward_next(prompt)
+        nxt = np.asarray(nxt)
         prefill_s = time.perf_counter() - start
         out = Generation(prompt.tolist(), [[] for _ in range(self.batch)], prefill_s, 0.0,
                          np.asarray(logits) if keep_logits else None)
@@ -458,10 +477,10 @@ class SteppedDecoder:
                 on_token(step)
             if done.all() or step == max_new_tokens - 1:
                 break
-            logits = self.forward(nxt[:, None])
+            logits, nxt = self.forward_next(nxt[:, None])
             if keep_logits:
                 out.step_logits.append(np.asarray(logits[:, -1]))
-            nxt = np.asarray(jnp.argmax(logits[:, -1], axis=-1))
+            nxt = np.asarray(nxt)
         # A source may take a pass's decisions while the next pass runs (the expert cache,
         # complete: `CachedExperts.end_pass`): the last ones are taken here, inside the
         # generation's wall time (`decode_s`, which so also holds the prefill pass's).
