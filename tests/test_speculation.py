@@ -2,8 +2,10 @@
 pass runs every layer's experts step on the experts of that layer resident when it began, with
 no host round trip per layer, and its decisions are taken after it, each layer checked; at
 the first layer whose decision would read other slots, the decoder re-runs the pass from that
-layer's experts step, deciding layer by layer. Tokens, logits, every counter and virtual time
-equal deciding layer by layer (speculation off), and the tokens equal the resident model's.
+layer's experts step, deciding layer by layer. On the CPU backend and the virtual clock a step
+reads a non-resident expert from its host copy (`cache.speculate_from_host`), and only a layer
+its decision splits into waves fails. Tokens, logits, every counter and virtual time equal
+deciding layer by layer (speculation off), and the tokens equal the resident model's.
 """
 
 from __future__ import annotations
@@ -30,17 +32,22 @@ def tiny():
 
 
 def _run(tiny, speculate, capacity, eviction, prefetch, observe=False, clock="virtual",
-         landed=None, mid_pass="adaptive", prepare=None, latency_s=None, warm_start="none"):
+         landed=None, mid_pass="adaptive", prepare=None, latency_s=None, warm_start="none",
+         from_host=True, **cache):
     cfg, model, loaded, prompt, _ = tiny
     c = base_config()
     c.clock.kind = clock
     c.cache.warm_start = warm_start
+    c.cache.speculate_from_host = from_host
+    for field, value in cache.items():
+        c.cache[field] = value
     if latency_s is not None:
         c.hardware.h2d_latency_s = latency_s
     c.cache.capacity_frac = capacity
     c.policies.eviction, c.policies.prefetch = eviction, prefetch
     source = build_cached_experts(c, loaded)
     source.speculate = speculate
+    source.read_host_copies = from_host  # (the job sets it from the config)
     source.mid_pass_checks = mid_pass
     if landed is not None:  # every gate landed when asked, or none before the pass ends
         source.gate_landed = lambda gate: landed
@@ -67,10 +74,11 @@ def _same_generation(a, b):
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(capacity=st.sampled_from([0.25, 0.5, 0.75, 1.0]),
        eviction=st.sampled_from(names("eviction", live=True)),
-       prefetch=st.sampled_from(PREFETCHES))
+       prefetch=st.sampled_from(PREFETCHES), from_host=st.booleans())
 def test_speculation_gives_the_numbers_and_tokens_of_deciding_layer_by_layer(
-        tiny, capacity, eviction, prefetch):
-    spec_out, spec_state, source, _ = _run(tiny, True, capacity, eviction, prefetch)
+        tiny, capacity, eviction, prefetch, from_host):
+    spec_out, spec_state, source, _ = _run(tiny, True, capacity, eviction, prefetch,
+                                           from_host=from_host)
     ref_out, ref_state, _, _ = _run(tiny, False, capacity, eviction, prefetch)
     _same_generation(spec_out, ref_out)
     _same_generation(spec_out, tiny[4])  # the resident model's
@@ -86,11 +94,12 @@ def test_checks_mid_pass_and_after_it_give_the_numbers_of_deciding_layer_by_laye
     the end of the pass. Every way, forced here (every gate landed when checked, or none
     before the pass ends; mid-pass checks in every pass, in a pass after one whose residency
     changed or whose check failed, or in none), gives the numbers and tokens of deciding
-    layer by layer."""
+    layer by layer. Steps read slots only (no host copy), so misses fail checks."""
     for capacity, eviction, prefetch in [(1.0, "least_stale", "score_percentile(p=80)"),
                                          (0.5, "lru", "topk(overfetch=1.5, lookahead=2)")]:
         spec_out, spec_state, source, _ = _run(tiny, True, capacity, eviction, prefetch,
-                                               landed=landed, mid_pass=mid_pass)
+                                               landed=landed, mid_pass=mid_pass,
+                                               from_host=False)
         ref_out, ref_state, _, _ = _run(tiny, False, capacity, eviction, prefetch)
         _same_generation(spec_out, ref_out)
         _same_generation(spec_out, tiny[4])
@@ -106,7 +115,8 @@ def test_checks_mid_pass_and_after_it_give_the_numbers_of_deciding_layer_by_laye
 def test_adaptive_mid_pass_checks_follow_the_residency(tiny):
     """`mid_pass_checks="adaptive"`: a pass checks mid-pass after one whose residency changed or
     whose check failed, at the end otherwise. From cold at full capacity the first passes
-    change the residency (misses, prefetches) and later ones mostly do not: both kinds."""
+    change the residency (misses, prefetches) and later ones mostly do not: both kinds.
+    (Steps read slots only: reading host copies, a residency change fails no check.)"""
     seen = []  # per pass: the residency's change count and failed checks; speculative, eager
 
     def watch(source):
@@ -122,7 +132,8 @@ def test_adaptive_mid_pass_checks_follow_the_residency(tiny):
 
         source.begin_pass = begin_pass
 
-    _, _, source, _ = _run(tiny, True, 1.0, "lru", "none", landed=True, prepare=watch)
+    _, _, source, _ = _run(tiny, True, 1.0, "lru", "none", landed=True, prepare=watch,
+                           from_host=False)
     assert 0 < source.eager_passes < source.speculative_passes
     checked = 0
     for (before, _, _), (now, speculative, eager) in zip(seen, seen[1:]):
@@ -130,16 +141,83 @@ def test_adaptive_mid_pass_checks_follow_the_residency(tiny):
             assert eager == (now != before)
             checked += 1
     assert checked == source.speculative_passes
-    _, _, stays, _ = _run(tiny, True, 1.0, "lru", "none", landed=True, mid_pass="never")
+    _, _, stays, _ = _run(tiny, True, 1.0, "lru", "none", landed=True, mid_pass="never",
+                          from_host=False)
     assert stays.rewinds == 0 < source.rewinds
 
 
 def test_a_cold_full_cache_speculates_and_re_runs_on_a_miss(tiny):
-    """Cold at full capacity: later passes speculate and most checks hold, and some fail (a
-    miss) and re-run, so the property above covers both paths."""
-    out, _, source, _ = _run(tiny, True, 1.0, "lru", "none")
+    """Cold at full capacity, steps reading slots only: later passes speculate and most checks
+    hold, and some fail (a miss) and re-run, so the property above covers both paths."""
+    out, _, source, _ = _run(tiny, True, 1.0, "lru", "none", from_host=False)
     assert source.speculative_passes > source.speculation_misses > 0
+    assert source.host_copy_reads == 0
     _same_generation(out, tiny[4])
+
+
+@pytest.mark.parametrize("capacity, prefetch", [(1.0, "none"), (0.25, "score_percentile(p=80)")])
+def test_reading_host_copies_no_miss_fails_a_check(tiny, capacity, prefetch):
+    """Reading a non-resident expert's host copy, a speculative step computes what its
+    layer's decision serves whatever that decision fetches, evicts or prefetches: from cold,
+    at full capacity and at a quarter with evictions and prefetches, every decode pass
+    speculates, no check fails, no pass checks mid-pass (no residency change can fail a
+    check), steps read host copies, and every number is deciding layer by layer's."""
+    decode_fetches = []
+
+    def count_decode_fetches(source):  # demand loads the decode passes' decisions issue
+        begin, load = source.begin_pass, source.load
+        where = {"decode": False}
+
+        def begin_pass(tokens, position):
+            where["decode"] = position > 0
+            begin(tokens, position)
+
+        def counted(key, slot, prefetch):
+            if where["decode"] and not prefetch:
+                decode_fetches.append(key)
+            load(key, slot, prefetch)
+
+        source.begin_pass, source.load = begin_pass, counted
+
+    out, state, source, _ = _run(tiny, True, capacity, "lru", prefetch, landed=True,
+                                 prepare=count_decode_fetches)
+    ref_out, ref_state, _, _ = _run(tiny, False, capacity, "lru", prefetch)
+    _same_generation(out, ref_out)
+    _same_generation(out, tiny[4])
+    assert state == ref_state
+    assert source.speculative_passes == 11  # every decode pass
+    assert source.speculation_misses == source.eager_passes == 0
+    # Decode passes fetched (and, with prefetches, admitted experts a step had read from its
+    # host copy before their layer was decided: a read per expert, not per fetch).
+    assert decode_fetches and source.host_copy_reads > 0
+
+
+def test_reading_host_copies_a_layer_split_into_waves_fails_its_check(tiny):
+    """A decision that splits its layer into waves is not the one step that ran: that check
+    fails and the layer runs again, decided, even when steps read host copies. (A decode
+    layer's experts always fit one wave of a live cache — fewer slots than top-k are refused —
+    so a wave is made to hold one expert here, in both runs.)"""
+    def one_expert_waves(source):
+        source.cache_unsynced.wave_slots = 1
+
+    out, state, source, _ = _run(tiny, True, 1.0, "lru", "none", prepare=one_expert_waves)
+    ref_out, ref_state, _, _ = _run(tiny, False, 1.0, "lru", "none", prepare=one_expert_waves)
+    _same_generation(out, ref_out)
+    _same_generation(out, tiny[4])
+    assert state == ref_state
+    assert source.speculation_misses > 0
+
+
+@pytest.mark.parametrize("fields", [dict(clock="wall"), dict(load_path="copy_stream")])
+def test_host_copies_are_read_only_where_a_step_may(tiny, fields):
+    """Only on the virtual clock (the wall clock must see a step wait for its transfer), with
+    slots loaded from the host tables a step would read (fused): elsewhere steps read slots
+    only, and misses fail."""
+    clock = fields.pop("clock", "virtual")
+    out, _, source, _ = _run(tiny, True, 1.0, "lru", "none", clock=clock, **fields)
+    _same_generation(out, tiny[4])
+    assert source.host_copy_reads == 0 < source.speculative_passes
+    assert source.speculation_misses > 0
 
 
 def test_only_decode_passes_speculate(tiny):
@@ -211,7 +289,7 @@ def test_on_the_wall_clock_no_kept_step_read_an_expert_in_flight(tiny, monkeypat
 
         source.load, source.experts_for, source.begin_pass = load, experts_for, begin_pass
 
-    forward, experts_step = SteppedDecoder.forward, stepped.experts_step
+    forward, experts_step = SteppedDecoder.forward_next, stepped.experts_step
 
     def counted_forward(self, tokens):
         where["pass"] += 1
@@ -224,7 +302,7 @@ def test_on_the_wall_clock_no_kept_step_read_an_expert_in_flight(tiny, monkeypat
         return experts_step(graphdef, state, residual, h_norm, ids, weights, gate_up, down,
                             slot_of, **kw)
 
-    monkeypatch.setattr(SteppedDecoder, "forward", counted_forward)
+    monkeypatch.setattr(SteppedDecoder, "forward_next", counted_forward)
     monkeypatch.setattr(stepped, "experts_step", recorded_step)
     out, _, source, _ = _run(tiny, speculate, 1.0, "lru", "score_percentile(p=80)",
                              clock="wall", prepare=prepare, latency_s=0.003,

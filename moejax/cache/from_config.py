@@ -269,7 +269,8 @@ def _not_applying(config: ml_collections.ConfigDict, live: bool | None,
         out += [(f, "a replay reads no checkpoint (io.* sets the live runtime's expert reader)")
                 for f in IO if given(config, f)]
         out += [(f, "a replay moves no expert bytes") for f in ("cache.load_path",
-                                                                "cache.speculate")
+                                                                "cache.speculate",
+                                                                "cache.speculate_from_host")
                 if given(config, f)]
     if live:
         out += [(f, "a run of the model takes its experts' sizes from the checkpoint and runs "
@@ -285,6 +286,8 @@ def _not_applying(config: ml_collections.ConfigDict, live: bool | None,
         why = (f"no expert is computed on the host (policies.miss="
                f"{presets.resolve(config.policies)['miss']}, cache.host_compute_layers=0)")
         out += [(f, why) for f in HOST_CPU if given(config, f)]
+    if not c.get("speculate", True) and given(config, "cache.speculate_from_host"):
+        out.append(("cache.speculate_from_host", "cache.speculate=False: no pass speculates"))
     if c.slots > 0:
         out += [(f, f"cache.slots={c.slots} sets the slot count")
                 for f in ("cache.capacity_frac", "cache.capacity_of") if given(config, f)]

@@ -110,6 +110,7 @@ def configured_decoder(config: ml_collections.ConfigDict, loaded: LoadedModel, *
     experts = expert_source(config, loaded)
     if isinstance(experts, CachedExperts):
         experts.speculate = config.cache.speculate
+        experts.read_host_copies = config.cache.speculate_from_host
     return experts, make_decoder(config, loaded, experts, max_len=max_len, batch=batch)
 
 

@@ -328,8 +328,10 @@ def speculation_line(report: dict) -> str:
     failed = report["failed_checks"]
     why = (f": {report['failed_in_flight']} for an expert still in flight, "
            f"{report['failed_mid_pass']} found mid-pass" if failed else "")
+    copies = report.get("host_copy_reads", 0)
+    read = f", {copies} expert reads from the host copy" if copies else ""
     return (f"live runtime: {report['speculative_passes']} speculative passes "
-            f"({report['checked_mid_pass']} checked mid-pass), {failed} failed "
+            f"({report['checked_mid_pass']} checked mid-pass{read}), {failed} failed "
             f"check{'' if failed == 1 else 's'} whose layer ran again{why}; "
             f"{report['complete_cache_passes']} passes over a complete cache decided after them")
 

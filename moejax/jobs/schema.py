@@ -104,6 +104,12 @@ def base_config() -> ml_collections.ConfigDict:
     # virtual clock the numbers are those of deciding layer by layer (tested), only the wall
     # time changes. False: decide layer by layer.
     c.cache.speculate = True
+    # On the CPU backend and the virtual clock, a speculative step reads an expert that is not
+    # resident yet from its host copy (the bytes its load copies into a slot), so a miss, an
+    # eviction or a prefetch fails no check (DESIGN "Speculative passes"). False: such a step
+    # reads a slot, and its check fails. Elsewhere (an accelerator, the wall clock, the disk
+    # tier, copy_stream) it does not apply.
+    c.cache.speculate_from_host = True
     # Fiddler / llama.cpp --n-cpu-moe: the experts of the first N MoE layers are always
     # computed on the host, never loaded into a slot.
     c.cache.host_compute_layers = 0

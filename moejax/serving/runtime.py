@@ -122,6 +122,16 @@ class CachedExperts:
         # `tests/test_speculation.py`).
         self.mid_pass_checks = "adaptive"
         self.eager_passes = 0  # speculative passes begun checking mid-pass
+        # On the CPU backend and the virtual clock, a speculative step reads an expert that is
+        # not resident when the step is dispatched from its host copy — the bytes its load
+        # copies into a slot — instead of from a slot it does not hold (`_reads_host_copies`):
+        # every expert the step reads is then its own, so a check fails only for a layer that
+        # a decision would split into waves, not for each miss, eviction or prefetch (at 100%
+        # from cold, decode passes 1-15 went from 1.27-1.34x resident to 1.08-1.19x,
+        # `benchmarks/decision_cost.py` part 6). `cache.speculate_from_host`.
+        self.read_host_copies = True
+        self._reads_host = False  # this speculative pass's
+        self.host_copy_reads = 0  # experts speculative steps read from their host copy
         self._eager = True
         self._mark: tuple[int, int] | None = None
         self._resume: tuple[GateOutputs, list] | None = None
@@ -130,12 +140,15 @@ class CachedExperts:
         """How this runtime's passes ran (results.json's `speculation`, the generate job):
         speculative passes, their failed checks (of them: a step read an expert still in flight
         on the wall clock; found mid-pass, so the rest of the pass was not dispatched), the
-        passes that checked mid-pass, and a complete cache's passes decided after them."""
+        passes that checked mid-pass, the experts their steps read from the host copy (not
+        resident when the step was dispatched), and a complete cache's passes decided after
+        them."""
         return {"speculative_passes": self.speculative_passes,
                 "failed_checks": self.speculation_misses,
                 "failed_in_flight": self.speculation_in_flight,
                 "failed_mid_pass": self.rewinds,
                 "checked_mid_pass": self.eager_passes,
+                "host_copy_reads": self.host_copy_reads,
                 "complete_cache_passes": self.deferred_passes}
 
     @property
@@ -263,6 +276,7 @@ class CachedExperts:
             # speculating against 24 layer by layer, `benchmarks/cache_runtime.py` part 2).
             self._spec = _SpeculativePass()
             self._retries = 0
+            self._reads_host = self._reads_host_copies()
             self.speculative_passes += 1
             self.eager_passes += self._eager
 
@@ -327,16 +341,20 @@ class CachedExperts:
         mode = self.mid_pass_checks
         if mode not in MID_PASS_CHECKS:
             raise ValueError(f"mid_pass_checks={mode!r}; known: {MID_PASS_CHECKS}")
-        mark = (sum(self._cache.layer_changes.values()), self.speculation_misses)
+        # Reading host copies, a residency change fails no check (`_check`): only failed
+        # checks make the next pass check mid-pass.
+        changes = 0 if self._reads_host_copies() else sum(self._cache.layer_changes.values())
+        mark = (changes, self.speculation_misses)
         changed, self._mark = mark != self._mark, mark
         return mode == "always" or (mode == "adaptive" and changed)
 
     def _speculative_wave(self, gate: GateOutputs) -> ExpertWave:
         """The experts step of `gate.layer` on the router's own selection and the slots the
-        layer's resident experts hold now (a non-resident expert reads slot 0: the check
-        rejects any step that used one). First the run's earlier layers whose gates have
-        landed are checked and decided (`_check_pending`): a failed check stops the pass here
-        (`Rewind`) instead of after the rest of it was dispatched in vain."""
+        layer's resident experts hold now; a non-resident expert reads its host copy when the
+        pass reads them (`_reads_host_copies`), else slot 0 (the check rejects any step that
+        used one). First the run's earlier layers whose gates have landed are checked and
+        decided (`_check_pending`): a failed check stops the pass here (`Rewind`) instead of
+        after the rest of it was dispatched in vain."""
         failed = self._check_pending(wait=False) if self._eager else None
         if failed is not None:
             self.rewinds += 1
@@ -347,8 +365,9 @@ class CachedExperts:
         if held is None or held[0] != changes:  # the layer's residency changed since
             slot_of = self._cache.residency_of(layer)
             held = self._resident_maps[layer] = (
-                changes, slot_of, self._slot_map(Wave(layer, slot_of, None, None, None, True)))
-        _, slot_of, slot_map = held
+                changes, slot_of, self._slot_map(Wave(layer, slot_of, None, None, None, True)),
+                self._host_slot_map(slot_of) if self._reads_host else None)
+        _, slot_of, slot_map, host_map = held
         # The wall clock: when the step reads its experts (`_check` holds it to their landing).
         clock = self._cache.clock
         dispatched = clock.now() if clock.kind == "wall" else None
@@ -362,7 +381,32 @@ class CachedExperts:
             ids, weights = (self._upload(a) for a in ran)
         self._spec.layers.append((gate, slot_of, dispatched, ran))
         gate_up, down = self.pool.arrays()
+        if host_map is not None:  # the slot pool, then the layer's host tables as a pool
+            host_gate_up, host_down = self._host_tables(layer)
+            gate_up = _as_pools(gate_up) + _as_pools(host_gate_up)
+            down = _as_pools(down) + _as_pools(host_down)
+            slot_map = host_map
         return ExpertWave(gate_up, down, slot_map, ids, weights, True)
+
+    def _reads_host_copies(self) -> bool:
+        """Whether a speculative step may read a non-resident expert from its host copy: the
+        device is the host (the CPU backend: `_host_tables` views the `pinned_host` tables'
+        own bytes, no copy), the clock is virtual (the wall clock must see a step wait for its
+        transfer), and the one pool is loaded from those tables (fused; no disk tier) at their
+        precision. The step then computes what the decision's wave computes, bit for bit (a
+        live cache keeps a wave's experts resident together: pin_scope "layer")."""
+        pools = self.pool.pools
+        return (self.read_host_copies and self._host_backend
+                and getattr(self._cache.clock, "kind", None) == "virtual"
+                and len(pools) == 1 and pools[0].load_path == "fused"
+                and pools[0].host_store is None)
+
+    def _host_slot_map(self, slot_of: dict[int, int]):
+        """A layer's slot map for a step over its slot pool and then its host tables: a
+        resident expert's slot, else the host table's row (after the pool's slots)."""
+        base = self.pool.pools[0].num_slots
+        return self._upload(np.asarray([slot_of.get(e, base + e)
+                                        for e in range(self.num_experts)], np.int32))
 
     def _check_pending(self, wait: bool) -> int | None:
         """Checks and decides the speculative run's layers not checked yet (`_check`), in
@@ -395,20 +439,28 @@ class CachedExperts:
 
     def _check(self, gate: GateOutputs, slot_of: dict[int, int], dispatched: float | None,
                ran: tuple[np.ndarray, np.ndarray] | None) -> int | None:
-        """Decides a speculative step's layer on its own gate if every expert it requested
-        still holds the slot the step read (and on the wall clock, `dispatched` the time the
-        step was dispatched, had landed by then): then the decision serves exactly that (one
-        wave, all hits, the router's selection, or in a trace-driven run `ran`, the trace's ids
-        and weights the step computed) and is taken as if layer by layer. Otherwise
-        nothing of it is decided and the layer is returned: the decoder re-runs the pass from
-        there, that layer decided first (`_resume`), the layers after it speculating again on
-        the residency they then find — or, past `SPEC_RETRIES` failed checks in the pass,
+        """Decides a speculative step's layer on its own gate if the decision serves what the
+        step computed: one wave of the router's selection (or in a trace-driven run `ran`,
+        the trace's ids and weights the step computed) with each expert's own weights. The
+        step read them if every expert it requested still holds the slot the step read (and on
+        the wall clock, `dispatched` the time the step was dispatched, had landed by then) —
+        or, reading host copies (`_reads_host_copies`), always: each expert was read from the
+        slot holding it when the step was dispatched (a later load into that slot is ordered
+        after the step) or from its host copy, so there only a layer the decision splits into
+        waves fails. Then the decision is taken as if layer by layer. Otherwise nothing of
+        it is decided and the layer is returned: the decoder re-runs the pass from there, that
+        layer decided first (`_resume`), the layers after it speculating again on the
+        residency they then find — or, past `SPEC_RETRIES` failed checks in the pass,
         deciding layer by layer."""
         got = self._to_host(self._policy_arrays(gate))
         host = self._layer_gate(gate, got)
         residency, layer = self._cache.residency, gate.layer
         requested = set(host.ids.ravel().tolist())
-        moved = any(residency.get((layer, e), -1) != slot_of.get(e, -2) for e in requested)
+        read_host = self._reads_host
+        if read_host:  # one wave for the layer's requests (`ExpertCache.run_layer`)
+            moved = len(requested) > self._cache.wave_slots
+        else:
+            moved = any(residency.get((layer, e), -1) != slot_of.get(e, -2) for e in requested)
         in_flight = not moved and dispatched is not None and any(
             self._cache.slot_ready[slot_of[e]] > dispatched for e in requested)
         if moved or in_flight:
@@ -431,8 +483,12 @@ class CachedExperts:
         else:  # a trace-driven step computed what the decision serves, bit for bit
             same = np.array_equal(wave.ids, ran[0]) and np.array_equal(
                 np.asarray(wave.weights, np.float32), ran[1])
-        if len(waves) != 1 or not wave.active.all() or not same or any(
-                slot_of.get(e) != s for e, s in wave.slot_of.items()):
+        if read_host:  # every requested expert in the wave (read from a slot or its copy)
+            served = set(wave.slot_of) == requested
+            self.host_copy_reads += len(requested - slot_of.keys())
+        else:  # from the slots the step read
+            served = all(slot_of.get(e) == s for e, s in wave.slot_of.items())
+        if len(waves) != 1 or not wave.active.all() or not same or not served:
             raise AssertionError(f"layer {layer}: a speculative step's check passed but its "
                                  "decision served other experts or slots")
         if self._queued:  # its prefetches, as after its step
@@ -635,6 +691,11 @@ def _alias(host_array: jax.Array, sharding) -> jax.Array:
     if view.unsafe_buffer_pointer() != host_array.unsafe_buffer_pointer():
         raise AssertionError("the host table's device view is a copy, not its bytes")
     return view
+
+
+def _as_pools(w) -> tuple:
+    """A step's expert weights as a tuple of pools (`moejax.models.experts.ExpertPools`)."""
+    return w if isinstance(w, tuple) else (w,)
 
 
 def _slot_heads(loads: list[tuple[Key, int, bool]]) -> list[int]:
