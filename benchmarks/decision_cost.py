@@ -28,7 +28,15 @@
    `ExpertCache.run_layer` and with a stand-in that serves every one-token layer whose experts
    are all resident as one wave from their slots without deciding anything (`free_decisions`;
    the other layers are decided for real), alternated with resident. The stand-in's counters
-   are wrong by construction: it times, it does not run the cache.
+   are wrong by construction: it times, it does not run the cache;
+6. speculative steps reading host copies (`cache.speculate_from_host`, 2026-12-02) and the
+   next token picked in the logits step (`stepped.logits_next_step`, the same day): part 1's
+   decode at 100% from cold and warm at 25% and 5% (`cache.warm_start=all`), each with steps
+   reading a non-resident expert's host copy (the default) and reading slots only
+   (`speculate_from_host=False`, where a miss fails its check), and resident and 100% cold
+   as before that day (slots only, the token's argmax dispatched after the pass ended:
+   `next_token_after_the_pass`), alternated; each cached setting's ratio to resident, and
+   before that day's to resident's then.
 """
 
 from __future__ import annotations
@@ -39,6 +47,7 @@ import contextlib
 import multiprocessing
 import time
 
+import jax.numpy as jnp
 import numpy as np
 
 from moejax.cache import expert_cache
@@ -69,15 +78,30 @@ CHECKS = {"resident": (dict(enabled=False), None),
 # Part 5: a setting's cache fields, no mid-pass setting, and whether its decisions are free.
 FREE = {"resident": (dict(enabled=False), None),
         "100% cold": (dict(capacity_frac=1.0), None),
-        "100% cold, free decisions": (dict(capacity_frac=1.0), None, True),
+        "100% cold, free decisions": (dict(capacity_frac=1.0), None, "free_decisions"),
         "100% warm": (dict(capacity_frac=1.0, warm_start="all"), None),
-        "100% warm, free decisions": (dict(capacity_frac=1.0, warm_start="all"), None, True)}
+        "100% warm, free decisions": (dict(capacity_frac=1.0, warm_start="all"), None,
+                                      "free_decisions")}
+# Part 6: host-copy reads on and off, and the day before's resident and 100% cold (slots only,
+# the next token's argmax dispatched after the pass).
+SLOTS_ONLY = dict(speculate_from_host=False)
+HOST_COPIES = {
+    "resident": (dict(enabled=False), None),
+    "100% cold": (dict(capacity_frac=1.0), None),
+    "100% cold, slots only": (dict(capacity_frac=1.0, **SLOTS_ONLY), None),
+    "25% warm": (dict(capacity_frac=0.25, warm_start="all"), None),
+    "25% warm, slots only": (dict(capacity_frac=0.25, warm_start="all", **SLOTS_ONLY), None),
+    "5% warm": (dict(capacity_frac=0.05, warm_start="all"), None),
+    "5% warm, slots only": (dict(capacity_frac=0.05, warm_start="all", **SLOTS_ONLY), None),
+    "resident before": (dict(enabled=False), None, "next_token_after_the_pass"),
+    "100% cold before": (dict(capacity_frac=1.0, **SLOTS_ONLY), None,
+                         "next_token_after_the_pass")}
 
 
 def alternated(loaded, prompt, rounds: int, settings: dict | None = None,
                fresh: bool = True) -> dict[str, np.ndarray]:
-    """Part 1 (parts 4 and 5 with `settings`: name -> (cache fields, mid-pass checks[, free
-    decisions])): per setting,
+    """Part 1 (parts 4 to 6 with `settings`: name -> (cache fields, mid-pass checks[, the name
+    of a stand-in: `free_decisions`, `next_token_after_the_pass`])): per setting,
     `[rounds, 3]`: the decode ms a token of each round, and the ms a pass of its decode passes
     1-15 (the cold cache's misses) and 21-63 (steady), each pass from its start to the next's
     (the generation reads each pass's token before the next).
@@ -88,7 +112,7 @@ def alternated(loaded, prompt, rounds: int, settings: dict | None = None,
     model."""
     settings = settings or {name: (fields, None) for name, fields in SETTINGS.items()}
     starts: list[float] = []
-    forward = stepped.SteppedDecoder.forward
+    forward = stepped.SteppedDecoder.forward_next
     max_len = prompt.shape[1] + TOKENS + 2
 
     def stamped(self, tokens):
@@ -104,11 +128,11 @@ def alternated(loaded, prompt, rounds: int, settings: dict | None = None,
                                  for name, (fields, _) in settings.items()}
     out = {name: [] for name in settings}
     names = list(settings)
-    stepped.SteppedDecoder.forward = stamped
+    stepped.SteppedDecoder.forward_next = stamped
     try:
         for r in range(rounds):
             for name in (names if r % 2 == 0 else names[::-1]):
-                fields, checks, *free = settings[name]
+                fields, checks, *stand_in = settings[name]
                 model = load_model(base_config().model) if fresh else loaded
                 dec = decoder(fields, model) if fresh else decoders[name]
                 if fields.get("enabled", True):  # a fresh, cold cache
@@ -117,19 +141,19 @@ def alternated(loaded, prompt, rounds: int, settings: dict | None = None,
                     if checks is not None:
                         dec.experts.mid_pass_checks = checks
                 starts.clear()
-                with free_decisions(bool(free and free[0])):
+                with STAND_INS[stand_in[0]]() if stand_in else contextlib.nullcontext():
                     gen = dec.generate(prompt, TOKENS)
                 per_pass = np.diff(starts) * 1e3  # [i]: pass i (0: the prefill)
                 out[name].append((gen.decode_s / (TOKENS - 1) * 1e3,
                                   np.median(per_pass[1:16]), np.median(per_pass[STEADY + 1:])))
     finally:
-        stepped.SteppedDecoder.forward = forward
+        stepped.SteppedDecoder.forward_next = forward
     return {k: np.asarray(v) for k, v in out.items()}
 
 
 @contextlib.contextmanager
-def free_decisions(on: bool):
-    """Part 5: while `on`, `ExpertCache.run_layer` serves a one-token layer whose experts are
+def free_decisions():
+    """Part 5: `ExpertCache.run_layer` serves a one-token layer whose experts are
     all resident as one wave from their slots, deciding nothing (no counter, no policy state,
     no prefetch) — what the runtime sees of a decision that costs nothing; any other layer is
     decided for real."""
@@ -144,12 +168,44 @@ def free_decisions(on: bool):
         return iter((Wave(layer, {e: residency[(layer, e)] for e in requested}, ids,
                           gate.weights, np.ones(ids.shape, bool), first=True, last=True),))
 
-    if on:
-        expert_cache.ExpertCache.run_layer = free
+    expert_cache.ExpertCache.run_layer = free
     try:
         yield
     finally:
         expert_cache.ExpertCache.run_layer = decide
+
+
+class _ArgmaxWhenRead:
+    """The next token as the generation computed it before 2026-12-02: the argmax of the
+    logits' last position, dispatched (slice, squeeze, argmax) when the generation reads it,
+    after the pass ended (the cache's checks and decisions included)."""
+
+    def __init__(self, logits):
+        self.logits = logits
+
+    def __array__(self, dtype=None, copy=None):
+        return np.asarray(jnp.argmax(self.logits[:, -1], axis=-1), dtype)
+
+
+@contextlib.contextmanager
+def next_token_after_the_pass():
+    """Part 6: the pass's head step computes the logits alone, and the next token is picked
+    when the generation reads it (`_ArgmaxWhenRead`), as before `stepped.logits_next_step`."""
+    fused = stepped.logits_next_step
+
+    def logits_only(graphdef, state, x):
+        logits = stepped.logits_step(graphdef, state, x)
+        return logits, _ArgmaxWhenRead(logits)
+
+    stepped.logits_next_step = logits_only
+    try:
+        yield
+    finally:
+        stepped.logits_next_step = fused
+
+
+STAND_INS = {"free_decisions": free_decisions,
+             "next_token_after_the_pass": next_token_after_the_pass}
 
 
 PIECES = ("pass to pass, wall", "pass to pass, host-thread CPU", "pass (all)",
@@ -187,12 +243,12 @@ class _Timer:
 def host_cpu_by_piece(loaded, prompt) -> dict[str, dict[str, float]]:
     """Part 2: per setting, ms of host-thread CPU a steady pass, by piece."""
     timer = _Timer()
-    timer.wrap(stepped.SteppedDecoder, "forward", "pass (all)")
+    timer.wrap(stepped.SteppedDecoder, "forward_next", "pass (all)")
     timer.wrap(stepped.SteppedDecoder, "_attention_router", "attention + router dispatch")
     timer.wrap(stepped, "experts_step", "experts step dispatch")
     timer.wrap(runtime.CachedExperts, "_check", "checks and decisions")
     timer.wrap(runtime.CachedExperts, "_to_host", "  of which the gate's host copy")
-    forward = stepped.SteppedDecoder.forward
+    forward = stepped.SteppedDecoder.forward_next
     passes = [0]
     # Each pass's start on both clocks: from one pass's start to the next's is the whole
     # generation loop's time a token, the wait for the token's host copy included; wall time
@@ -206,7 +262,7 @@ def host_cpu_by_piece(loaded, prompt) -> dict[str, dict[str, float]]:
             stamps.append((time.perf_counter(), time.thread_time()))
         return forward(self, tokens)
 
-    stepped.SteppedDecoder.forward = counting
+    stepped.SteppedDecoder.forward_next = counting
     decide = expert_cache.ExpertCache.run_layer
 
     def run_layer(self, gate):  # the generator run to its end inside the timing
@@ -236,7 +292,7 @@ def host_cpu_by_piece(loaded, prompt) -> dict[str, dict[str, float]]:
             wall, cpu = np.diff(np.asarray(stamps), axis=0).mean(axis=0) * 1e3
             out[name].update({"pass to pass, wall": wall, "pass to pass, host-thread CPU": cpu})
     finally:
-        stepped.SteppedDecoder.forward = forward
+        stepped.SteppedDecoder.forward_next = forward
         expert_cache.ExpertCache.run_layer = decide
         timer.undo()
     return out
@@ -294,14 +350,14 @@ def _spin_matmul(stop):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=12,
-                        help="parts 1, 4 and 5's alternated rounds")
-    parser.add_argument("--parts", default="12345", help="which parts to run, e.g. 14")
+                        help="parts 1, 4, 5 and 6's alternated rounds")
+    parser.add_argument("--parts", default="123456", help="which parts to run, e.g. 14")
     parser.add_argument("--model", choices=("fresh", "once"), default="fresh",
-                        help="parts 1, 4 and 5: a model loaded for every run, as the CLI's "
+                        help="parts 1, 4, 5 and 6: a model loaded for every run, as the CLI's "
                         "(default), or one for the whole benchmark")
     args = parser.parse_args()
-    if not args.parts or set(args.parts) - set("12345"):
-        parser.error(f"--parts={args.parts!r}: the digits of the parts to run, 1 to 5")
+    if not args.parts or set(args.parts) - set("123456"):
+        parser.error(f"--parts={args.parts!r}: the digits of the parts to run, 1 to 6")
     parts = {int(p) for p in args.parts}
     config = base_config()
     loaded = load_model(config.model)
@@ -352,18 +408,28 @@ def main():
               "percentile]")
         _print_rounds(ms)
 
+    if 6 in parts:
+        ms = alternated(loaded, prompt, args.rounds, HOST_COPIES, fresh=args.model == "fresh")
+        print(f"6. speculative steps reading host copies, and the next token in the logits "
+              f"step; decode as in 1, {args.rounds} alternated rounds: ms, median [25th, 75th "
+              "percentile]")
+        _print_rounds(ms, {"100% cold before": "resident before"})
 
-def _print_rounds(ms: dict[str, np.ndarray]) -> None:
-    """Parts 1 and 4: each setting's ms and each cached one's ratio to resident by round."""
+
+def _print_rounds(ms: dict[str, np.ndarray], baselines: dict[str, str] | None = None) -> None:
+    """Parts 1, 4, 5 and 6: each setting's ms and each cached one's ratio by round to resident
+    (or to the setting `baselines` names for it)."""
+    baselines = baselines or {}
     for i, what in enumerate(("a token", "a pass, passes 1-15", f"a pass, passes {STEADY + 1}-"
                               f"{TOKENS - 1}")):
         print(f"   {what}: " + "  ".join(
             f"{name} {np.median(v[:, i]):.3f} [{np.percentile(v[:, i], 25):.3f}, "
             f"{np.percentile(v[:, i], 75):.3f}]" for name, v in ms.items()))
         for name, v in ms.items():
-            if name != "resident":
-                ratio = v[:, i] / ms["resident"][:, i]
-                print(f"      {name} / resident by round {np.median(ratio):.3f} "
+            base = baselines.get(name, "resident")
+            if name != base:
+                ratio = v[:, i] / ms[base][:, i]
+                print(f"      {name} / {base} by round {np.median(ratio):.3f} "
                       f"[{np.percentile(ratio, 25):.3f}, {np.percentile(ratio, 75):.3f}]")
 
 
