@@ -178,6 +178,11 @@ def test_settings_left_at_their_default_or_that_apply_are_not_warned_about(capsy
     ({"cache.slots": 8, "cache.capacity_frac": 0.25}, None,
      "cache.capacity_frac=0.25 does not apply: cache.slots=8 sets the slot count"),
     ({"cache.group_size": 32}, True, "cache.group_size=32 does not apply: a run of the model"),
+    ({"cache.speculate": False, "cache.speculate_from_host": False}, True,
+     "cache.speculate_from_host=False does not apply: cache.speculate=False: no pass "
+     "speculates"),
+    ({"cache.speculate_from_host": False}, False,
+     "cache.speculate_from_host=False does not apply: a replay moves no expert bytes"),
     ({"cache.enabled": False, "policies.eviction": "lru"}, True,
      "policies.eviction='lru' does not apply: cache.enabled=False puts every expert on the "
      "device"),
