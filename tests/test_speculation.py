@@ -192,6 +192,19 @@ def test_reading_host_copies_no_miss_fails_a_check(tiny, capacity, prefetch):
     assert decode_fetches and source.host_copy_reads > 0
 
 
+def test_host_copies_of_a_packed_precision_give_its_numbers(tiny):
+    """A cache at int4 holds packed experts in its slots and its host tables alike: a step
+    reading host copies dequantizes them as it does a slot's, so tokens, logits and every
+    number are deciding layer by layer's at int4."""
+    out, state, source, _ = _run(tiny, True, 0.5, "lru", "score_percentile(p=80)",
+                                 precision="int4")
+    ref_out, ref_state, _, _ = _run(tiny, False, 0.5, "lru", "score_percentile(p=80)",
+                                    precision="int4")
+    _same_generation(out, ref_out)
+    assert state == ref_state
+    assert source.host_copy_reads > 0 and source.speculation_misses == 0
+
+
 def test_reading_host_copies_a_layer_split_into_waves_fails_its_check(tiny):
     """A decision that splits its layer into waves is not the one step that ran: that check
     fails and the layer runs again, decided, even when steps read host copies. (A decode
