@@ -205,6 +205,28 @@ def test_host_copies_of_a_packed_precision_give_its_numbers(tiny):
     assert source.host_copy_reads > 0 and source.speculation_misses == 0
 
 
+def test_host_copies_switched_from_pass_to_pass(tiny):
+    """`read_host_copies` turned on and off from one pass to the next on one runtime, whose
+    slot maps are kept while a layer's residency does not change (at 100% from cold, most
+    passes change none): tokens and logits are the resident model's, and every number is
+    deciding layer by layer's."""
+    def alternate(source):
+        begin = source.begin_pass
+
+        def begin_pass(tokens, position):
+            source.read_host_copies = position % 2 == 0
+            begin(tokens, position)
+
+        source.begin_pass = begin_pass
+
+    out, state, source, _ = _run(tiny, True, 1.0, "lru", "none", prepare=alternate)
+    ref_out, ref_state, _, _ = _run(tiny, False, 1.0, "lru", "none")
+    _same_generation(out, ref_out)
+    _same_generation(out, tiny[4])
+    assert state == ref_state
+    assert source.host_copy_reads > 0 and source.speculation_misses > 0
+
+
 def test_reading_host_copies_a_layer_split_into_waves_fails_its_check(tiny):
     """A decision that splits its layer into waves is not the one step that ran: that check
     fails and the layer runs again, decided, even when steps read host copies. (A decode

@@ -363,12 +363,15 @@ class CachedExperts:
         layer = gate.layer
         changes = self._cache.layer_changes[layer]
         held = self._resident_maps.get(layer)
-        if held is None or held[0] != changes:  # the layer's residency changed since
+        if held is None or held[0] != changes or (self._reads_host and held[3] is None):
+            # (the layer's residency changed since, or its host-copy map was not built)
             slot_of = self._cache.residency_of(layer)
             held = self._resident_maps[layer] = (
                 changes, slot_of, self._slot_map(Wave(layer, slot_of, None, None, None, True)),
                 self._host_slot_map(slot_of) if self._reads_host else None)
         _, slot_of, slot_map, host_map = held
+        if not self._reads_host:  # this pass reads slots only
+            host_map = None
         # The wall clock: when the step reads its experts (`_check` holds it to their landing).
         clock = self._cache.clock
         dispatched = clock.now() if clock.kind == "wall" else None
