@@ -248,6 +248,7 @@ def test_host_copies_are_read_only_where_a_step_may(tiny, fields):
     """Only on the virtual clock (the wall clock must see a step wait for its transfer), with
     slots loaded from the host tables a step would read (fused): elsewhere steps read slots
     only, and misses fail."""
+    fields = dict(fields)  # (the parameter itself stays as given)
     clock = fields.pop("clock", "virtual")
     out, _, source, _ = _run(tiny, True, 1.0, "lru", "none", clock=clock, **fields)
     _same_generation(out, tiny[4])
