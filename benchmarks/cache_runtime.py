@@ -24,7 +24,9 @@
    `--config.cache.capacity_frac=1.0`, and with that and
    `--config.cache.speculate_from_host=False`), alternated (`--pairs` rounds, the order
    reversed every other round): decode tok/s from each results.json, and each cached
-   command's ratio to resident round by round, median [25th, 75th percentile]. One process's
+   command's ratio to resident round by round, median [25th, 75th percentile]. `--before DIR`
+   (a `git worktree` of an earlier commit) adds its resident and 100% cold commands to the
+   rotation, its cold one against its resident. One process's
    speed differs from the next's by more than the settings do on this 2-core machine (the same
    command: 1.85 or 2.7 ms a steady pass), which parts 2 and `decision_cost.py`, in one
    process, do not see.
@@ -205,6 +207,8 @@ def main():
     parser.add_argument("--parts", default="1234", help="which parts to run, e.g. 2 (5: the "
                         "commands as processes, not in the default)")
     parser.add_argument("--pairs", type=int, default=12, help="part 5's alternated rounds")
+    parser.add_argument("--before", default=None,
+                        help="part 5: a checkout of an earlier commit to alternate with")
     args = parser.parse_args()
     ROUNDS = args.rounds
     if "1" in args.parts:
@@ -218,7 +222,7 @@ def main():
     if "4" in args.parts:
         part4()
     if "5" in args.parts:
-        part5(args.pairs)
+        part5(args.pairs, args.before)
 
 
 def part1():
@@ -254,12 +258,15 @@ COMMANDS = {"resident": ["--config.cache.enabled=False"],
                                       "--config.cache.speculate_from_host=False"]}
 
 
-def command_speed(flags: list[str], tokens: int = 64) -> float:
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def command_speed(flags: list[str], tokens: int = 64, root: str = ROOT) -> float:
     """Decode tok/s of `python -m moejax.main --config=configs/default.py` with `flags`, run
-    as its own process (from the repository root), from its results.json."""
+    as its own process from the checkout `root` (`python -m` imports the `moejax` of its
+    working directory first), from its results.json."""
     import json
 
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     with tempfile.TemporaryDirectory() as tmp:
         workdir = os.path.join(tmp, "w")
         subprocess.run([sys.executable, "-m", "moejax.main", "--config=configs/default.py",
@@ -269,21 +276,29 @@ def command_speed(flags: list[str], tokens: int = 64) -> float:
             return json.load(f)["timings"]["decode_tok_per_s"]
 
 
-def part5(pairs: int):
-    names = list(COMMANDS)
+def part5(pairs: int, before: str | None = None):
+    """`before`: a checkout of an earlier commit (`git worktree add DIR COMMIT`) whose
+    resident and 100% cold commands join the rotation (its own code, this environment)."""
+    runs = {name: (flags, ROOT) for name, flags in COMMANDS.items()}
+    if before is not None:
+        runs["resident, before"] = (COMMANDS["resident"], before)
+        runs["100% cold, before"] = (COMMANDS["100% cold"], before)
+    names = list(runs)
     speeds = {name: [] for name in names}
     for r in range(pairs):
         for name in (names if r % 2 == 0 else names[::-1]):
-            speeds[name].append(command_speed(COMMANDS[name]))
+            flags, root = runs[name]
+            speeds[name].append(command_speed(flags, root=root))
     rates = {k: np.asarray(v) for k, v in speeds.items()}
     print(f"5. the done-when's commands, each its own process, {pairs} alternated rounds: "
           "decode tok/s median [25th, 75th percentile]; resident / this round by round")
     for name, v in rates.items():
+        base = "resident, before" if name.endswith(", before") else "resident"
         line = (f"   {name:22s} {np.median(v):6.1f} tok/s [{np.percentile(v, 25):.1f}, "
                 f"{np.percentile(v, 75):.1f}]")
-        if name != "resident":
-            ratio = rates["resident"] / v
-            line += (f"  resident/this by round {np.median(ratio):.3f} "
+        if name != base:
+            ratio = rates[base] / v
+            line += (f"  {base}/this by round {np.median(ratio):.3f} "
                      f"[{np.percentile(ratio, 25):.3f}, {np.percentile(ratio, 75):.3f}]: "
                      + " ".join(f"{x:.2f}" for x in ratio))
         print(line)

@@ -133,15 +133,16 @@ def alternated(loaded, prompt, rounds: int, settings: dict | None = None,
         for r in range(rounds):
             for name in (names if r % 2 == 0 else names[::-1]):
                 fields, checks, *stand_in = settings[name]
-                model = load_model(base_config().model) if fresh else loaded
-                dec = decoder(fields, model) if fresh else decoders[name]
-                if fields.get("enabled", True):  # a fresh, cold cache
-                    dec.experts, _ = configured_decoder(_config(**fields), model,
-                                                        max_len=max_len)
-                    if checks is not None:
-                        dec.experts.mid_pass_checks = checks
-                starts.clear()
+                # (a stand-in from the warm-up on: what it dispatches is compiled untimed)
                 with STAND_INS[stand_in[0]]() if stand_in else contextlib.nullcontext():
+                    model = load_model(base_config().model) if fresh else loaded
+                    dec = decoder(fields, model) if fresh else decoders[name]
+                    if fields.get("enabled", True):  # a fresh, cold cache
+                        dec.experts, _ = configured_decoder(_config(**fields), model,
+                                                            max_len=max_len)
+                        if checks is not None:
+                            dec.experts.mid_pass_checks = checks
+                    starts.clear()
                     gen = dec.generate(prompt, TOKENS)
                 per_pass = np.diff(starts) * 1e3  # [i]: pass i (0: the prefill)
                 out[name].append((gen.decode_s / (TOKENS - 1) * 1e3,

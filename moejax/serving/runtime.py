@@ -126,10 +126,10 @@ class CachedExperts:
         # not resident when the step is dispatched from its host copy — the bytes its load
         # copies into a slot — instead of from a slot it does not hold (`_reads_host_copies`):
         # every expert the step reads is then its own, so a check fails only for a layer that
-        # a decision would split into waves, not for each miss, eviction or prefetch (decode
-        # passes 1-15 at 100% from cold: 1.02x resident against 1.11x reading slots only;
-        # warm 25% and 5%: 2.16x and 1.95x against 2.51x and 2.39x; `benchmarks/
-        # decision_cost.py` part 6). `cache.speculate_from_host`.
+        # a decision would split into waves, not for each miss, eviction or prefetch (warm 25%
+        # and 5%: 2.16x / 1.94x and 1.95x / 2.06x resident against 2.51x / 2.62x and 2.39x /
+        # 2.57x reading slots only, two runs of `benchmarks/decision_cost.py` part 6).
+        # `cache.speculate_from_host`.
         self.read_host_copies = True
         self._reads_host = False  # this speculative pass's
         self.host_copy_reads = 0  # experts speculative steps read from their host copy
