@@ -97,6 +97,15 @@ HOST_COPIES = {
     "100% cold before": (dict(capacity_frac=1.0, **SLOTS_ONLY), None,
                          "next_token_after_the_pass")}
 
+# Parts 4-6: their settings, what they time, and the settings whose ratio is not to resident.
+ALTERNATED_PARTS = {
+    4: (CHECKS, "mid-pass checks (`mid_pass_checks`), decode as in 1", None),
+    5: (FREE, "decode as in 1 with the decisions free (a stand-in serving every all-hit "
+        "one-token layer)", None),
+    6: (HOST_COPIES, "speculative steps reading host copies, and the next token in the logits "
+        "step; decode as in 1", {"100% cold before": "resident before"}),
+}
+
 
 def alternated(loaded, prompt, rounds: int, settings: dict | None = None,
                fresh: bool = True) -> dict[str, np.ndarray]:
@@ -395,27 +404,12 @@ def main():
               f"{sum(k == 'layer' for k, _ in calls)} layer decisions): {alone:.1f} µs a layer "
               f"alone, {beside:.1f} beside a numpy matmul in another process")
 
-    if 4 in parts:
-        ms = alternated(loaded, prompt, args.rounds, CHECKS,
-                        fresh=args.model == "fresh")
-        print(f"4. mid-pass checks (`mid_pass_checks`), decode as in 1, {args.rounds} "
-              "alternated rounds: ms, median [25th, 75th percentile]")
-        _print_rounds(ms)
-
-    if 5 in parts:
-        ms = alternated(loaded, prompt, args.rounds, FREE, fresh=args.model == "fresh")
-        print(f"5. decode as in 1 with the decisions free (a stand-in serving every all-hit "
-              f"one-token layer), {args.rounds} alternated rounds: ms, median [25th, 75th "
-              "percentile]")
-        _print_rounds(ms)
-
-    if 6 in parts:
-        ms = alternated(loaded, prompt, args.rounds, HOST_COPIES, fresh=args.model == "fresh")
-        print(f"6. speculative steps reading host copies, and the next token in the logits "
-              f"step; decode as in 1, {args.rounds} alternated rounds: ms, median [25th, 75th "
-              "percentile]")
-        _print_rounds(ms, {"100% cold before": "resident before"})
-
+    for part, (settings, what, baselines) in ALTERNATED_PARTS.items():
+        if part in parts:
+            ms = alternated(loaded, prompt, args.rounds, settings, fresh=args.model == "fresh")
+            print(f"{part}. {what}, {args.rounds} alternated rounds: ms, median [25th, 75th "
+                  "percentile]")
+            _print_rounds(ms, baselines)
 
 def _print_rounds(ms: dict[str, np.ndarray], baselines: dict[str, str] | None = None) -> None:
     """Parts 1, 4, 5 and 6: each setting's ms and each cached one's ratio by round to resident

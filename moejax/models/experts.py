@@ -40,7 +40,7 @@ def pool_slots(pool: ExpertPool) -> int:
     return (pool.values if isinstance(pool, QuantizedWeights) else pool).shape[0]
 
 
-def _as_pools(w: ExpertPools) -> tuple[ExpertPool, ...]:
+def as_pools(w: ExpertPools) -> tuple[ExpertPool, ...]:
     return w if isinstance(w, tuple) else (w,)
 
 
@@ -48,7 +48,7 @@ def gather_slots(w: ExpertPools, slots: jax.Array, dtype) -> jax.Array:
     """The weights `[T, K, N]` (in `dtype`) of global slot `slots[t]`, from whichever pool
     holds it; quantized pools are dequantized on the gathered slots only."""
     out, offset = None, 0
-    for pool in _as_pools(w):
+    for pool in as_pools(w):
         n = pool_slots(pool)
         local = jnp.clip(slots - offset, 0, n - 1) if offset or out is not None else slots
         if isinstance(pool, QuantizedWeights):
@@ -67,12 +67,12 @@ def gather_slots(w: ExpertPools, slots: jax.Array, dtype) -> jax.Array:
 def dense_pool(w: ExpertPools, dtype) -> jax.Array:
     """Every slot of every pool as one `[G, K, N]` array in `dtype` (the reference path)."""
     parts = [dequantize(p, dtype) if isinstance(p, QuantizedWeights) else p.astype(dtype)
-             for p in _as_pools(w)]
+             for p in as_pools(w)]
     return parts[0] if len(parts) == 1 else jnp.concatenate(parts, axis=0)
 
 
 def total_slots(w: ExpertPools) -> int:
-    return sum(pool_slots(p) for p in _as_pools(w))
+    return sum(pool_slots(p) for p in as_pools(w))
 
 
 def _tile_rows(rows: int, groups: int) -> int:

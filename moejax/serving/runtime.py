@@ -34,6 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from moejax.cache.expert_cache import ExpertCache
+from moejax.models.experts import as_pools
 from moejax.quant.weights import QuantizedWeights
 from moejax.seam import ExpertWave, GateOutputs, Key, LayerGate, Rewind, Wave
 from moejax.serving.slot_pool import SlotPools
@@ -387,8 +388,8 @@ class CachedExperts:
         gate_up, down = self.pool.arrays()
         if host_map is not None:  # the slot pool, then the layer's host tables as a pool
             host_gate_up, host_down = self._host_tables(layer)
-            gate_up = _as_pools(gate_up) + _as_pools(host_gate_up)
-            down = _as_pools(down) + _as_pools(host_down)
+            gate_up = as_pools(gate_up) + as_pools(host_gate_up)
+            down = as_pools(down) + as_pools(host_down)
             slot_map = host_map
         return ExpertWave(gate_up, down, slot_map, ids, weights, True)
 
@@ -695,11 +696,6 @@ def _alias(host_array: jax.Array, sharding) -> jax.Array:
     if view.unsafe_buffer_pointer() != host_array.unsafe_buffer_pointer():
         raise AssertionError("the host table's device view is a copy, not its bytes")
     return view
-
-
-def _as_pools(w) -> tuple:
-    """A step's expert weights as a tuple of pools (`moejax.models.experts.ExpertPools`)."""
-    return w if isinstance(w, tuple) else (w,)
 
 
 def _slot_heads(loads: list[tuple[Key, int, bool]]) -> list[int]:
