@@ -22,7 +22,8 @@ from moejax.jobs.schema import base_config
 from moejax.replay import compiled
 from moejax.replay import kernel as K
 
-VIRTUAL = "virtual clock (modelled a100_specmd, 5 GB/s host->device)"
+# A preset models the device alone: every virtual time says the host work is not in it.
+VIRTUAL = "virtual clock (modelled a100_specmd, 5 GB/s host->device; host work not modelled)"
 WALL = "wall clock (this machine)"
 
 
@@ -229,7 +230,8 @@ def _quality_results(ttft):
     return {"model": {"source": "SRC", "precision": "native"}, "quality": q,
             "speed": {"ttft_s": ttft, "decode_tok_per_s": 900.0, "stall_s": 0.001,
                       "clock": "virtual"},
-            "cache": {"hardware": {"name": "a100_specmd", "h2d_gbps": 5.0}}}
+            "cache": {"hardware": {"name": "a100_specmd", "h2d_gbps": 5.0},
+                      "host_work": {"modelled": False, "words": "host work not modelled"}}}
 
 
 def test_quality_speed_names_its_clock():

@@ -199,7 +199,7 @@ def test_a_trace_driven_run_over_a_whole_cache_speculates_every_decode_pass(tmp_
 
 def _speculated(live: dict, cell: dict) -> bool:
     """A trace-driven run's decode passes speculated (not all of them: after failed checks
-    past `SPEC_RETRIES` some decide layer by layer), but for the watchdog queue's, which
+    past `speculation.RETRIES` some decide layer by layer), but for the watchdog queue's, which
     decide layer by layer; whether one of their checks failed (then its layer ran again)."""
     ran = live["speculation"]
     if cell.get("prefetch_queue") == "watchdog":

@@ -54,6 +54,7 @@ from moejax.cache.capacity import PoolSpec
 from moejax.cache.host_compute import HostPath, HostSpan, LayerPlanner
 from moejax.cache.host_tier import HostTier
 from moejax.cache.metrics import CacheMetrics, PassTiming, WaveOutcome
+from moejax.cache.runtime_timing import RuntimeTiming
 from moejax.errors import ConfigError
 from moejax.policies.base import (
     EvictionPolicy,
@@ -194,6 +195,9 @@ class PassState:
     start: float  # clock time the pass started
     next_layer: int = 0  # first decoder layer whose compute is not charged yet
     stall: float = 0.0
+    storage_stall: float = 0.0  # of the stall, the part waiting for storage reads
+    host_wait: float = 0.0  # layers' ends waiting for the host compute path
+    host_work_start: float = 0.0  # the clock's host work when the pass started (`timing`)
 
 
 class ExpertCache:
@@ -210,7 +214,8 @@ class ExpertCache:
                  sink: SlotSink | None = None, lookahead_scores: int = 0,
                  pin_scope: str = "layer", prefetch_queue: str = "immediate",
                  host: HostTier | None = None, full_layers: int = 0,
-                 host_compute_layers: int = 0, host_path: HostPath | None = None):
+                 host_compute_layers: int = 0, host_path: HostPath | None = None,
+                 timing: RuntimeTiming | None = None):
         # Every constructor argument as given: the compiled replay engine runs a cache only
         # when it declares each of them (moejax/replay/coverage.py), so a new option runs on
         # this reference until the kernel learns it.
@@ -225,6 +230,14 @@ class ExpertCache:
         self.idle_engine_rule = prefetch_queue == "watchdog_idle"
         self.eviction, self.prefetch, self.miss, self.routing = eviction, prefetch, miss, routing
         self.clock, self.cost, self.sink = clock, cost, sink
+        # How a pass's time is charged: None, the cost model's device steps on the virtual
+        # clock (`cost`); or the live runtime's host work and steps (`RuntimeTiming`, a
+        # calibrated profile's `host_work`) on a `HostDeviceClock`.
+        if timing is not None:
+            timing.check_clock(clock)
+        self.timing = timing
+        # Transfers booked so far: demand fetches, prefetches (what `timing` dispatches).
+        self.booked = [0, 0]
         self.lookahead_scores = lookahead_scores
         self.pos_of = {l: p for p, l in enumerate(shape.layers)}
         eviction.set_layer_positions(self.pos_of)
@@ -311,6 +324,11 @@ class ExpertCache:
         self.predicted = {x: v for x, v in self.predicted.items() if x[0] >= self.pass_id}
         self.running_pos = -1
         start = self.clock.now()
+        if self.timing is not None:
+            host_work = self.clock.host_s
+            self.timing.begin_pass(self, kind, tokens, context_end)
+            self._pass = PassState(kind, tokens, context_end, start, host_work_start=host_work)
+            return
         if self.cost is not None:
             self.clock.compute(self.cost.embed_and_logits(tokens) / 2)
         self._pass = PassState(kind, tokens, context_end, start)
@@ -320,9 +338,14 @@ class ExpertCache:
         if self.queue:  # every target of this pass has started: what is left is dropped
             self._drop_queued(len(self.shape.layers))
         self._charge_dense_layers(self.shape.num_layers)
-        if self.cost is not None:
+        host_work = 0.0
+        if self.timing is not None:
+            self.timing.end_pass(self)
+            host_work = self.clock.host_s - p.host_work_start
+        elif self.cost is not None:
             self.clock.compute(self.cost.embed_and_logits(p.tokens) / 2)
-        timing = PassTiming(p.kind, p.tokens, p.start, self.clock.now(), p.stall)
+        timing = PassTiming(p.kind, p.tokens, p.start, self.clock.now(), p.stall,
+                            p.storage_stall, p.host_wait, host_work)
         self.metrics.passes.append(timing)
         self.metrics.snapshot()
         if self.host is not None:
@@ -342,7 +365,11 @@ class ExpertCache:
         """Charge the dense layers before layer `upto` that this pass has not run yet."""
         p = self._pass
         while p.next_layer < upto:
-            if p.next_layer not in self.pos_of and self.cost is not None:
+            if p.next_layer in self.pos_of:
+                pass
+            elif self.timing is not None:
+                self.timing.dense(self, p.tokens, p.context)
+            elif self.cost is not None:
                 self.clock.compute(self.cost.dense_layer(p.tokens, p.context))
             p.next_layer += 1
 
@@ -437,6 +464,7 @@ class ExpertCache:
         self.residency[key] = slot
         self.slot_key[slot] = key
         self.slot_ready[slot] = ready
+        self.booked[prefetch] += 1
         self.in_cache[key[0]].add(key[1])
         self.layer_changes[key[0]] += 1
         self.seen_this_pass.add(key)
@@ -457,7 +485,10 @@ class ExpertCache:
             # now, before this layer's router has asked for anything.
             self._watchdog(self.clock.now(), False, ())
         self._charge_dense_layers(layer)
-        if self.cost is not None:
+        timing = self.timing
+        if timing is not None:
+            timing.layer(self, gate, pos)
+        elif self.cost is not None:
             self.clock.compute(self.cost.attention_router(tokens, p.context,
                                                           self.lookahead_scores))
         p.next_layer = layer + 1
@@ -507,6 +538,8 @@ class ExpertCache:
                                     had_prediction)
 
         requests = self._requests(layer, ids, active)
+        if timing is not None:
+            timing.decided(self, len(requests))
         if not self.multi and len(requests) <= self.wave_slots:  # one wave, as `_waves` plans
             waves = ((PlannedWave(requests), True),)
         else:
@@ -521,10 +554,14 @@ class ExpertCache:
                 self._prefetch(gate, pos, pinned, now)
             elif self.queue and not self.idle_engine_rule:  # the previous wave is done
                 self._watchdog(now, False, pinned)
+            if timing is not None:
+                timing.served(self)
             outcome.stall = self.clock.wait(outcome.ready)
             p.stall += outcome.stall
             if outcome.storage_ready > now:
-                self.host.count_stall(pos, min(outcome.stall, outcome.storage_ready - now))
+                storage = min(outcome.stall, outcome.storage_ready - now)
+                self.host.count_stall(pos, storage)
+                p.storage_stall += storage
             wave_active = active if only else active & np.isin(ids, chunk)
             outcome.products = pairs = int(np.count_nonzero(wave_active))
             self.metrics.count_wave(pos, len(chunk), outcome, had_prediction,
@@ -537,10 +574,14 @@ class ExpertCache:
                        ids, weights, wave_active, first=(w == 0), last=last,
                        host_experts=span.experts if w == 0 and span is not None else (),
                        host_active=host_mask if w == 0 else None)
-            if self.cost is not None:
+            if timing is not None:
+                timing.experts(self, pairs, len(chunk), tokens, w == 0)
+            elif self.cost is not None:
                 self.clock.compute(self.cost.experts(pairs, len(chunk), tokens, shared=(w == 0)))
         if span is not None:  # the layer ends when the later of its two paths does
-            self.metrics.count_host_wait(pos, self.clock.wait(host_back))
+            waited = self.clock.wait(host_back)
+            self.metrics.count_host_wait(pos, waited)
+            p.host_wait += waited
 
     def _host_work(self, layer: int, ids: np.ndarray, active: np.ndarray, host: frozenset[int]
                    ) -> tuple[np.ndarray | None, HostSpan | None]:

@@ -28,6 +28,7 @@ from moejax.cache import capacity as capacity_lib
 from moejax.cache.expert_cache import CacheShape, ExpertCache, slots_for
 from moejax.cache.host_compute import HostPath
 from moejax.cache.host_tier import HostTier
+from moejax.cache.runtime_timing import RuntimeTiming
 from moejax.errors import ConfigError
 from moejax.model_config import ModelConfig
 from moejax.policies import build, presets
@@ -37,7 +38,8 @@ from moejax.quant import formats
 from moejax.timing import hardware as hw_lib
 from moejax.timing import host as host_lib
 from moejax.timing import storage as storage_lib
-from moejax.timing.clock import VirtualClock, WallClock
+from moejax.timing import host_work as host_work_lib
+from moejax.timing.clock import HostDeviceClock, VirtualClock, WallClock
 from moejax.timing.cost import CostModel
 
 CLOCKS = ("auto", "virtual", "wall")
@@ -70,6 +72,23 @@ def host_cpu_from(config: ml_collections.ConfigDict) -> host_lib.HostCPU:
         if measured is not None:
             return measured
     return host_lib.get(h.preset, **overrides)
+
+
+def host_work_from(config: ml_collections.ConfigDict) -> host_work_lib.HostWork | None:
+    """The host's work the virtual clock charges (`moejax.cache.runtime_timing`): the
+    `host_work` section of `hardware.file`; None for a preset, a file without one, or
+    `clock.host_work=False` (the device-only model: roofline and transfers)."""
+    path = config.hardware.get("file", "") or ""
+    if not path or not config.clock.get("host_work", True):
+        return None
+    return host_work_lib.from_file(path)
+
+
+def trace_driven(config: ml_collections.ConfigDict) -> bool:
+    """Whether the run the cache times follows a trace's routing: a replay (what it times is
+    the trace-driven run of its trace), or `policies.routing='trace(...)'`."""
+    routing = presets.resolve(config.policies)["routing"]
+    return config.job == "replay" or routing.split("(")[0].strip() == "trace"
 
 
 def computes_on_host(config: ml_collections.ConfigDict) -> bool:
@@ -200,6 +219,8 @@ def check_settings(config: ml_collections.ConfigDict, *, live: bool | None = Non
                           "live slot load moves an expert")
     if config.clock.kind not in CLOCKS:
         raise ConfigError(f"clock.kind={config.clock.kind!r} is not one of {CLOCKS}")
+    if not isinstance(config.clock.get("host_work", True), bool):
+        raise ConfigError(f"clock.host_work={config.clock.host_work!r} must be True or False")
     _count(c.get("host_compute_layers", 0), "cache.host_compute_layers", 0,
            "an integer >= 0 (the first MoE layers whose experts always run on the host; 0, "
            "the default: none)")
@@ -268,13 +289,16 @@ def _not_applying(config: ml_collections.ConfigDict, live: bool | None,
     if live is False:
         out += [(f, "a replay reads no checkpoint (io.* sets the live runtime's expert reader)")
                 for f in IO if given(config, f)]
-        out += [(f, "a replay moves no expert bytes") for f in ("cache.load_path",
-                                                                "cache.speculate",
-                                                                "cache.speculate_from_host")
-                if given(config, f)]
+        moved = ("cache.load_path", "cache.speculate_from_host") + (
+            () if host_work_from(config) is not None else ("cache.speculate",))
+        out += [(f, "a replay moves no expert bytes") for f in moved if given(config, f)]
     if live:
         out += [(f, "a run of the model takes its experts' sizes from the checkpoint and runs "
                     "no replay engine") for f in REPLAY_ONLY if given(config, f)]
+    if given(config, "clock.host_work") and host_work_from(
+            _with_host_work(config)) is None:
+        out.append(("clock.host_work", "no hardware.file with a host_work section "
+                    "(python -m moejax.sim.calibrate writes one): the device-only model runs"))
     if config.hardware.get("file", "") and given(config, "hardware.preset"):
         out.append(("hardware.preset",
                     f"hardware.file={config.hardware.file!r} gives the profile"))
@@ -292,6 +316,12 @@ def _not_applying(config: ml_collections.ConfigDict, live: bool | None,
         out += [(f, f"cache.slots={c.slots} sets the slot count")
                 for f in ("cache.capacity_frac", "cache.capacity_of") if given(config, f)]
     return out
+
+
+def _with_host_work(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    c = ml_collections.ConfigDict(config.to_dict())
+    c.clock.host_work = True
+    return c
 
 
 def _shown(config: ml_collections.ConfigDict, field: str) -> str:
@@ -416,15 +446,28 @@ def seed_cache(config: ml_collections.ConfigDict, cache: ExpertCache) -> dict | 
 
 def build_cache(config: ml_collections.ConfigDict, shape: CacheShape,
                 model_cfg: ModelConfig | None, renormalize: bool,
-                specs: dict[str, str] | None = None, policies=None) -> ExpertCache:
+                specs: dict[str, str] | None = None, policies=None,
+                driven: bool | None = None) -> ExpertCache:
     """The cache of a given `shape` (`policies`: the four already built, else from the
-    config / `specs`), with its host tier, full layers and seed."""
+    config / `specs`), with its host tier, full layers and seed. On the virtual clock with a
+    model, a profile with the host's work (`host_work_from`) times the live runtime
+    (`RuntimeTiming`; `driven`: the run follows a trace's routing, None: `trace_driven`)."""
     eviction, prefetch, miss, routing = (policies if policies is not None else
                                          build_policies(config, shape, renormalize, specs))
     hw = hardware_from(config)
     kind = clock_kind(config)
-    clock = VirtualClock(hw) if kind == "virtual" else WallClock(hw)
     cost = CostModel(model_cfg, hw) if (model_cfg is not None and kind == "virtual") else None
+    work = host_work_from(config) if cost is not None else None
+    timing = None
+    if kind == "wall":
+        clock = WallClock(hw)
+    elif work is None:
+        clock = VirtualClock(hw)
+    else:
+        clock = HostDeviceClock(hw)
+        timing = RuntimeTiming(work, cost,
+                               trace_driven=trace_driven(config) if driven is None else driven,
+                               speculate=bool(config.cache.get("speculate", True)))
     host = build_host_tier(config, shape, shape.expert_bytes, renormalize)
     full_layers = config.cache.get("full_layers", 0)
     if isinstance(full_layers, bool) or not isinstance(full_layers, int) or full_layers < 0:
@@ -438,7 +481,7 @@ def build_cache(config: ml_collections.ConfigDict, shape: CacheShape,
                         pin_scope=config.cache.pin_scope,
                         prefetch_queue=config.cache.get("prefetch_queue", "immediate"),
                         host=host, full_layers=full_layers, host_path=host_path,
-                        host_compute_layers=host_compute_layers)
+                        host_compute_layers=host_compute_layers, timing=timing)
     cache.seeding = seed_cache(config, cache)
     return cache
 
@@ -465,7 +508,7 @@ def build_cache_for(config: ml_collections.ConfigDict, model_cfg: ModelConfig | 
                     precision_bytes: dict[str, int], renormalize: bool,
                     specs: dict[str, str] | None = None, *, layers=None,
                     num_layers: int | None = None, num_experts: int | None = None,
-                    top_k: int | None = None) -> ExpertCache:
+                    top_k: int | None = None, driven: bool | None = None) -> ExpertCache:
     """The expert cache of a run, live or replayed.
 
     `precision_bytes`: bytes of one routed expert at each precision the source has (live: the
@@ -513,6 +556,6 @@ def build_cache_for(config: ml_collections.ConfigDict, model_cfg: ModelConfig | 
     policies = (build("eviction", specs["eviction"], **ctx),
                 build("prefetch", specs["prefetch"], **ctx), miss,
                 build("routing", specs["routing"], **ctx))
-    return build_cache(config, shape, model_cfg, renormalize, policies=policies)
+    return build_cache(config, shape, model_cfg, renormalize, policies=policies, driven=driven)
 
 

@@ -115,7 +115,36 @@ class PassTiming:
     tokens: int
     start_s: float
     end_s: float
-    stall_s: float
+    stall_s: float  # waiting for transfers (storage reads behind them included)
+    storage_stall_s: float = 0.0  # of the stall, waiting for storage reads
+    host_wait_s: float = 0.0  # the layers' ends waiting for the host compute path
+    host_work_s: float = 0.0  # the host's own work (dispatching, deciding: `RuntimeTiming`)
+
+    @property
+    def parts(self) -> dict[str, float]:
+        """The pass's time by what it was spent on (`PARTS`): they add up to
+        `end_s - start_s` (compute is the rest: the device's steps, or the host waiting for
+        them)."""
+        stall, host_wait, host_work = self.stall_s, self.host_wait_s, self.host_work_s
+        return {"compute": (self.end_s - self.start_s) - stall - host_wait - host_work,
+                "transfer_stall": stall - self.storage_stall_s,
+                "storage_stall": self.storage_stall_s, "host_work": host_work,
+                "host_compute": host_wait}
+
+
+# A virtual time's parts (results.json `timing.parts`): the compiled steps (on the device, or
+# the host waiting for them), waiting for transfers, waiting for storage reads behind them,
+# the host's own work (only where the profile models it), waiting for the host compute path.
+PARTS = ("compute", "transfer_stall", "storage_stall", "host_work", "host_compute")
+
+
+def parts_of(passes: list[PassTiming]) -> dict[str, float]:
+    """The parts of `passes`' time, summed (`PassTiming.parts`)."""
+    out = dict.fromkeys(PARTS, 0.0)
+    for p in passes:
+        for k, v in p.parts.items():
+            out[k] += v
+    return out
 
 
 class CacheMetrics:
@@ -342,6 +371,8 @@ class CacheMetrics:
             "total_s": (self.passes[-1].end_s - self.passes[0].start_s) if self.passes else 0.0,
             "prefill_stall_s": sum(p.stall_s for p in prefill),
             "decode_stall_s": sum(p.stall_s for p in decode),
+            # What the cold TTFT and the decode time were spent on (`PARTS`).
+            "parts": {"ttft": parts_of(prefill[:1]), "decode": parts_of(decode)},
         }
 
     def to_dict(self) -> dict:

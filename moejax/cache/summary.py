@@ -17,6 +17,7 @@ import dataclasses
 
 from moejax.cache.metrics import BYTES, HOST_BYTES, HOST_SECONDS, SECONDS, CacheMetrics
 from moejax.metrics_writer import MetricsWriter
+from moejax.timing import host_work as host_work_lib
 
 UNKNOWN = "unknown"
 
@@ -40,14 +41,40 @@ def _mb(nbytes) -> str:
     return "-" if nbytes is None else f"{nbytes / 1e6:.2f}"
 
 
-def clock_words(kind: str, hardware: str, h2d_gbps: float) -> str:
+def clock_words(kind: str, hardware: str, h2d_gbps: float, model: str = "") -> str:
     """What a cache-clock time was measured on, for every printed speed: "virtual clock
-    (modelled a100_specmd, 5 GB/s host->device)" or "wall clock (this machine, transfers held
-    to a100_specmd's 5 GB/s host->device)"."""
+    (modelled a100_specmd, 5 GB/s host->device; host work not modelled)" or "wall clock (this
+    machine, transfers held to a100_specmd's 5 GB/s host->device)". `model`: what the virtual
+    clock modelled (`host_work.words`)."""
     if kind == "virtual":
-        return f"virtual clock (modelled {hardware}, {h2d_gbps:g} GB/s host->device)"
+        more = f"; {model}" if model else ""
+        return f"virtual clock (modelled {hardware}, {h2d_gbps:g} GB/s host->device{more})"
     return (f"{kind} clock (this machine, transfers held to {hardware}'s {h2d_gbps:g} GB/s "
             "host->device)")
+
+
+def model_words(cache) -> str:
+    """What `cache`'s virtual clock models besides the device (`host_work.words`); "" on
+    the wall clock."""
+    if cache.clock.kind != "virtual":
+        return ""
+    return host_work_lib.words(None if cache.timing is None else cache.timing.work)
+
+
+def host_work_section(cache) -> dict:
+    """results.json's `host_work` of a cache's virtual clock: what the live runtime's model
+    charged (`RuntimeTiming.report`), or that the host's work was not modelled."""
+    words = model_words(cache)
+    if cache.timing is None:
+        return {"modelled": False, "words": words,
+                "what": "the device's steps on the cost model's roofline and the transfers "
+                        "only: the live runtime's host work (dispatch, gate round trips, "
+                        "decisions, slot loads) is in no figure"}
+    return {"modelled": True, "words": words, **cache.timing.report(),
+            "validated": cache.timing.work.validated,
+            "what": "the live runtime's steps as measured (step tables; the roofline where "
+                    "none was), its host work by term, the transfers (moejax/cache/"
+                    "runtime_timing.py)"}
 
 
 # The host's own clock: what generate's wall timings and replay's run time are measured on.
@@ -278,6 +305,7 @@ def cache_results(cache, policies: dict, passes: bool = True,
                                          else None) or (
                {shape.precision: shape.expert_bytes} if known else None),
            "clock": cache.clock.kind, "hardware": dataclasses.asdict(cache.clock.hw),
+           "host_work": host_work_section(cache) if cache.clock.kind == "virtual" else None,
            # Each policy's arguments as built, defaults included: what a bare spec meant when
            # it ran (a default can change between versions: `least_stale`'s order did).
            "policies": {**policies, "arguments": {p.kind: dict(p.arguments or {})

@@ -28,6 +28,7 @@ import numpy as np
 
 from moejax.cache.expert_cache import ExpertCache
 from moejax.cache.from_config import build_cache_for, hardware_from
+from moejax.cache.summary import host_work_section, model_words
 from moejax.jobs.common import settle
 from moejax.model_config import ModelConfig
 from moejax.policies import presets
@@ -203,18 +204,25 @@ def replay_specs(config: ml_collections.ConfigDict,
 
 def replay_run(config: ml_collections.ConfigDict, cfg: ModelConfig,
                precision_bytes: dict[str, int], traces: list[Trace],
-               specs: dict[str, str] | None = None) -> ExpertCache:
+               specs: dict[str, str] | None = None, driven: bool | None = None) -> ExpertCache:
     """The cache of `config` (its clock whatever `config` says: give `virtual_config`'s), with
     the policies `specs` (None: the config's), after replaying `traces` through it, request
     after request, each from position 0. On the reference engine: a live run's passes are few,
     and the compiled engine's one-time load would cost more than it saves."""
-    cache = build_cache_for(config, cfg, precision_bytes, cfg.norm_topk_prob, specs)
+    cache = build_cache_for(config, cfg, precision_bytes, cfg.norm_topk_prob, specs,
+                            driven=driven)
     replay(cache, traces, [0] * len(traces), engine="reference")
     return cache
 
 
 def _figures(timing: dict) -> dict:
     return {k: timing.get(k) for k in FIGURES}
+
+
+def _modelled(cache: ExpertCache) -> dict:
+    """What a virtual time is made of and what made it: its parts (`timing.parts`: cold TTFT
+    and decode) and the host work it modelled (`summary.host_work_section`)."""
+    return {"parts": cache.metrics.timing()["parts"], "host_work": host_work_section(cache)}
 
 
 def virtual_figures(config: ml_collections.ConfigDict, loaded, cache: ExpertCache | None,
@@ -225,9 +233,11 @@ def virtual_figures(config: ml_collections.ConfigDict, loaded, cache: ExpertCach
         settle(cache)
         hw = cache.clock.hw
         return {**_figures(cache.metrics.timing()), "hardware": hw.name, "source": "cache clock",
+                **_modelled(cache),
                 "what": f"the cache's virtual clock (modelled {hw.name}, {hw.h2d_gbps:g} GB/s "
-                        "host->device): the cost model's compute plus the stalls of the "
-                        "modelled transfers, for this run's passes"}
+                        f"host->device; {model_words(cache)}): the compiled steps, the stalls "
+                        "of the modelled transfers and the modelled host work, for this run's "
+                        "passes"}
     hw = hardware_from(config)
     unavailable = {**dict.fromkeys(FIGURES), "hardware": hw.name, "source": "replay"}
     if routing is None or not routing.requests:
@@ -250,14 +260,16 @@ def virtual_figures(config: ml_collections.ConfigDict, loaded, cache: ExpertCach
     else:
         settle(cache)
         replayed = replay_run(virtual_config(config), loaded.cfg, loaded.precision_bytes(),
-                              traces, replay_specs(config, routing.driving))
+                              traces, replay_specs(config, routing.driving),
+                              driven=routing.driving is not None)
         what = (f"this run's routing replayed on the virtual clock (modelled {hw.name}, "
-                f"{hw.h2d_gbps:g} GB/s host->device) through a fresh cache of the same "
-                f"settings (the run's cache ran on the {cache.clock.kind} clock)")
+                f"{hw.h2d_gbps:g} GB/s host->device; {model_words(replayed)}) through a "
+                f"fresh cache of the same settings (the run's cache ran on the "
+                f"{cache.clock.kind} clock)")
         live, again = cache.metrics.totals(), replayed.metrics.totals()
         equal = all(live[k] == again[k] for k in COUNTERS)
     return {**_figures(replayed.metrics.timing()), "hardware": hw.name, "source": "replay",
-            "replay_counters_equal_live": equal, "what": what}
+            **_modelled(replayed), "replay_counters_equal_live": equal, "what": what}
 
 
 def section(config: ml_collections.ConfigDict, loaded, generations,
@@ -285,6 +297,9 @@ def line(clocks: dict) -> str:
     wall, virtual = clocks["wall"], clocks["virtual"]
     how = ("its cache's clock" if virtual["source"] == "cache clock"
            else "a replay of this run's routing")
+    modelled = virtual.get("host_work")
+    if modelled is not None:  # (None: not measured)
+        how += f"; {modelled['words']}"
     return (f"wall clock (this machine): TTFT {_ms(wall['ttft_s'])}, decode "
             f"{_rate(wall['decode_tok_per_s'])}; virtual clock (modelled {virtual['hardware']}, "
             f"{how}): TTFT {_ms(virtual['ttft_s'])}, decode {_rate(virtual['decode_tok_per_s'])}")

@@ -183,7 +183,8 @@ def _host_words(cache: ExpertCache) -> str:
 
 def cache_clock_words(cache: ExpertCache) -> str:
     """The clock the cache's times are on, in words (`summary.clock_words`)."""
-    return summary.clock_words(cache.clock.kind, cache.clock.hw.name, cache.clock.hw.h2d_gbps)
+    return summary.clock_words(cache.clock.kind, cache.clock.hw.name, cache.clock.hw.h2d_gbps,
+                               summary.model_words(cache))
 
 
 def cache_table(config: ml_collections.ConfigDict, cache: ExpertCache, *, header: str = "",

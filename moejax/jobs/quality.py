@@ -291,7 +291,9 @@ def describe(results: dict) -> str:
                      f"{d['mean_tokens_to_divergence']:.1f} tokens to the first divergence")
     if s is not None:
         hw = results["cache"]["hardware"]
-        clock = summary.clock_words(s["clock"], hw["name"], hw["h2d_gbps"])
+        modelled = results["cache"].get("host_work") or {}
+        clock = summary.clock_words(s["clock"], hw["name"], hw["h2d_gbps"],
+                                    modelled.get("words", ""))
         if s["ttft_s"] is None:
             lines.append(f"speed on the {clock}: n/a (no drift request ran: "
                          "quality.drift_prompts=0)")

@@ -177,6 +177,10 @@ def base_config() -> ml_collections.ConfigDict:
 
     c.clock = ml_collections.ConfigDict()
     c.clock.kind = "auto"  # auto (virtual off-GPU, wall on GPU), virtual, wall
+    # Where hardware.file has the host's work (`host_work`, written by `python -m
+    # moejax.sim.calibrate`), the virtual clock charges it: the live runtime's steps, gate
+    # round trips and decisions (moejax/cache/runtime_timing.py). False: the device-only model.
+    c.clock.host_work = True
 
     c.run = ml_collections.ConfigDict()
     c.run.prompt = "The Python interpreter"

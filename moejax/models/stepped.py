@@ -270,6 +270,9 @@ class Generation:
     decode_s: float
     prefill_logits: np.ndarray | None = None  # [B, T, V] when requested
     step_logits: list[np.ndarray] = dataclasses.field(default_factory=list)  # per decode step
+    # Each decode pass's wall time, from the end of the one before (the prefill, for the
+    # first) to its token on the host; they add up to `decode_s` but for the end's `sync`.
+    decode_pass_s: list[float] = dataclasses.field(default_factory=list)
 
 
 class SteppedDecoder:
@@ -462,7 +465,7 @@ class SteppedDecoder:
         out = Generation(prompt.tolist(), [[] for _ in range(self.batch)], prefill_s, 0.0,
                          np.asarray(logits) if keep_logits else None)
         done = np.zeros(self.batch, bool)
-        start = time.perf_counter()
+        start = mark = time.perf_counter()
         for step in range(max_new_tokens):
             for row, tok in enumerate(nxt.tolist()):
                 if not done[row]:
@@ -481,6 +484,9 @@ class SteppedDecoder:
             if keep_logits:
                 out.step_logits.append(np.asarray(logits[:, -1]))
             nxt = np.asarray(nxt)
+            now = time.perf_counter()
+            out.decode_pass_s.append(now - mark)
+            mark = now
         # A source may take a pass's decisions while the next pass runs (the expert cache,
         # complete: `CachedExperts.end_pass`): the last ones are taken here, inside the
         # generation's wall time (`decode_s`, which so also holds the prefill pass's).

@@ -43,6 +43,9 @@ OPTIONS = {
                             lambda n: f"host compute of whole layers (host_compute_layers={n})"),
     "host_path": (lambda h: h is None, lambda h: "a host compute model (moejax/cache/"
                   "host_compute.py)"),
+    # The host's work (moejax/cache/runtime_timing.py): the kernel charges the device's steps.
+    "timing": (lambda t: t is None, lambda t: "the live runtime's host work modelled "
+               "(hardware.json's host_work)"),
 }
 
 

@@ -34,6 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from moejax.cache.expert_cache import ExpertCache
+from moejax.cache.speculation import MID_PASS_CHECKS, SpeculationSchedule
 from moejax.models.experts import as_pools
 from moejax.quant.weights import QuantizedWeights
 from moejax.seam import ExpertWave, GateOutputs, Key, LayerGate, Rewind, Wave
@@ -91,16 +92,14 @@ class CachedExperts:
         # end of the pass (`_verify`): `_spec` is the run being checked. `speculation_allowed`
         # is the decoder's say (no gate observer it would mislead). A failed check re-runs
         # the pass from the layer that failed, that layer decided first and the layers after
-        # it speculating again, up to `SPEC_RETRIES` times a pass (`_retries`); past that the
-        # pass goes on layer by layer and the next `_spec_backoff` passes decide layer by
-        # layer (doubling each time, up to `SPEC_BACKOFF_MAX`; reset by a pass whose checks
-        # held).
+        # it speculating again, a few times a pass; past that the pass goes on layer by layer
+        # and the next passes decide layer by layer: `schedule` keeps those rules
+        # (`moejax.cache.speculation`, which the virtual clock's model of this runtime follows
+        # too).
         self.speculate = True
         self.speculation_allowed = True
         self._spec: _SpeculativePass | None = None
-        self._retries = 0
-        self._spec_backoff = 0
-        self._spec_skip = 0
+        self.schedule = SpeculationSchedule()
         self.speculative_passes = 0
         self.speculation_misses = 0  # failed checks, those found mid-pass (`rewinds`) included
         # Of them, on the wall clock: a step read an expert whose emulated transfer had not
@@ -120,8 +119,7 @@ class CachedExperts:
         # "adaptive": mid-pass in a pass after one whose residency changed or whose check
         # failed, and in the rest of a pass once one of its checks failed. Where the checks
         # run never changes a decision (the decisions are deciding layer by layer's,
-        # `tests/test_speculation.py`).
-        self.mid_pass_checks = "adaptive"
+        # `tests/test_speculation.py`). `mid_pass_checks` (the schedule's) says which.
         self.eager_passes = 0  # speculative passes begun checking mid-pass
         # On the CPU backend and the virtual clock, a speculative step reads an expert that is
         # not resident when the step is dispatched from its host copy — the bytes its load
@@ -135,8 +133,16 @@ class CachedExperts:
         self._reads_host = False  # this speculative pass's
         self.host_copy_reads = 0  # experts speculative steps read from their host copy
         self._eager = True
-        self._mark: tuple[int, int] | None = None
         self._resume: tuple[GateOutputs, list] | None = None
+
+    @property
+    def mid_pass_checks(self) -> str:
+        """Where a speculative pass checks its layers (`MID_PASS_CHECKS`)."""
+        return self.schedule.mid_pass_checks
+
+    @mid_pass_checks.setter
+    def mid_pass_checks(self, mode: str) -> None:
+        self.schedule.mid_pass_checks = mode
 
     def speculation_report(self) -> dict:
         """How this runtime's passes ran (results.json's `speculation`, the generate job):
@@ -277,7 +283,7 @@ class CachedExperts:
             # complete cache its checks fail and the pass runs twice (25% warm: 35 ms TTFT
             # speculating against 24 layer by layer, `benchmarks/cache_runtime.py` part 2).
             self._spec = _SpeculativePass()
-            self._retries = 0
+            self.schedule.start()
             self._reads_host = self._reads_host_copies()
             self.speculative_passes += 1
             self.eager_passes += self._eager
@@ -333,22 +339,14 @@ class CachedExperts:
                 or c.watchdog or c.host is not None or c.host_layers \
                 or getattr(c.clock, "kind", None) not in ("virtual", "wall") or not c.residency:
             return False
-        if self._spec_skip:
-            self._spec_skip -= 1
-            return False
-        return True
+        return self.schedule.may_start()
 
     def _checks_mid_pass(self) -> bool:
         """Whether the pass beginning now checks its layers mid-pass (`mid_pass_checks`)."""
-        mode = self.mid_pass_checks
-        if mode not in MID_PASS_CHECKS:
-            raise ValueError(f"mid_pass_checks={mode!r}; known: {MID_PASS_CHECKS}")
         # Reading host copies, a residency change fails no check (`_check`): only failed
         # checks make the next pass check mid-pass.
         changes = 0 if self._reads_host_copies() else sum(self._cache.layer_changes.values())
-        mark = (changes, self.speculation_misses)
-        changed, self._mark = mark != self._mark, mark
-        return mode == "always" or (mode == "adaptive" and changed)
+        return self.schedule.checks_mid_pass(changes, self.speculation_misses)
 
     def _speculative_wave(self, gate: GateOutputs) -> ExpertWave:
         """The experts step of `gate.layer` on the router's own selection and the slots the
@@ -437,7 +435,7 @@ class CachedExperts:
         if failed is not None:
             return failed
         self._spec = None
-        self._spec_backoff = 0
+        self.schedule.held()
         self._flush()
         self._cache.end_pass()
         return None
@@ -455,7 +453,7 @@ class CachedExperts:
         waves fails. Then the decision is taken as if layer by layer. Otherwise nothing of
         it is decided and the layer is returned: the decoder re-runs the pass from there, that
         layer decided first (`_resume`), the layers after it speculating again on the
-        residency they then find — or, past `SPEC_RETRIES` failed checks in the pass,
+        residency they then find — or, past `speculation.RETRIES` failed checks in the pass,
         deciding layer by layer."""
         got = self._to_host(self._policy_arrays(gate))
         host = self._layer_gate(gate, got)
@@ -471,15 +469,9 @@ class CachedExperts:
         if moved or in_flight:
             self.speculation_misses += 1
             self.speculation_in_flight += in_flight
-            self._eager = self.mid_pass_checks != "never"
+            self._eager = self.schedule.eager_after_failure
             self._resume = (gate, got)
-            self._retries += 1
-            if self._retries <= SPEC_RETRIES:
-                self._spec = _SpeculativePass()
-            else:
-                self._spec = None
-                self._spec_skip = self._spec_backoff = min(
-                    max(1, 2 * self._spec_backoff), SPEC_BACKOFF_MAX)
+            self._spec = _SpeculativePass() if self.schedule.failed() else None
             return layer
         waves = list(self._cache.run_layer(host))
         wave = waves[0]
@@ -682,11 +674,6 @@ class CachedExperts:
         return device
 
 
-# Failed checks a speculative pass re-runs speculatively from; past them it goes on layer by
-# layer. The most passes then decided layer by layer.
-SPEC_RETRIES = 2
-SPEC_BACKOFF_MAX = 16
-MID_PASS_CHECKS = ("adaptive", "always", "never")
 
 
 def _alias(host_array: jax.Array, sharding) -> jax.Array:

@@ -3,12 +3,16 @@
 size and the model's compiled steps (`measure.py`), fits the virtual clock's transfer and
 roofline models to them (`fit.py`), writes the profile they give as `W/hardware.json`
 (`profile.py`; a run uses it with `--config.hardware.file`) with the host CPU's own profile
-(`host.py`: one expert computed on the host, the host latency model fitted), and runs live cells on the wall
-clock next to the virtual clock's prediction of each (`cells.py`)."""
+(`host.py`: one expert computed on the host, the host latency model fitted), the step tables of
+the live runtime's compiled steps (`steps.py`) and its host work fitted to live cells
+(`host_fit.py`, the cells of `matrix.py`, run by `cells.py`). `python -m moejax.sim.validate`
+checks the virtual clock against live cells it was not fitted to (`validate.py`; the
+statistics, rankings and plot in `agreement.py`)."""
 
 import importlib
 
-__all__ = ["calibrate", "cells", "fit", "host", "measure", "profile"]
+__all__ = ["agreement", "calibrate", "cells", "fit", "host", "host_fit", "matrix", "measure",
+           "profile", "steps", "validate"]
 
 
 def __getattr__(name: str):

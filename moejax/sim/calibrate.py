@@ -64,6 +64,13 @@ class Plan:
     reps: int  # live runs per cell
     h2d_gbps: float | None  # the cells' bandwidth, on top of the profile (None: the profile's)
     quick_host: bool = False  # the host measured at `--quick`'s smaller expert
+    # The host's work: the token counts of the step tables, their precisions, and whether the
+    # embedded model's cells join the fit (its own routing: router round trips, complete
+    # passes) beside the capture's.
+    table_tokens: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
+    table_precisions: tuple[str, ...] = ("native", "int4")
+    with_embedded: bool = True
+    validation_tables: bool = True  # also the step tables of the models a validation runs
 
 
 def plan_for(platform: str, quick: bool, **given) -> Plan:
@@ -82,14 +89,22 @@ def plan_for(platform: str, quick: bool, **given) -> Plan:
         # and memory show more than the launch)
         step_widths = (width or 32,) if quick else (width or 32, 4 * (width or 32))
         step_tokens = (1, 16) if quick else (1, 4, 16, 64)
-        tokens = 8 if quick else 32
+        # (not 32: run.max_new_tokens at its default means "every pass of the trace")
+        tokens = 12 if quick else 48
     plan = Plan(transfer_sizes=measure.TRANSFER_SIZES[:6] if quick else measure.TRANSFER_SIZES,
                 transfer_reps=3 if quick else 10, step_widths=step_widths,
                 step_tokens=step_tokens, step_reps=3 if quick else 10,
                 capacities=(0.05, 1.0) if quick else (0.05, 0.25, 1.0), prefetch="",
                 model="olmoe", trace="olmoe_prose", width=width, tokens=tokens,
-                prefill_tokens=16, reps=1 if quick else 3, h2d_gbps=None, quick_host=quick)
-    return dataclasses.replace(plan, **given)
+                prefill_tokens=16, reps=1 if quick else 3, h2d_gbps=None, quick_host=quick,
+                table_tokens=(1, 16) if quick else (
+                    (1, 2, 4, 8, 16, 32, 64, 256, 1024) if gpu else (1, 2, 4, 8, 16, 32)),
+                table_precisions=("native",) if quick else ("native", "int4"),
+                with_embedded=not quick, validation_tables=not quick)
+    plan = dataclasses.replace(plan, **given)
+    if plan.model == "embedded":
+        plan = dataclasses.replace(plan, with_embedded=False)
+    return plan
 
 
 def trace_file(name: str) -> str:
@@ -221,12 +236,12 @@ def step_table(steps: list[dict], reps: int, roofline) -> str:
 
 
 def calibrate(workdir: str, plan: Plan, command: str, out=print) -> dict:
-    """Steps 1-5 into `workdir` (claimed by the caller). Returns what calibration.json holds:
+    """Steps 1-6 into `workdir` (claimed by the caller). Returns what calibration.json holds:
     the profile, its file, and the cells' rows."""
     from moejax.cache.from_config import hardware_from
     from moejax.jobs.common import progress
     from moejax.sim import cells as cells_lib
-    from moejax.sim import measure, profile
+    from moejax.sim import host_fit, matrix, measure, profile
     from moejax.timing import hardware as hw_lib
 
     hw, measured = measure_machine(plan, out)
@@ -241,30 +256,98 @@ def calibrate(workdir: str, plan: Plan, command: str, out=print) -> dict:
     result = {"hardware": hw_lib.as_dict(hw), "hardware_file": path, "command": command,
               "device": device, "plan": dataclasses.asdict(plan), "cells": []}
     if plan.capacities:
-        base = cells_base(plan, path)
-        ran = hardware_from(base)
+        groups = fit_groups(plan)
+        doc["host_work"] = measure_steps(plan, groups, profile.calibrated_name(), out)
+        write_json_atomic(path, doc)
+        cells = [(g, matrix.calibration_cells(g, plan.capacities,
+                                              "int4" in plan.table_precisions))
+                 for g in groups]
+        entries = matrix.entries(cells, path, plan.tokens, plan.prefill_tokens, plan.width,
+                                 plan.h2d_gbps)
+        ran = hardware_from(entries[0].config)
         if ran.name != hw.name:  # fail closed: the cells must run on the profile just measured
             raise RuntimeError(f"hardware.file={path} gave the profile {ran.name!r}, not "
                                f"{hw.name!r}: moejax.cache.from_config.hardware_from does not "
                                "read hardware.file")
-        cells = cells_lib.cells_of(plan.capacities, ("none", cell_prefetch(plan)))
-        out(f"live cells ({len(cells)} x {plan.reps} runs, {cells_description(plan)}) on "
-            f"{ran.name} at {ran.h2d_gbps:.3g} GB/s host->device:")
-        with progress(True, len(cells) * plan.reps, "cells", unit="run") as bar:
-            rows = cells_lib.run_cells(base, cells, plan.reps,
-                                       bar.update if bar is not None else None,
-                                       cells_model(plan, base))
+        out(f"live cells ({len(entries)} x {plan.reps} runs: {fit_description(plan, groups)}) "
+            f"on {ran.name} at {ran.h2d_gbps:.3g} GB/s host->device, the host's work fitted "
+            "to their passes:")
+        samples: list = []
+        with progress(True, len(entries) * plan.reps, "cells", unit="run") as bar:
+            rows = cells_lib.run_entries(entries, plan.reps,
+                                         bar.update if bar is not None else None, samples)
+        record, _ = host_fit.fit(samples, doc, path)
+        doc["host_work"]["fit"] = record
+        write_json_atomic(path, doc)
+        rows = [host_fit.repredicted(r, s, path) for r, s in zip(rows, samples)]
         result["cells"] = rows
+        result["host_work_fit"] = record
         result["cells_what"] = (
-            f"{cells_description(plan)}; wall: the median of {plan.reps} live runs on the wall "
-            "clock (this machine; the cache's transfers held to the profile's host->device "
-            "bandwidth); virtual: the same run's routing replayed on the virtual clock with "
-            "the profile; error = (virtual - wall) / wall")
+            f"{fit_description(plan, groups)}; wall: the median of {plan.reps} live runs on "
+            "the wall clock (this machine; the cache's transfers held to the profile's "
+            "host->device bandwidth); virtual: the same run's routing replayed on the virtual "
+            "clock with the profile and the host's work fitted to these very cells (in-sample: "
+            "`python -m moejax.sim.validate` checks it on others); error = (virtual - wall) / "
+            "wall")
+        out(host_fit.table(record))
         out(cells_lib.table(rows))
+    else:
+        out("no live cells (--cells=none): the host's work is not measured, and the profile's "
+            "virtual clock models the device only")
     calibration = os.path.join(workdir, "calibration.json")
     write_json_atomic(calibration, result)
     out(f"results -> {path}, {calibration}")
     return result
+
+
+def fit_groups(plan: Plan) -> list:
+    """The groups whose cells the host's work is fitted to: the capture `plan.trace` driving
+    OLMoE-1B-7B at the plan's width (or the embedded model, `--model=embedded`), and the
+    embedded model after the default prompt (`plan.with_embedded`)."""
+    from moejax.sim import matrix
+
+    groups = []
+    if plan.model == "olmoe":
+        groups.append(matrix.Group(plan.trace, trace=plan.trace))
+    if plan.model == "embedded" or plan.with_embedded:
+        groups.append(matrix.Group("embedded", prompt=matrix.CALIBRATION_PROMPT))
+    return groups
+
+
+def fit_description(plan: Plan, groups: list) -> str:
+    what = []
+    for g in groups:
+        if g.trace:
+            width = f"width {plan.width}" if plan.width else "its real size"
+            what.append(f"{g.family()[1]} at {width} driven by {g.trace} (a "
+                        f"{plan.prefill_tokens}-token prefill, {plan.tokens - 1} decode steps)")
+        else:
+            what.append(f"the embedded model after {g.prompt!r} ({plan.tokens} tokens)")
+    return "; ".join(what)
+
+
+def measure_steps(plan: Plan, groups: list, name: str, out=print) -> dict:
+    """Step 5: the step tables (`moejax.sim.steps`) of every model the cells and a validation
+    run — the captures' families at the plan's width, the embedded model — as hardware.json's
+    `host_work` section (its scalar terms fitted next)."""
+    from moejax.families import preset
+    from moejax.model_source import embedded_config
+    from moejax.sim import matrix, steps
+    from moejax.timing.host_work import model_key
+
+    configs = {}
+    if plan.validation_tables:
+        groups = [*groups, *(g for g, _ in matrix.validation_matrix())]
+    for g in groups:
+        cfg = preset(*g.family(), plan.width) if g.trace else embedded_config()
+        configs[model_key(cfg)] = cfg
+    tables = {}
+    for key, cfg in configs.items():
+        tables[key] = steps.step_table(cfg, plan.table_precisions, plan.table_tokens,
+                                       plan.step_reps)
+        out(steps.table(cfg, tables[key], plan.step_reps))
+    return {"name": name, "steps": {k: {kind: t.to_dict() for kind, t in v.items()}
+                                    for k, v in tables.items()}}
 
 
 def measure_host(quick: bool, out=print) -> dict:

@@ -43,21 +43,44 @@ class Cell:
     capacity_frac: float
     prefetch: str  # a prefetch policy spec
     speculate: bool = True  # `cache.speculate`: False decides every layer before its step
+    warm_start: str = ""  # `cache.warm_start` ("all": every expert that fits before token 1)
+    # Other config fields the cell sets, as (dotted field, value): the eviction, the
+    # precision, a disk tier, a miss policy...
+    settings: tuple[tuple[str, object], ...] = ()
 
     @property
     def name(self) -> str:
-        return f"{100 * self.capacity_frac:g}% {self.prefetch}" + (
-            "" if self.speculate else " layer by layer")
+        extra = " ".join(f"{k.split('.')[-1]}={v}" for k, v in self.settings)
+        return (f"{100 * self.capacity_frac:g}% {self.prefetch}"
+                + ("" if self.speculate else " layer by layer")
+                + (f" warm_start={self.warm_start}" if self.warm_start else "")
+                + (f" {extra}" if extra else ""))
 
     def config(self, base: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-        """`base` with this cell's capacity, prefetch and speculation, on the wall clock."""
+        """`base` with this cell's capacity, prefetch, speculation, warm start and settings,
+        on the wall clock."""
         c = ml_collections.ConfigDict(base.to_dict())
         c.cache.enabled = True
         c.cache.capacity_frac, c.cache.slots = self.capacity_frac, 0
         c.cache.speculate = self.speculate
+        c.cache.warm_start = self.warm_start
         c.policies.prefetch = self.prefetch
+        for field, value in self.settings:
+            group, name = field.split(".")
+            c[group][name] = value
         c.clock.kind = "wall"
         return c
+
+
+@dataclasses.dataclass
+class Entry:
+    """One cell to run live: its config (on the wall clock), its model, and the label of the
+    group it belongs to (the model and its routing: what a report compares cells within)."""
+
+    cell: Cell
+    config: ml_collections.ConfigDict
+    loaded: LoadedModel
+    group: str = ""
 
 
 def drawn_model(family: str, name: str, width: int = 0, seed: int = 0) -> LoadedModel:
@@ -106,9 +129,12 @@ class LiveRuns:
     def new_tokens(self, request) -> int:
         return request.new_tokens or self.config.run.max_new_tokens
 
-    def run(self) -> dict:
+    def run(self, keep_routing: bool = False) -> dict:
         """One live run: its `clocks` section, its cache's size and counts (None without a
-        cache) and how its runtime ran the passes (`speculation`, with a cache)."""
+        cache), how its runtime ran the passes (`speculation`, with a cache), and each pass's
+        wall time in order (`wall_passes`: each request's prefill, then its decode passes).
+        `keep_routing`: also its routing, request by request (`routing`: the traces a replay
+        of the run takes; on the wall clock only, where the run records it)."""
         config = self.config
         experts, decoder = configured_decoder(config, self.loaded, max_len=self.max_len)
         cache = cache_of(experts)
@@ -132,6 +158,10 @@ class LiveRuns:
                    "requests": totals["requests"]}
         if hasattr(experts, "speculation_report"):  # how the live runtime ran its passes
             out["speculation"] = experts.speculation_report()
+        out["wall_passes"] = [s for g in generations for s in (g.prefill_s, *g.decode_pass_s)]
+        if keep_routing and routing is not None:
+            out["routing"] = routing.traces()
+            out["driven"] = routing.driving is not None
         return {"clocks": clocks.section(config, self.loaded, generations, cache, routing),
                 **out}
 
@@ -153,21 +183,33 @@ def run_cells(base: ml_collections.ConfigDict, cells: list[Cell], reps: int = 3,
     live runs on the wall clock, the cells alternated run by run, and the virtual clock's
     prediction. One row per cell (see the module docstring). `loaded`: the model (None: the
     one `base` names, `load_model_for`)."""
-    if reps < 1:
-        raise ValueError(f"reps={reps} must be >= 1")
     configs = [cell.config(base) for cell in cells]
     if loaded is None:  # (the cells differ in cache settings only)
         loaded = load_model_for(configs[0])
-    runners = [LiveRuns(c, loaded) for c in configs]
-    got: list[list[dict]] = [[] for _ in cells]
+    return run_entries([Entry(cell, c, loaded) for cell, c in zip(cells, configs)], reps,
+                       progress)
+
+
+def run_entries(entries: list[Entry], reps: int = 3, progress=None,
+                samples: list | None = None) -> list[dict]:
+    """`run_cells` over entries that may differ in model and routing too: `reps` live runs
+    of each, the entries alternated run by run (forward, then backward), then one row each.
+    `samples`: a list that gets each entry's `moejax.sim.host_fit.Sample` (its routing and
+    the median wall time of each of its passes), for a fit of the host's terms."""
+    if reps < 1:
+        raise ValueError(f"reps={reps} must be >= 1")
+    runners = [LiveRuns(e.config, e.loaded) for e in entries]
+    got: list[list[dict]] = [[] for _ in entries]
+    keep = samples is not None
     for r in range(reps):
-        order = range(len(cells)) if r % 2 == 0 else reversed(range(len(cells)))
+        order = range(len(entries)) if r % 2 == 0 else reversed(range(len(entries)))
         for i in order:
-            got[i].append(runners[i].run())
+            got[i].append(runners[i].run(keep_routing=keep and not got[i]))
             if progress is not None:
                 progress(1)
     rows = []
-    for cell, config, runs in zip(cells, configs, got):
+    for entry, runner, runs in zip(entries, runners, got):
+        config = entry.config
         walls = [run["clocks"]["wall"] for run in runs]
         virtual = runs[0]["clocks"]["virtual"]
         wall = {k: _median([w[k] for w in walls])
@@ -175,15 +217,18 @@ def run_cells(base: ml_collections.ConfigDict, cells: list[Cell], reps: int = 3,
         wall["decode_tokens"] = walls[0]["decode_tokens"]
         predicted = {k: virtual[k] for k in ("ttft_s", "decode_s", "decode_tok_per_s",
                                              "decode_tokens")}
+        cell = entry.cell
         rows.append({
-            "cell": cell.name, "capacity_frac": cell.capacity_frac, "prefetch": cell.prefetch,
-            "speculate": cell.speculate,
+            "cell": cell.name, "group": entry.group, "capacity_frac": cell.capacity_frac,
+            "prefetch": cell.prefetch, "speculate": cell.speculate,
+            "settings": dict(cell.settings),
             "slots": runs[0]["slots"], "total_experts": runs[0]["total_experts"],
             "hit_rate": runs[0]["hit_rate"], "requests": runs[0]["requests"],
             "misses": runs[0]["misses"], "hardware": hardware_from(config).name,
             "wall": {**wall, "runs": [{k: w[k] for k in ("ttft_s", "decode_s")} for w in walls],
                      "what": f"median of {len(walls)} live runs: {walls[0]['what']}"},
             "virtual": {**predicted, "what": virtual["what"],
+                        "parts": virtual.get("parts"), "host_work": virtual.get("host_work"),
                         "replay_counters_equal_live": virtual.get("replay_counters_equal_live"),
                         # Routing, hence the replay, is the same in every run.
                         "same_in_every_run": all(
@@ -196,6 +241,14 @@ def run_cells(base: ml_collections.ConfigDict, cells: list[Cell], reps: int = 3,
             "larger": {"ttft": _larger(wall["ttft_s"], predicted["ttft_s"]),
                        "decode": _larger(wall["decode_s"], predicted["decode_s"])},
         })
+        if keep and runs[0].get("routing") is not None:
+            from moejax.sim.host_fit import Sample
+
+            passes = [statistics.median(p) for p in zip(*(run["wall_passes"] for run in runs))]
+            samples.append(Sample(f"{entry.group} {cell.name}".strip(), config, entry.loaded,
+                                  runs[0]["routing"],
+                                  clocks.replay_specs(config, runner.driving),
+                                  runs[0]["driven"], passes))
     return rows
 
 

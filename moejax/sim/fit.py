@@ -291,3 +291,67 @@ def relative_error(predicted: float | None, measured: float | None) -> float | N
     if predicted is None or measured is None or measured == 0 or math.isnan(measured):
         return None
     return (predicted - measured) / measured
+
+
+# -- the host's work: scalar terms from live passes ------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class TermsFit:
+    """Non-negative seconds per charge of each term, fitted to live passes (`fit_terms`)."""
+
+    terms: dict[str, float]
+    rms_rel: float  # root mean square of (fitted - measured) / measured over the passes
+    max_rel: float
+    points: int
+    # A term no pass charged cannot be told from the data: it is held at 0 and said so.
+    determined: dict[str, bool]
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def nnls(a: np.ndarray, b: np.ndarray, iterations: int = 200) -> np.ndarray:
+    """argmin ||a x - b|| subject to x >= 0 (Lawson and Hanson's active-set method)."""
+    a = np.asarray(a, np.float64)
+    b = np.asarray(b, np.float64)
+    n = a.shape[1]
+    x = np.zeros(n)
+    free = np.zeros(n, bool)  # the passive set: terms allowed above 0
+    for _ in range(iterations):
+        gradient = a.T @ (b - a @ x)
+        candidates = np.where(~free & (gradient > 1e-12 * max(1.0, np.abs(gradient).max())))[0]
+        if not len(candidates):
+            break
+        free[candidates[np.argmax(gradient[candidates])]] = True
+        while True:
+            z = np.zeros(n)
+            z[free] = np.linalg.lstsq(a[:, free], b, rcond=None)[0]
+            if np.all(z[free] > 0):
+                x = z
+                break
+            # step back toward x until a term of the passive set hits 0, and drop it
+            blocked = free & (z <= 0)
+            alpha = np.min(x[blocked] / (x[blocked] - z[blocked]))
+            x = x + alpha * (z - x)
+            free &= x > 1e-15
+            x[~free] = 0.0
+    return x
+
+
+def fit_terms(names, counts, rest, measured) -> TermsFit:
+    """Seconds per charge `c_k >= 0` of each term in `names` such that each pass's
+    `measured_i ~ rest_i + sum_k counts[i][k] * c_k` (`rest`: what the model charges besides
+    these terms), by least squares weighted by 1 / measured (relative errors). A term with no
+    charge in any pass is not determined (0)."""
+    x = np.asarray(counts, np.float64)
+    rest = np.asarray(rest, np.float64)
+    y = np.asarray(measured, np.float64)
+    if x.ndim != 2 or x.shape != (len(y), len(names)) or rest.shape != y.shape:
+        raise ValueError("counts must be [passes, terms], rest and measured [passes]")
+    if not (np.all(np.isfinite(y)) and np.all(y > 0)):
+        raise ValueError("measured pass times must be finite and > 0")
+    w = 1.0 / y
+    c = nnls(x * w[:, None], (y - rest) * w)
+    rel = (rest + x @ c - y) / y
+    return TermsFit({k: float(v) for k, v in zip(names, c)}, float(np.sqrt(np.mean(rel ** 2))),
+                    float(np.max(np.abs(rel))), len(y),
+                    {k: bool(np.any(x[:, j])) for j, k in enumerate(names)})

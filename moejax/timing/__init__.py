@@ -3,14 +3,24 @@ host CPU profiles (`hardware.py`, `storage.py`, `host.py`: the host that compute
 experts and its latency model; a preset with a user's overrides, `presets.py`), the
 roofline cost model of compute (`cost.py`), the booking of transfers on copy engines over a
 shared link (`timeline.py`, the maths the compiled replay kernel compiles too), and the two
-clocks (`clock.py`: virtual for replay and CPU runs, wall for GPU runs)."""
+clocks (`clock.py`: virtual for replay and CPU runs, wall for GPU runs; the virtual clock
+with the host's work modelled, `HostDeviceClock`, when a calibrated profile has its terms:
+`host_work.py`)."""
 
-from moejax.timing import hardware, host, storage
-from moejax.timing.clock import Channels, TransferSlot, VirtualClock, WallClock
+from moejax.timing import hardware, host, host_work, storage
+from moejax.timing.clock import (
+    Channels,
+    HostDeviceClock,
+    TransferSlot,
+    VirtualClock,
+    WallClock,
+)
 from moejax.timing.cost import CostModel
 from moejax.timing.hardware import Hardware
 from moejax.timing.host import HostCPU
+from moejax.timing.host_work import HostWork, StepTable
 from moejax.timing.storage import Storage, StorageQueue
 
-__all__ = ["Channels", "CostModel", "Hardware", "HostCPU", "Storage", "StorageQueue",
-           "TransferSlot", "VirtualClock", "WallClock", "hardware", "host", "storage"]
+__all__ = ["Channels", "CostModel", "Hardware", "HostCPU", "HostDeviceClock", "HostWork",
+           "StepTable", "Storage", "StorageQueue", "TransferSlot", "VirtualClock", "WallClock",
+           "hardware", "host", "host_work", "storage"]

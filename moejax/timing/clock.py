@@ -95,6 +95,40 @@ class VirtualClock(_TransferFIFO):
         return stall
 
 
+class HostDeviceClock(VirtualClock):
+    """The virtual clock with the host's work modelled (`moejax.cache.runtime_timing`): two
+    timelines. `t` — what `now()` says — is the host thread's: it dispatches each compiled step,
+    decides, issues transfers and waits for them (as the live runtime's host thread does);
+    `device` is when the device finishes the steps dispatched so far (it runs them in order,
+    each no earlier than its dispatch). Reading a step's results waits for the device
+    (`sync`). `host_s` counts the host's own work (dispatching, deciding) since the clock
+    started, the part of a pass the cache reports as host work."""
+
+    def __init__(self, hw: Hardware):
+        super().__init__(hw)
+        self.device = 0.0
+        self.host_s = 0.0
+
+    def host(self, seconds: float) -> None:
+        """The host thread works `seconds` (deciding, preparing a step's arguments)."""
+        self.t += seconds
+        self.host_s += seconds
+
+    def dispatch(self, host_s: float, device_s: float) -> float:
+        """A compiled step: the host spends `host_s` dispatching it, then the device runs it
+        for `device_s` once it is done with the steps before. Returns when its results are
+        ready (`sync` to read them)."""
+        self.host(host_s)
+        start = self.device if self.device > self.t else self.t
+        self.device = start + device_s
+        return self.device
+
+    def sync(self, ready: float | None = None) -> float:
+        """The host reads a step's results: waits until `ready` (None: every step dispatched).
+        Returns the wait."""
+        return self.wait(self.device if ready is None else ready)
+
+
 class WallClock(_TransferFIFO):
     kind = "wall"
 

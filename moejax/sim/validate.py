@@ -1,0 +1,154 @@
+"""Validation: the virtual clock, with the host's work calibrated on this machine, against live
+runs it was not fitted to.
+
+    python -m moejax.sim.calibrate --workdir=W       # first: W/hardware.json
+    python -m moejax.sim.validate --workdir=W [--quick] [--reps=3] [--groups=olmoe_code,...]
+
+Each cell of the matrix (`moejax.sim.matrix.validation_matrix`: other captures than the
+calibration's, the embedded model after another prompt, capacity x eviction x prefetch x
+precision, the disk tier, host compute) runs live on the wall clock with W/hardware.json's
+profile (transfers held to its bandwidth) `--reps` times, the cells alternated run by run;
+beside each, the virtual clock's prediction of the same run (its routing replayed with the
+profile and its host work, `clocks.virtual`). It prints the cells, the summary (median, 90th
+percentile, largest |error| of TTFT and decode), Kendall's tau per condition and whether each
+predicted winner holds (`moejax.sim.agreement`), and writes W/validation.json, the plot
+W/validation.png, and the summary into W/hardware.json (`validation`), which every virtual
+time a run with `--config.hardware.file` prints then quotes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from moejax import cli
+from moejax import workdir as workdir_lib
+from moejax.cli import UsageError, guarded
+from moejax.results import write_json_atomic
+
+PROG = "python -m moejax.sim.validate"
+
+
+def run_validation(workdir: str, hardware_file: str, *, quick: bool, reps: int, tokens: int,
+                   prefill_tokens: int, width: int, groups: tuple[str, ...], command: str,
+                   out=print) -> dict:
+    """The validation into `workdir` (module docstring); returns validation.json's content."""
+    from moejax.jobs.common import progress
+    from moejax.sim import agreement, matrix, profile
+    from moejax.sim import cells as cells_lib
+    from moejax.timing import host_work as host_work_lib
+
+    work = host_work_lib.from_file(hardware_file)
+    if work is None:
+        raise UsageError(f"--hardware_file={hardware_file}: it has no host_work section "
+                         f"(python -m moejax.sim.calibrate --workdir=W writes one)")
+    cells = matrix.validation_matrix(quick)
+    if groups:
+        known = [g.name for g, _ in cells]
+        unknown = sorted(set(groups) - set(known))
+        if unknown:
+            raise UsageError(f"--groups: {unknown[0]!r} is not one of {known}")
+        cells = [(g, c) for g, c in cells if g.name in groups]
+    entries = matrix.entries(cells, hardware_file, tokens, prefill_tokens, width,
+                             workdir=workdir)
+    load = os.getloadavg()
+    out(f"validating {work.name} ({hardware_file}) on {len(entries)} live cells x {reps} runs "
+        f"(the wall clock of this machine, load average {load[0]:.1f}), each against the "
+        "virtual clock's prediction of its run:")
+    with progress(True, len(entries) * reps, "cells", unit="run") as bar:
+        rows = cells_lib.run_entries(entries, reps, bar.update if bar is not None else None)
+    after = os.getloadavg()
+    summ = agreement.summary(rows)
+    ranks = agreement.rankings(rows, matrix.condition, matrix.policy)
+    met = agreement.goals(summ, ranks)
+    out(agreement.cell_table(rows))
+    out(agreement.summary_text(summ, ranks, met))
+    date = profile.now()
+    png = agreement.plot(rows, os.path.join(workdir, "validation.png"),
+                         f"{work.name}: virtual clock against {len(rows)} live cells "
+                         f"({reps} runs each), {date}")
+    steps = {k: sum((r["virtual"].get("host_work") or {}).get(k, 0) for r in rows)
+             for k in ("steps_measured", "steps_roofline", "steps_extrapolated")}
+    result = {"command": command, "date": date, "hardware_file": hardware_file,
+              "profile": work.name, "reps": reps, "tokens": tokens, "width": width,
+              "load_average": {"before": list(load), "after": list(after)},
+              "groups": [g.name for g, _ in cells], "summary": summ, "rankings": ranks,
+              "goals": met, "steps": steps, "cells": rows, "plot": png,
+              "what": ("wall: the median of the live runs on the wall clock (transfers held to "
+                       "the profile's bandwidth); virtual: the run's routing replayed on the "
+                       "virtual clock with the profile and its host work; error = (virtual - "
+                       "wall) / wall")}
+    path = os.path.join(workdir, "validation.json")
+    write_json_atomic(path, result)
+    _remember(hardware_file, {"date": date, "command": command, "cells": len(rows),
+                              "reps": reps, "load_average": result["load_average"],
+                              "ttft": summ["ttft"], "decode": summ["decode"],
+                              "goals_met": all(g["met"] for g in met.values()),
+                              "file": path})
+    out(f"results -> {path}, {png}; the summary -> {hardware_file} (validation)")
+    return result
+
+
+def _remember(hardware_file: str, summary: dict) -> None:
+    """The validation's summary into the hardware.json it validated (`validation`): what a run
+    with that file prints beside every virtual time."""
+    with open(hardware_file) as f:
+        doc = json.load(f)
+    doc["validation"] = summary
+    write_json_atomic(hardware_file, doc)
+
+
+def main(argv=None) -> int:
+    p = cli.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
+    p.add_argument("--workdir", required=True,
+                   help="where validation.json and validation.png go (and, by default, the "
+                        "calibration's hardware.json is read from)")
+    p.add_argument("--hardware_file", default=None,
+                   help="the calibrated profile to validate (default: WORKDIR/hardware.json)")
+    p.add_argument("--quick", action="store_true", help="two cells, one run (a smoke test)")
+    p.add_argument("--reps", type=int, default=None, help="live runs per cell (default 3)")
+    p.add_argument("--tokens", type=int, default=None,
+                   help="tokens each cell generates (default 48; not 32, which a trace-driven "
+                        "run reads as every pass of its trace)")
+    p.add_argument("--width", type=int, default=None,
+                   help="the trace-driven models' width (default 32 on a CPU, 0 = the real size "
+                        "on a GPU)")
+    p.add_argument("--groups", default="",
+                   help="only these groups of the matrix, by name, separated by commas")
+    args = p.parse_args(argv)
+    command = " ".join([PROG, *(sys.argv[1:] if argv is None else argv)])
+    return guarded(PROG, lambda: run(args, command))
+
+
+def run(args: argparse.Namespace, command: str) -> int:
+    for flag in ("reps", "tokens"):
+        value = getattr(args, flag)
+        if value is not None and value < 1:
+            raise UsageError(f"--{flag}={value} must be >= 1")
+    if args.tokens is not None and args.tokens < 2:
+        raise UsageError(f"--tokens={args.tokens}: a cell decodes after its prefill (at least 2)")
+    if args.width is not None and args.width < 0:
+        raise UsageError(f"--width={args.width} must be >= 0 (0: the preset's own)")
+    workdir_lib.check(args.workdir)
+    hardware_file = os.path.abspath(args.hardware_file or os.path.join(args.workdir,
+                                                                         "hardware.json"))
+    if not os.path.isfile(hardware_file):
+        raise UsageError(f"{hardware_file}: no such file (python -m moejax.sim.calibrate "
+                         f"--workdir={args.workdir} writes it)")
+    import jax
+
+    gpu = jax.default_backend() == "gpu"
+    width = args.width if args.width is not None else (0 if gpu else 32)
+    tokens = args.tokens or (12 if args.quick else 48)
+    groups = tuple(g.strip() for g in args.groups.split(",") if g.strip())
+    with workdir_lib.claimed(args.workdir):
+        run_validation(args.workdir, hardware_file, quick=args.quick,
+                       reps=args.reps or (1 if args.quick else 3), tokens=tokens,
+                       prefill_tokens=16, width=width, groups=groups, command=command)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
