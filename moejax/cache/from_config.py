@@ -37,8 +37,8 @@ from moejax.policies.registry import policy_class
 from moejax.quant import formats
 from moejax.timing import hardware as hw_lib
 from moejax.timing import host as host_lib
-from moejax.timing import storage as storage_lib
 from moejax.timing import host_work as host_work_lib
+from moejax.timing import storage as storage_lib
 from moejax.timing.clock import HostDeviceClock, VirtualClock, WallClock
 from moejax.timing.cost import CostModel
 

@@ -13,8 +13,8 @@ its rules (`moejax.serving.runtime.CachedExperts`, the same `SpeculationSchedule
   demand loads, its experts step, its prefetch loads;
 * **speculative** (a decode pass, standard or a trace's routing, fetch, one pool, no watchdog,
   no disk tier, no host compute): each layer's router step and experts step dispatched on the
-  residency the layer finds (`speculative_layer_s` each), checked (`check_s`) once its gate has
-  landed —
+  residency the layer finds (`speculative_layer_s` each, its check included), checked once its
+  gate has landed —
   mid-pass before the next layer's experts step, or at the end of the pass — as the wall-clock
   runtime checks: every expert it asked for still in the slot the step read, and landed when
   the step was dispatched. A failed check re-runs the pass from that layer (its gate already on
@@ -212,11 +212,8 @@ class RuntimeTiming:
         if checked != pos:
             raise AssertionError(f"the speculative run checked position {checked} before "
                                  f"{pos}")
-        clock = cache.clock
         self._layer_mode = "checked"
-        self._charge(clock, "check_s")
         if self._holds(cache, gate, pos):
-            self._layer_mode = "checked"
             return
         self.counts["failed_checks"] += 1
         self.counts["failed_mid_pass"] += self._mid

@@ -34,7 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from moejax.cache.expert_cache import ExpertCache
-from moejax.cache.speculation import MID_PASS_CHECKS, SpeculationSchedule
+from moejax.cache.speculation import SpeculationSchedule
 from moejax.models.experts import as_pools
 from moejax.quant.weights import QuantizedWeights
 from moejax.seam import ExpertWave, GateOutputs, Key, LayerGate, Rewind, Wave

@@ -35,6 +35,7 @@ from moejax.jobs.common import cache_of, configured_decoder, settle
 from moejax.model_source import LoadedModel, in_memory, load_model_for
 from moejax.models.decoder import MoEDecoder
 from moejax.sim.fit import relative_error
+from moejax.sim.host_fit import Sample
 from moejax.traces import driven
 
 
@@ -242,8 +243,6 @@ def run_entries(entries: list[Entry], reps: int = 3, progress=None,
                        "decode": _larger(wall["decode_s"], predicted["decode_s"])},
         })
         if keep and runs[0].get("routing") is not None:
-            from moejax.sim.host_fit import Sample
-
             passes = [statistics.median(p) for p in zip(*(run["wall_passes"] for run in runs))]
             samples.append(Sample(f"{entry.group} {cell.name}".strip(), config, entry.loaded,
                                   runs[0]["routing"],

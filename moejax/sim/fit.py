@@ -302,7 +302,10 @@ class TermsFit:
     rms_rel: float  # root mean square of (fitted - measured) / measured over the passes
     max_rel: float
     points: int
-    # A term no pass charged cannot be told from the data: it is held at 0 and said so.
+    # Whether the data tells each term apart: a term no pass charged (held at 0), or one whose
+    # charges are a combination of the others' (every pass charges a round trip or a check
+    # per layer, so a pass's own cost can move into them), is not determined: its value is one
+    # of many that fit as well.
     determined: dict[str, bool]
 
     def to_dict(self) -> dict:
@@ -352,6 +355,16 @@ def fit_terms(names, counts, rest, measured) -> TermsFit:
     w = 1.0 / y
     c = nnls(x * w[:, None], (y - rest) * w)
     rel = (rest + x @ c - y) / y
+    a = x * w[:, None]
+    rank = _rank(a)
+    determined = {k: bool(np.any(x[:, j])) and _rank(np.delete(a, j, axis=1)) < rank
+                  for j, k in enumerate(names)}
     return TermsFit({k: float(v) for k, v in zip(names, c)}, float(np.sqrt(np.mean(rel ** 2))),
-                    float(np.max(np.abs(rel))), len(y),
-                    {k: bool(np.any(x[:, j])) for j, k in enumerate(names)})
+                    float(np.max(np.abs(rel))), len(y), determined)
+
+
+def _rank(a: np.ndarray) -> int:
+    if a.size == 0:
+        return 0
+    s = np.linalg.svd(a / np.maximum(np.abs(a).max(axis=0), 1e-300), compute_uv=False)
+    return int(np.sum(s > 1e-9 * s[0])) if len(s) and s[0] > 0 else 0

@@ -26,7 +26,7 @@ from moejax.sim import fit as fit_lib
 from moejax.traces.format import Trace
 
 # The terms fitted to live passes; the storage reader's are measured apart (or left at 0).
-FITTED = ("pass_s", "round_trip_s", "speculative_layer_s", "check_s", "request_s", "load_s",
+FITTED = ("pass_s", "round_trip_s", "speculative_layer_s", "request_s", "load_s",
           "load_batch_s", "prefetch_s")
 
 
@@ -160,6 +160,7 @@ def table(record: dict) -> str:
              f"groups): residual rms {100 * record['rms_rel']:.1f}%, max "
              f"{100 * record['max_rel']:.1f}%"]
     for k, v in record["terms"].items():
-        said = "" if record["determined"][k] else "  (no cell charged it: not determined, 0)"
+        said = "" if record["determined"][k] else (
+            "  (not determined by these cells: no charge, or charged only with others)")
         lines.append(f"  {k:20s} {1e6 * v:8.1f} us  {TERMS[k]}{said}")
     return "\n".join(lines)

@@ -42,9 +42,8 @@ TERMS = {
                     "a complete pass: its gate read back and the runtime's work around the "
                     "decision",
     "speculative_layer_s": "per experts step dispatched speculatively: its slot map and "
-                           "arguments",
-    "check_s": "per speculative step checked: its gate read back (landed by then) and the "
-               "check, around the decision",
+                           "arguments, and its check (its gate read back, landed by then)",
+
     "request_s": "per request the cache decides (routing, miss policy, hit or admission)",
     "load_s": "per slot load dispatched: the cache's admission and eviction, the runtime's "
               "queueing and dispatch, beyond the load step's own",
@@ -106,7 +105,6 @@ class HostWork:
     pass_s: float = 0.0
     round_trip_s: float = 0.0
     speculative_layer_s: float = 0.0
-    check_s: float = 0.0
     request_s: float = 0.0
     load_s: float = 0.0
     load_batch_s: float = 0.0
