@@ -18,6 +18,11 @@ OLMoE capture (`policies.routing='trace(path=T)'`), at an emulated 5 GB/s host->
    and how many decode passes speculated, with their failed checks (these cells follow a
    capture, `routing=trace(...)`: a trace-driven pass speculates on the trace's selection);
    the 100% prefetching cell also runs layer by layer (`cache.speculate=False`, its twin);
+2b. the host's work (issue 37): the step tables at this size (`moejax.sim.steps`), the host
+   terms fitted to part 2's cells (`moejax.sim.host_fit`), then part of the validation
+   (`python -m moejax.sim.validate`) at this size on the capture the fit did not see
+   (`olmoe_code`: capacities 25% and 100% x eviction lru / least_stale x prefetch none /
+   temporal, 8 cells; `--quick`: 2), its median and 90th percentile |error| and Kendall's tau;
 3. an XProf trace of one prefetching decode step (`jax.profiler`, `OUT/xprof`; open it with
    TensorBoard's profile plugin or xprof), its host-side annotations on;
 4. speculative passes on the wall clock: the 100% prefetching cell of part 2 against its
@@ -41,6 +46,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import math
 import os
 import sys
@@ -69,14 +75,17 @@ def plan(platform: str, quick: bool) -> calibrate.Plan:
             transfer_sizes=(4096, 1 << 20, 16 << 20), transfer_reps=3, step_widths=(8,),
             step_tokens=(1, 4), step_reps=2, capacities=(0.05,), prefetch="temporal",
             model="olmoe", trace="olmoe_prose", width=8, tokens=4, prefill_tokens=4, reps=1,
-            h2d_gbps=EMULATED_GBPS)
+            h2d_gbps=EMULATED_GBPS, table_tokens=(1, 4), table_precisions=("native",),
+            with_embedded=False, validation_tables=False)
     gpu = platform == "gpu"
     return calibrate.Plan(
         transfer_sizes=tuple(4096 * 4 ** i for i in range(8)), transfer_reps=10,
         step_widths=(0,) if gpu else (32,), step_tokens=(1, 16, 256, 4096) if gpu else
         (1, 16, 256), step_reps=10, capacities=(0.05, 0.25, 1.0), prefetch="temporal",
-        model="olmoe", trace="olmoe_prose", width=0 if gpu else 32, tokens=32,
-        prefill_tokens=16, reps=2, h2d_gbps=EMULATED_GBPS)
+        model="olmoe", trace="olmoe_prose", width=0 if gpu else 32, tokens=24,
+        prefill_tokens=16, reps=2, h2d_gbps=EMULATED_GBPS,
+        table_tokens=(1, 4, 16, 64, 256) if gpu else (1, 4, 16), with_embedded=False,
+        validation_tables=False)
 
 
 @dataclasses.dataclass
@@ -327,10 +336,47 @@ def main(argv=None) -> int:
         print(f"live cells ({len(state['cells'])} x {the_plan.reps} runs, "
               f"{calibrate.cells_description(the_plan)}) at {EMULATED_GBPS:g} GB/s "
               "host->device:")
-        ran = cells.run_cells(base, state["cells"], the_plan.reps, loaded=state["loaded"])
+        entries = [cells.Entry(c, c.config(base), state["loaded"], the_plan.trace)
+                   for c in state["cells"]]
+        state["samples"] = []
+        ran = cells.run_entries(entries, the_plan.reps, samples=state["samples"])
         print(cells.table(ran))
         report["cells"] = ran
         return cell_rows(ran, platform, the_plan.width)
+
+    def host_work():
+        from moejax.sim import host_fit, matrix, validate
+
+        path = state["hardware_file"]
+        doc = json.load(open(path))
+        groups = [matrix.Group(the_plan.trace, trace=the_plan.trace)]
+        doc["host_work"] = calibrate.measure_steps(the_plan, groups, profile.calibrated_name())
+        record, _ = host_fit.fit(state["samples"], doc, path)
+        doc["host_work"]["fit"] = record
+        write_json_atomic(path, doc)
+        print(host_fit.table(record))
+        target = matrix.Group("olmoe_code", trace="olmoe_code")
+        chosen = [cells.Cell(c, p, settings=(("policies.eviction", e),))
+                  for c in ((0.25,) if args.quick else (0.25, 1.0))
+                  for e in (("lru",) if args.quick else ("lru", "least_stale"))
+                  for p in ("none", "temporal")]
+        got = validate.run_validation(
+            out, path, quick=args.quick, reps=1, tokens=the_plan.tokens,
+            prefill_tokens=the_plan.prefill_tokens, width=the_plan.width, groups=(),
+            command=command, matrix_cells=[(target, chosen)])
+        report["validation"] = {k: got[k] for k in ("summary", "rankings", "goals")}
+        size = gpu_only(platform, f"OLMoE's structure at width {the_plan.width}") \
+            if the_plan.width else "OLMoE-1B-7B's real size"
+        rows = [Row("host work", "fit residual over the part 2 cells (rms)",
+                    100 * record["rms_rel"], "%", size)]
+        for m in ("ttft", "decode"):
+            s = got["summary"][m]
+            rows += [Row("host work", f"validation ({len(chosen)} cells, olmoe_code): {m} "
+                         "median |error|", None if s["median"] is None else 100 * s["median"],
+                         "%", "goal <= 10%"),
+                     Row("host work", f"validation: {m} 90th percentile |error|",
+                         None if s["p90"] is None else 100 * s["p90"], "%", "goal <= 20%")]
+        return rows
 
     def xprof():
         cell = state["spec_pair"]
@@ -343,6 +389,7 @@ def main(argv=None) -> int:
     section("loads", lambda: load_rows(platform, args.quick))
     section("calibration", calibration)
     section("cells", live_cells)
+    section("host work", host_work)
     section("xprof", xprof)
     section("speculation", lambda: cell_speculation_rows(report.get("cells"), state.get(
         "spec_pair"), platform, the_plan.width) + speculation_rows(args.quick))

@@ -3,6 +3,9 @@
 python -m launch.sweep --config=configs/grid_specmd.py --sweep_dir=/tmp/grid --workers=2
 python -m launch.sweep --config=configs/grid_specmd.py:traces=captures --sweep_dir=/tmp/grid_real
 python -m moejax.analysis.report --sweep_dir=/tmp/grid
+# the time claims again on this machine's calibrated profile (python -m moejax.sim.calibrate):
+python -m launch.sweep --config=configs/grid_specmd.py:traces=long,parts=dropin+miss,hardware_file=W/hardware.json \
+    --sweep_dir=/tmp/grid_vm --workers=2
 
 The paper's settings: capacity {1%, 5%, 25%} of the whole model's bytes
 (`cache.capacity_of=model`), four-bit experts (`cache.precision=int4`), 5 GB/s host->device on
@@ -28,6 +31,9 @@ Traces (`traces=` all (default), captures, scored, long, families):
   prose trace of each, and fewer policies: FAMILY_EVICTIONS x FAMILY_PREFETCHES).
 Small capacities of the small models get a floor of 4 slots (`cache.min_slots`: every tiny
 model's top-k fits).
+
+`hardware_file=PATH`: every cell on that calibrated profile (`hardware.file`; the host's work
+modelled where it has it) instead of SpecMD's A100, at the same 5 GB/s host->device.
 """
 
 from moejax import bundled
@@ -51,7 +57,7 @@ MISSES = ("fetch", "drop(keep=2)", "substitute(tol=0.05)", "fetch_priority", "fe
 PARTS = ("policies", "dropin", "miss")
 # Config arguments (`configs/grid_specmd.py:traces=captures,engine=reference`): `engine` is
 # `cache.replay_engine` for every cell (benchmarks/replay_grid_engines.py runs both).
-ARGS = {"traces": "all", "parts": "all", "engine": "auto"}
+ARGS = {"traces": "all", "parts": "all", "engine": "auto", "hardware_file": ""}
 GROUPS = ("captures", "scored", "long", "families")
 
 
@@ -59,6 +65,7 @@ def get_config(arg: str | None = None):
     args = parse_args(arg, ARGS)
     c = replay_grid_config()
     c.hardware.h2d_gbps = H2D_GBPS
+    c.hardware.file = args["hardware_file"]
     c.cache.replay_engine = args["engine"]
     return c
 

@@ -277,3 +277,53 @@ def plot(rows: list[dict], path: str, title: str) -> str:
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
+
+
+def markdown(result: dict) -> str:
+    """validation.json's tables as markdown (what docs/findings/clock_validation.md quotes):
+    the summary by group, with the device-only clock's beside it, the rankings, the cells."""
+    def pct(x):
+        return "–" if x is None else f"{100 * x:.1f}%"
+
+    lines = [f"`{result['command']}`, {result['date']}, {len(result['cells'])} cells x "
+             f"{result['reps']} runs, load average {result['load_average']['before'][0]:.1f} "
+             f"before / {result['load_average']['after'][0]:.1f} after", "",
+             "| cells | TTFT median | TTFT p90 | TTFT max | decode median | decode p90 | "
+             "decode max |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    rows = [("all, with the host's work", result["summary"]),
+            ("all, device-only clock", result["device_only_summary"])]
+    rows += [(g, s) for g, s in result["summary_by_group"].items()]
+    for name, s in rows:
+        t, d = s["ttft"], s["decode"]
+        lines.append(f"| {name} ({t['cells']}) | {pct(t['median'])} | {pct(t['p90'])} | "
+                     f"{pct(t['max'])} | {pct(d['median'])} | {pct(d['p90'])} | "
+                     f"{pct(d['max'])} |")
+    lines += ["", "| condition | metric | tau-b | separated / pairs | tau (separated, ordered) "
+              "| predicted winner |", "| --- | --- | ---: | ---: | ---: | --- |"]
+    for r in result["rankings"]:
+        for m in METRICS:
+            x = r.get(m)
+            if not x:
+                continue
+            tau = "–" if x["tau"] is None else f"{x['tau']:+.2f}"
+            if x["predicted_tie"]:
+                tau += " (tie: structural)" if x["structural"] else " (tie)"
+            dec = "–" if x["tau_decided"] is None else \
+                f"{x['tau_decided']:+.2f} ({x['decided_pairs']})"
+            win = "holds" if x["winner_holds"] else \
+                f"lost ({'/'.join(x['predicted_winners'])} vs {x['measured_winner']})"
+            lines.append(f"| {r['condition']} | {m} | {tau} | {x['separated_pairs']} / "
+                         f"{x['pairs']} | {dec} | {win} |")
+    lines += ["", "| group | cell | TTFT wall ms [min, max] | virtual | error | device-only "
+              "error | decode ms/tok wall | virtual | error | device-only error |",
+              "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for r in result["cells"]:
+        w, v, d = r["wall"], r["virtual"], r.get("device_only") or {}
+        lo, hi = _spread(r, "ttft")
+        per_w = w["decode_s"] / w["decode_tokens"] if w["decode_tokens"] else None
+        per_v = v["decode_s"] / v["decode_tokens"] if v["decode_tokens"] else None
+        lines.append(f"| {r['group']} | {r['cell']} | {_ms(w['ttft_s'])} [{_ms(lo)}, {_ms(hi)}] "
+                     f"| {_ms(v['ttft_s'])} | {_pct(r['ttft_error'])} | "
+                     f"{_pct(d.get('ttft_error'))} | {_ms(per_w)} | {_ms(per_v)} | "
+                     f"{_pct(r['decode_error'])} | {_pct(d.get('decode_error'))} |")
+    return "\n".join(lines) + "\n"

@@ -45,17 +45,20 @@ class Sample:
     wall_passes: list[float]
 
 
-def predict(sample: Sample, hardware_file: str) -> tuple[list[float], list[dict[str, int]]]:
+def predict(sample: Sample, hardware_file: str, host_work: bool = True
+            ) -> tuple[list[float], list[dict[str, int]]]:
     """The virtual clock's time of each of `sample`'s passes on the profile in `hardware_file`
-    (with its host work), and the terms each charged."""
+    (with its host work; `host_work=False`: the device-only model), and the terms each charged
+    ([] without the host's work)."""
     c = clocks.virtual_config(sample.config)
     c.hardware.file = hardware_file
-    c.clock.host_work = True
+    c.clock.host_work = host_work
     cache = clocks.replay_run(c, sample.loaded.cfg, sample.loaded.precision_bytes(),
                               sample.traces, sample.specs, driven=sample.driven)
-    if cache.timing is None:
+    if host_work and cache.timing is None:
         raise ValueError(f"{hardware_file} has no host_work section to fit")
-    return ([p.end_s - p.start_s for p in cache.metrics.passes], cache.timing.pass_counts)
+    passes = [p.end_s - p.start_s for p in cache.metrics.passes]
+    return passes, cache.timing.pass_counts if cache.timing is not None else []
 
 
 def fit(samples: list[Sample], doc: dict, path: str, iterations: int = 8,

@@ -33,18 +33,21 @@ PROG = "python -m moejax.sim.validate"
 
 def run_validation(workdir: str, hardware_file: str, *, quick: bool, reps: int, tokens: int,
                    prefill_tokens: int, width: int, groups: tuple[str, ...], command: str,
-                   out=print) -> dict:
-    """The validation into `workdir` (module docstring); returns validation.json's content."""
+                   out=print, matrix_cells: list | None = None) -> dict:
+    """The validation into `workdir` (module docstring); returns validation.json's content.
+    `matrix_cells`: [(group, cells)] instead of the matrix (`benchmarks/gpu_check.py`'s part
+    of it at the real size)."""
     from moejax.jobs.common import progress
-    from moejax.sim import agreement, matrix, profile
+    from moejax.sim import agreement, host_fit, matrix, profile
     from moejax.sim import cells as cells_lib
+    from moejax.sim import fit as fit_lib
     from moejax.timing import host_work as host_work_lib
 
     work = host_work_lib.from_file(hardware_file)
     if work is None:
         raise UsageError(f"--hardware_file={hardware_file}: it has no host_work section "
                          f"(python -m moejax.sim.calibrate --workdir=W writes one)")
-    cells = matrix.validation_matrix(quick)
+    cells = matrix_cells or matrix.validation_matrix(quick)
     if groups:
         known = [g.name for g, _ in cells]
         unknown = sorted(set(groups) - set(known))
@@ -57,14 +60,27 @@ def run_validation(workdir: str, hardware_file: str, *, quick: bool, reps: int, 
     out(f"validating {work.name} ({hardware_file}) on {len(entries)} live cells x {reps} runs "
         f"(the wall clock of this machine, load average {load[0]:.1f}), each against the "
         "virtual clock's prediction of its run:")
+    samples: list = []
     with progress(True, len(entries) * reps, "cells", unit="run") as bar:
-        rows = cells_lib.run_entries(entries, reps, bar.update if bar is not None else None)
+        rows = cells_lib.run_entries(entries, reps, bar.update if bar is not None else None,
+                                     samples)
     after = os.getloadavg()
+    for row, sample in zip(rows, samples):  # the device-only clock's prediction of each run
+        got = host_fit.figures(sample, host_fit.predict(sample, hardware_file, False)[0])
+        row["device_only"] = {**got, "ttft_error": fit_lib.relative_error(
+            got["ttft_s"], row["wall"]["ttft_s"]), "decode_error": fit_lib.relative_error(
+            got["decode_s"], row["wall"]["decode_s"])}
     summ = agreement.summary(rows)
+    device_only = agreement.summary([{**r, **{f"{m}_error": r["device_only"][f"{m}_error"]
+                                              for m in agreement.METRICS}} for r in rows])
     ranks = agreement.rankings(rows, matrix.condition, matrix.policy)
     met = agreement.goals(summ, ranks)
     out(agreement.cell_table(rows))
     out(agreement.summary_text(summ, ranks, met))
+    out("the device-only clock (clock.host_work=False) on the same runs: " + "; ".join(
+        f"{m} median |error| {100 * device_only[m]['median']:.1f}%, 90th percentile "
+        f"{100 * device_only[m]['p90']:.1f}%" for m in agreement.METRICS
+        if device_only[m]["cells"]))
     date = profile.now()
     png = agreement.plot(rows, os.path.join(workdir, "validation.png"),
                          f"{work.name}: virtual clock against {len(rows)} live cells "
@@ -74,7 +90,10 @@ def run_validation(workdir: str, hardware_file: str, *, quick: bool, reps: int, 
     result = {"command": command, "date": date, "hardware_file": hardware_file,
               "profile": work.name, "reps": reps, "tokens": tokens, "width": width,
               "load_average": {"before": list(load), "after": list(after)},
-              "groups": [g.name for g, _ in cells], "summary": summ, "rankings": ranks,
+              "groups": [g.name for g, _ in cells], "summary": summ,
+              "summary_by_group": {g: agreement.summary([r for r in rows if r["group"] == g])
+                                   for g in dict.fromkeys(r["group"] for r in rows)},
+              "device_only_summary": device_only, "rankings": ranks,
               "goals": met, "steps": steps, "cells": rows, "plot": png,
               "what": ("wall: the median of the live runs on the wall clock (transfers held to "
                        "the profile's bandwidth); virtual: the run's routing replayed on the "
@@ -82,12 +101,15 @@ def run_validation(workdir: str, hardware_file: str, *, quick: bool, reps: int, 
                        "wall) / wall")}
     path = os.path.join(workdir, "validation.json")
     write_json_atomic(path, result)
+    with open(os.path.join(workdir, "validation.md"), "w") as f:
+        f.write(agreement.markdown(result))
     _remember(hardware_file, {"date": date, "command": command, "cells": len(rows),
                               "reps": reps, "load_average": result["load_average"],
                               "ttft": summ["ttft"], "decode": summ["decode"],
                               "goals_met": all(g["met"] for g in met.values()),
                               "file": path})
-    out(f"results -> {path}, {png}; the summary -> {hardware_file} (validation)")
+    out(f"results -> {path}, {png}, {os.path.join(workdir, 'validation.md')}; the summary -> "
+        f"{hardware_file} (validation)")
     return result
 
 
