@@ -76,7 +76,7 @@ def plan(platform: str, quick: bool) -> calibrate.Plan:
             step_tokens=(1, 4), step_reps=2, capacities=(0.05,), prefetch="temporal",
             model="olmoe", trace="olmoe_prose", width=8, tokens=4, prefill_tokens=4, reps=1,
             h2d_gbps=EMULATED_GBPS, table_tokens=(1, 4), table_precisions=("native",),
-            with_embedded=False, validation_tables=False)
+            with_embedded=False, validation_tables=False, extra_captures=(), table_reps=3)
     gpu = platform == "gpu"
     return calibrate.Plan(
         transfer_sizes=tuple(4096 * 4 ** i for i in range(8)), transfer_reps=10,
@@ -85,7 +85,7 @@ def plan(platform: str, quick: bool) -> calibrate.Plan:
         model="olmoe", trace="olmoe_prose", width=0 if gpu else 32, tokens=24,
         prefill_tokens=16, reps=2, h2d_gbps=EMULATED_GBPS,
         table_tokens=(1, 4, 16, 64, 256) if gpu else (1, 4, 16), with_embedded=False,
-        validation_tables=False)
+        validation_tables=False, extra_captures=())
 
 
 @dataclasses.dataclass

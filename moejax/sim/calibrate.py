@@ -16,16 +16,24 @@ far the virtual clock is from this machine's wall clock.
    per-call overhead, and the host model fitted to them: hardware.json's `host` section, which
    replaces `host.preset` in a run with `--config.hardware.file` (`--host-only` measures this
    part alone, in seconds, into W/hardware.json: merged into a calibration already there);
-5. live cells: the same runs on the wall clock (transfers held to the profile's bandwidth) and
-   as the virtual clock predicts them with the profile (`moejax.sim.cells`), at capacities 5%,
-   25% and 100% with and without prefetch; TTFT and decode time of each clock and the error of
-   each cell, printed as one table and written to `W/calibration.json`.
+5. the live runtime's host work (DESIGN.md "The host's work in the virtual clock"): the step
+   tables of every model a calibration or validation runs (`moejax.sim.steps`: each compiled
+   step as the runtime dispatches it, by token count), then live cells (`moejax.sim.matrix`'s
+   calibration cells: capacities 5%, 25%, 100% with and without prefetch, a warm full cache
+   speculating and not, int4) on the wall clock (transfers held to the profile's bandwidth),
+   and the host's terms fitted to their passes (`moejax.sim.host_fit`): hardware.json's
+   `host_work` section;
+6. the cells' TTFT and decode time on both clocks with the fitted profile and each cell's
+   error (in-sample: `python -m moejax.sim.validate` checks other cells), printed as one table
+   and written to `W/calibration.json`.
 
-The cells run OLMoE-1B-7B's routing structure driven by a real OLMoE capture
-(`policies.routing='trace(path=T)'`, its first `--prefill_tokens` rows one prefill): on a GPU
-at the real expert size, on a CPU at `--width` (32 unless given); `--model=embedded` runs the
-embedded model on its own routing instead. `--quick` measures fewer sizes, steps, tokens and
-repetitions (the same code paths). Every number printed says which clock it is on.
+The cells run the routing structure of OLMoE-1B-7B and Qwen1.5-MoE-A2.7B driven by their
+prose captures (`policies.routing='trace(path=T)'`, the first `--prefill_tokens` rows one
+prefill): on a GPU at the real expert size, on a CPU at `--width` (32 unless given); and the
+embedded model on its own routing (`--model=embedded`: it alone). `--quick` measures fewer
+sizes, steps, tokens and repetitions, one capture (the same code paths). `--cells=none`
+measures no cells: then no host work either, and the profile's virtual clock models the
+device only. Every number printed says which clock it is on.
 """
 
 from __future__ import annotations
@@ -71,6 +79,10 @@ class Plan:
     table_precisions: tuple[str, ...] = ("native", "int4")
     with_embedded: bool = True
     validation_tables: bool = True  # also the step tables of the models a validation runs
+    # Captures of other families the fit also runs (each driving its family's preset at the
+    # plan's width): another model depth, so a pass's own cost and a layer's are told apart.
+    extra_captures: tuple[str, ...] = ("qwen_prose",)
+    table_reps: int = 20  # rounds of the step tables (their medians)
 
 
 def plan_for(platform: str, quick: bool, **given) -> Plan:
@@ -100,7 +112,8 @@ def plan_for(platform: str, quick: bool, **given) -> Plan:
                 table_tokens=(1, 16) if quick else (
                     (1, 2, 4, 8, 16, 32, 64, 256, 1024) if gpu else (1, 2, 4, 8, 16, 32)),
                 table_precisions=("native",) if quick else ("native", "int4"),
-                with_embedded=not quick, validation_tables=not quick)
+                with_embedded=not quick, validation_tables=not quick,
+                extra_captures=() if quick else ("qwen_prose",), table_reps=3 if quick else 20)
     plan = dataclasses.replace(plan, **given)
     if plan.model == "embedded":
         plan = dataclasses.replace(plan, with_embedded=False)
@@ -302,13 +315,14 @@ def calibrate(workdir: str, plan: Plan, command: str, out=print) -> dict:
 
 def fit_groups(plan: Plan) -> list:
     """The groups whose cells the host's work is fitted to: the capture `plan.trace` driving
-    OLMoE-1B-7B at the plan's width (or the embedded model, `--model=embedded`), and the
-    embedded model after the default prompt (`plan.with_embedded`)."""
+    OLMoE-1B-7B at the plan's width and `plan.extra_captures` their families' (or the embedded
+    model alone, `--model=embedded`), and the embedded model after the default prompt
+    (`plan.with_embedded`)."""
     from moejax.sim import matrix
 
     groups = []
     if plan.model == "olmoe":
-        groups.append(matrix.Group(plan.trace, trace=plan.trace))
+        groups += [matrix.Group(t, trace=t) for t in (plan.trace, *plan.extra_captures)]
     if plan.model == "embedded" or plan.with_embedded:
         groups.append(matrix.Group("embedded", prompt=matrix.CALIBRATION_PROMPT))
     return groups
@@ -344,8 +358,8 @@ def measure_steps(plan: Plan, groups: list, name: str, out=print) -> dict:
     tables = {}
     for key, cfg in configs.items():
         tables[key] = steps.step_table(cfg, plan.table_precisions, plan.table_tokens,
-                                       plan.step_reps)
-        out(steps.table(cfg, tables[key], plan.step_reps))
+                                       plan.table_reps)
+        out(steps.table(cfg, tables[key], plan.table_reps))
     return {"name": name, "steps": {k: {kind: t.to_dict() for kind, t in v.items()}
                                     for k, v in tables.items()}}
 

@@ -5,9 +5,11 @@ virtual clock").
 A cell runs in a *group*: a model and its routing. Trace-driven groups run a family preset
 narrowed to `width` (`model.width`) on a real capture's routing (`policies.routing=
 'trace(path=T)'`, its first `prefill_tokens` rows one prefill); the embedded group runs the
-embedded model on its own routing after a prompt. Calibration uses one capture (`olmoe_prose`)
-and the embedded model after the default prompt; validation the other captures (OLMoE's code
-capture, Qwen1.5-MoE's two) and the embedded model after other prompts.
+embedded model on its own routing after a prompt. Calibration uses the prose captures
+(`olmoe_prose`, `qwen_prose`) and the embedded model after the default prompt — a capture of
+each family, three model depths (16, 24 and 8 MoE layers), so that a pass's own cost and a
+layer's are told apart; validation the other captures (OLMoE's and Qwen1.5-MoE's code
+captures) and the embedded model after another prompt.
 """
 
 from __future__ import annotations
@@ -147,6 +149,7 @@ def calibration_cells(group: Group, capacities=(0.05, 0.25, 1.0),
 
 
 CALIBRATION_GROUPS = (Group("olmoe_prose", trace="olmoe_prose"),
+                      Group("qwen_prose", trace="qwen_prose"),
                       Group("embedded", prompt=CALIBRATION_PROMPT))
 
 
