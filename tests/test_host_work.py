@@ -39,7 +39,7 @@ CAPTURE = bundled.capture_path("olmoe_code")
 # Terms of a made-up machine (seconds per charge).
 TERMS = {"pass_s": 300e-6, "round_trip_s": 120e-6, "speculative_layer_s": 70e-6,
          "request_s": 3e-6, "load_s": 15e-6, "load_batch_s": 60e-6,
-         "prefetch_s": 8e-6, "storage_read_s": 0.0, "storage_byte_s": 0.0}
+         "prefetch_s": 8e-6}
 
 
 def _tables(cfg, scale: float = 1.0) -> dict:
@@ -294,3 +294,17 @@ def test_the_fit_recovers_the_terms_of_a_made_up_machine(live, tmp_path):
     # another depth tell them apart. What the fit cannot tell apart it says.
     assert sum(record["determined"].values()) >= 4
     assert record["determined"]["load_batch_s"] and record["determined"]["request_s"]
+
+
+def test_a_model_with_a_dense_layer_gets_its_step_table():
+    """Step tables are per model shape: a dense decoder layer (a model whose first layer has
+    no experts) is timed as the runtime dispatches it, beside the MoE layer's steps."""
+    from moejax.sim import steps
+
+    cfg = dataclasses.replace(preset("olmoe", "tiny"), moe_layers=(1, 2, 3),
+                              dense_intermediate_size=64)
+    tables = steps.step_table(cfg, ("native",), tokens=(1, 2), reps=1)
+    assert {"embed", "attention_router", "experts:native", "logits", "load",
+            "dense_layer"} <= set(tables)
+    assert tables["dense_layer"].sizes == (1, 2)
+    assert all(v > 0 for v in tables["dense_layer"].dispatch_s)

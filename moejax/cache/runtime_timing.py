@@ -61,8 +61,7 @@ class RuntimeTiming:
         self.schedule = SpeculationSchedule(mid_pass_checks)
         self.counts = dict.fromkeys(
             ("steps_measured", "steps_roofline", "steps_extrapolated", "speculative_passes",
-             "failed_checks",
-             "failed_mid_pass", "complete_passes", "round_trips"), 0)
+             "failed_checks", "failed_mid_pass", "complete_passes", "round_trips"), 0)
         self.mode = "layers"
         self._layer_mode = "layers"
         self._tokens = self._context = 0
@@ -118,7 +117,7 @@ class RuntimeTiming:
         self.counts["steps_measured"] += 1
         return clock.dispatch(*measured)
 
-    def _attention(self, cache, pos: int) -> float:
+    def _attention(self, cache) -> float:
         tokens = self._tokens
         return self._step(cache.clock, "attention_router", tokens,
                           self.cost.attention_router(tokens, self._context,
@@ -198,7 +197,7 @@ class RuntimeTiming:
         if self.mode == "speculative" and self._run is not None:
             self._speculative(cache, gate, pos)
             return
-        self._ar_done[pos] = self._attention(cache, pos)
+        self._ar_done[pos] = self._attention(cache)
         if self.mode == "complete":
             self._layer_mode = "complete"
             return
@@ -244,7 +243,7 @@ class RuntimeTiming:
         top_k = cache.shape.top_k
         self._unchecked = start
         for q in range(start, len(layers)):
-            self._ar_done[q] = self._attention(cache, q)
+            self._ar_done[q] = self._attention(cache)
             while eager and self._unchecked < q and self._ar_done[self._unchecked] <= clock.t:
                 self._mid = True
                 yield self._unchecked

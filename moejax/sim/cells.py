@@ -33,7 +33,7 @@ from moejax.families import preset
 from moejax.jobs import clocks
 from moejax.jobs import generate as generate_job
 from moejax.jobs.common import cache_of, configured_decoder, settle
-from moejax.model_source import LoadedModel, in_memory, load_model_for
+from moejax.model_source import LoadedModel, in_memory
 from moejax.models.decoder import MoEDecoder
 from moejax.sim.fit import relative_error
 from moejax.sim.host_fit import Sample
@@ -179,23 +179,11 @@ def _larger(wall: float | None, virtual: float | None) -> str | None:
     return "equal" if wall == virtual else ("virtual" if virtual > wall else "wall")
 
 
-def run_cells(base: ml_collections.ConfigDict, cells: list[Cell], reps: int = 3,
-              progress=None, loaded: LoadedModel | None = None) -> list[dict]:
-    """Each cell of `cells` on `base` (the model, its requests, the hardware profile): `reps`
-    live runs on the wall clock, the cells alternated run by run, and the virtual clock's
-    prediction. One row per cell (see the module docstring). `loaded`: the model (None: the
-    one `base` names, `load_model_for`)."""
-    configs = [cell.config(base) for cell in cells]
-    if loaded is None:  # (the cells differ in cache settings only)
-        loaded = load_model_for(configs[0])
-    return run_entries([Entry(cell, c, loaded) for cell, c in zip(cells, configs)], reps,
-                       progress)
-
-
 def run_entries(entries: list[Entry], reps: int = 3, progress=None,
                 samples: list | None = None) -> list[dict]:
-    """`run_cells` over entries that may differ in model and routing too: `reps` live runs
-    of each, the entries alternated run by run (forward, then backward), then one row each.
+    """Each entry (a cell, its config on the wall clock, its model): `reps` live runs, the
+    entries alternated run by run (forward, then backward), and the virtual clock's prediction
+    of each run; one row per entry (see the module docstring).
     `samples`: a list that gets each entry's `moejax.sim.host_fit.Sample` (its routing and
     the median wall time of each of its passes), for a fit of the host's terms."""
     if reps < 1:

@@ -25,7 +25,7 @@ from moejax.results import write_json_atomic
 from moejax.sim import fit as fit_lib
 from moejax.traces.format import Trace
 
-# The terms fitted to live passes; the storage reader's are measured apart (or left at 0).
+# The terms fitted to live passes (every one of `host_work.TERMS`).
 FITTED = ("pass_s", "round_trip_s", "speculative_layer_s", "request_s", "load_s",
           "load_batch_s", "prefetch_s")
 

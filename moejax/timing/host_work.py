@@ -14,8 +14,9 @@ it, `from_file` reads it). Its terms, each in seconds:
   (`StepTable.at` returns None there);
 * scalar terms fitted to live runs of the calibration's cells (`TERMS`): a pass's fixed host
   cost, a layer's round trip (its gate read to the host and the runtime's work around a
-  decision), a speculative step's preparation, a request decided, a slot load issued, a
-  prefetch issued, and the storage reader's CPU per read and per byte.
+  decision), a speculative step (its preparation and check), a request decided, a slot load
+  and a batch of them dispatched, a prefetch issued. Not a term yet: the disk tier's storage
+  reader's CPU (DESIGN.md says what that leaves out).
 
 A profile without this section (every preset: `a100_specmd`, `h200`, ...) keeps the device-only
 model: the roofline and the transfers, and every time it prints says "host work not modelled".
@@ -50,8 +51,6 @@ TERMS = {
     "load_batch_s": "per batch of slot loads dispatched together (a wave's demand loads, a "
                     "layer's prefetches): the runtime's fixed work around a batch",
     "prefetch_s": "per prefetch issued: the prediction",
-    "storage_read_s": "per storage read: the reader's CPU",
-    "storage_byte_s": "per byte read from storage: the reader's CPU",
 }
 
 
@@ -109,8 +108,6 @@ class HostWork:
     load_s: float = 0.0
     load_batch_s: float = 0.0
     prefetch_s: float = 0.0
-    storage_read_s: float = 0.0
-    storage_byte_s: float = 0.0
     # How far this clock was from the live runtime when last validated (the hardware.json's
     # `validation`, written by `python -m moejax.sim.validate`), None when it never was.
     validated: dict | None = dataclasses.field(default=None, compare=False)
