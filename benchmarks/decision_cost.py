@@ -50,7 +50,7 @@ import time
 import jax.numpy as jnp
 import numpy as np
 
-from moejax.cache import expert_cache
+from moejax.cache import expert_cache, speculation
 from moejax.jobs.common import configured_decoder
 from moejax.jobs.generate import requests_of
 from moejax.jobs.schema import base_config
@@ -74,7 +74,7 @@ SETTINGS = {"resident": dict(enabled=False), "100% cold": dict(capacity_frac=1.0
 # Part 4: a setting's cache fields, and the mid-pass checks of its runtime.
 CHECKS = {"resident": (dict(enabled=False), None),
           **{f"100% cold, {mode}": (dict(capacity_frac=1.0), mode)
-             for mode in runtime.MID_PASS_CHECKS}}
+             for mode in speculation.MID_PASS_CHECKS}}
 # Part 5: a setting's cache fields, no mid-pass setting, and whether its decisions are free.
 FREE = {"resident": (dict(enabled=False), None),
         "100% cold": (dict(capacity_frac=1.0), None),
