@@ -178,6 +178,11 @@ def test_a_preset_says_the_host_work_is_not_modelled(tmp_path):
     assert section["words"].startswith("with the live runtime's host work (calibrated:test), "
                                        "not validated yet")
     assert section["steps_measured"] > 0 and section["steps_roofline"] == 0
+    # A model the calibration did not measure: its steps on the roofline, and said so.
+    other = _profile(str(tmp_path / "other.json"), steps={})
+    cache, _ = _replayed(_replay_config(hardware__file=other))
+    assert host_work_section(cache)["steps_measured"] == 0
+    assert "no step table of this model: its steps on the roofline" in model_words(cache)
 
 
 # -- parts -------------------------------------------------------------------------------------

@@ -58,7 +58,13 @@ def model_words(cache) -> str:
     the wall clock."""
     if cache.clock.kind != "virtual":
         return ""
-    return host_work_lib.words(None if cache.timing is None else cache.timing.work)
+    if cache.timing is None:
+        return host_work_lib.words(None)
+    words = host_work_lib.words(cache.timing.work)
+    if not cache.timing.tables:  # (a model the calibration did not measure)
+        words += ("; no step table of this model: its steps on the roofline, which no "
+                  "validation covered")
+    return words
 
 
 def host_work_section(cache) -> dict:
