@@ -143,6 +143,14 @@ def rankings(rows: list[dict], condition, policy) -> list[dict]:
     return out
 
 
+def _each(ranks: list[dict]):
+    """(condition, metric, its ranking) of every ranked condition and metric."""
+    for r in ranks:
+        for m in METRICS:
+            if r.get(m):
+                yield r["condition"], m, r[m]
+
+
 def goals(summ: dict, ranks: list[dict]) -> dict:
     """Each goal of the module docstring, met or not, with its figure."""
     out = {}
@@ -175,6 +183,16 @@ def _ms(x) -> str:
     return "n/a" if x is None else f"{1e3 * x:.2f}"
 
 
+def _row_figures(row: dict) -> tuple:
+    """A row's TTFT spread (min, max of its runs) and decode seconds per token, wall and
+    virtual."""
+    w, v = row["wall"], row["virtual"]
+    lo, hi = _spread(row, "ttft")
+    per_w = w["decode_s"] / w["decode_tokens"] if w["decode_tokens"] else None
+    per_v = v["decode_s"] / v["decode_tokens"] if v["decode_tokens"] else None
+    return lo, hi, per_w, per_v
+
+
 def cell_table(rows: list[dict]) -> str:
     """Per cell: TTFT and decode time per token, wall (median, [min, max] of its runs) and
     virtual, and the signed error."""
@@ -184,9 +202,7 @@ def cell_table(rows: list[dict]) -> str:
     lines = [head, "-" * len(head)]
     for r in rows:
         w, v = r["wall"], r["virtual"]
-        lo, hi = _spread(r, "ttft")
-        per_w = w["decode_s"] / w["decode_tokens"] if w["decode_tokens"] else None
-        per_v = v["decode_s"] / v["decode_tokens"] if v["decode_tokens"] else None
+        lo, hi, per_w, per_v = _row_figures(r)
         lines.append(f"{r['group'][:14]:14s} {r['cell'][:44]:44s} | {_ms(w['ttft_s']):>12s} "
                      f"{'[' + _ms(lo) + ', ' + _ms(hi) + ']':>15s} {_ms(v['ttft_s']):>8s} "
                      f"{_pct(r['ttft_error']):>6s} | {_ms(per_w):>18s} {_ms(per_v):>8s} "
@@ -206,25 +222,19 @@ def summary_text(summ: dict, ranks: list[dict], met: dict) -> str:
                      f"{s['over']}")
     lines.append("rankings within each condition (fastest first; tau-b over all pairs, and "
                  "over the pairs the live runs' spreads separate):")
-    for r in ranks:
-        for m in METRICS:
-            x = r.get(m)
-            if not x:
-                continue
-            tau = "n/a" if x["tau"] is None else f"{x['tau']:+.2f}"
-            if x["predicted_tie"]:
-                tau += (" (predicted tie: structural)" if x["structural"]
-                        else " (predicted tie)")
-            dec = ("-" if x["tau_decided"] is None else
-                   f"{x['tau_decided']:+.2f} over {x['decided_pairs']}")
-            ties = f", {len(x['missed_ties'])} separated but predicted tied" if x[
-                "missed_ties"] else ""
-            win = "holds" if x["winner_holds"] else (
-                f"LOST: predicted {'/'.join(x['predicted_winners'])}, measured "
-                f"{x['measured_winner']}")
-            lines.append(f"  {r['condition']:36s} {m:6s} tau-b {tau:34s} separated "
-                         f"{x['separated_pairs']}/{x['pairs']}, decided {dec}{ties}; "
-                         f"winner {win}")
+    for condition, m, x in _each(ranks):
+        tau = "n/a" if x["tau"] is None else f"{x['tau']:+.2f}"
+        if x["predicted_tie"]:
+            tau += " (predicted tie: structural)" if x["structural"] else " (predicted tie)"
+        dec = ("-" if x["tau_decided"] is None else
+               f"{x['tau_decided']:+.2f} over {x['decided_pairs']}")
+        ties = f", {len(x['missed_ties'])} separated but predicted tied" if x[
+            "missed_ties"] else ""
+        win = "holds" if x["winner_holds"] else (
+            f"LOST: predicted {'/'.join(x['predicted_winners'])}, measured "
+            f"{x['measured_winner']}")
+        lines.append(f"  {condition:36s} {m:6s} tau-b {tau:34s} separated "
+                     f"{x['separated_pairs']}/{x['pairs']}, decided {dec}{ties}; winner {win}")
     lines.append("goals: " + "; ".join(
         f"{k} {'met' if g['met'] else 'MISSED'}"
         + ("" if g["value"] is None else
@@ -300,28 +310,22 @@ def markdown(result: dict) -> str:
                      f"{pct(d['max'])} |")
     lines += ["", "| condition | metric | tau-b | separated / pairs | tau (separated, ordered) "
               "| predicted winner |", "| --- | --- | ---: | ---: | ---: | --- |"]
-    for r in result["rankings"]:
-        for m in METRICS:
-            x = r.get(m)
-            if not x:
-                continue
-            tau = "–" if x["tau"] is None else f"{x['tau']:+.2f}"
-            if x["predicted_tie"]:
-                tau += " (tie: structural)" if x["structural"] else " (tie)"
-            dec = "–" if x["tau_decided"] is None else \
-                f"{x['tau_decided']:+.2f} ({x['decided_pairs']})"
-            win = "holds" if x["winner_holds"] else \
-                f"lost ({'/'.join(x['predicted_winners'])} vs {x['measured_winner']})"
-            lines.append(f"| {r['condition']} | {m} | {tau} | {x['separated_pairs']} / "
-                         f"{x['pairs']} | {dec} | {win} |")
+    for condition, m, x in _each(result["rankings"]):
+        tau = "–" if x["tau"] is None else f"{x['tau']:+.2f}"
+        if x["predicted_tie"]:
+            tau += " (tie: structural)" if x["structural"] else " (tie)"
+        dec = "–" if x["tau_decided"] is None else \
+            f"{x['tau_decided']:+.2f} ({x['decided_pairs']})"
+        win = "holds" if x["winner_holds"] else \
+            f"lost ({'/'.join(x['predicted_winners'])} vs {x['measured_winner']})"
+        lines.append(f"| {condition} | {m} | {tau} | {x['separated_pairs']} / {x['pairs']} | "
+                     f"{dec} | {win} |")
     lines += ["", "| group | cell | TTFT wall ms [min, max] | virtual | error | device-only "
               "error | decode ms/tok wall | virtual | error | device-only error |",
               "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for r in result["cells"]:
         w, v, d = r["wall"], r["virtual"], r.get("device_only") or {}
-        lo, hi = _spread(r, "ttft")
-        per_w = w["decode_s"] / w["decode_tokens"] if w["decode_tokens"] else None
-        per_v = v["decode_s"] / v["decode_tokens"] if v["decode_tokens"] else None
+        lo, hi, per_w, per_v = _row_figures(r)
         lines.append(f"| {r['group']} | {r['cell']} | {_ms(w['ttft_s'])} [{_ms(lo)}, {_ms(hi)}] "
                      f"| {_ms(v['ttft_s'])} | {_pct(r['ttft_error'])} | "
                      f"{_pct(d.get('ttft_error'))} | {_ms(per_w)} | {_ms(per_v)} | "
