@@ -154,3 +154,19 @@ def test_calibrate_then_validate_end_to_end(tmp_path):
     assert run.returncode == 0, run.stderr
     assert "with the live runtime's host work (calibrated:" in run.stdout
     assert "validated " in run.stdout and "on 2 live cells: median |error| TTFT" in run.stdout
+
+
+def test_a_capture_given_as_a_path_drives_olmoe(tmp_path):
+    """`calibrate --trace=PATH` takes a capture of OLMoE's routing by its path, as by a
+    bundled name: the cells follow that file."""
+    import shutil
+
+    from moejax import bundled
+
+    path = str(tmp_path / "mine.jsonl")
+    shutil.copy(bundled.capture_path("olmoe_code"), path)
+    group = matrix.Group("mine", trace=path)
+    assert group.family() == bundled.CAPTURE_MODELS["olmoe"] and group.path == path
+    c = matrix.base_config(group, str(tmp_path / "hw.json"), 12, 8, 8)
+    assert c.policies.routing == f"trace(path={path!r})" and c.model.width == 8
+    assert matrix.Group("q", trace="qwen_code").family() == bundled.CAPTURE_MODELS["qwen"]

@@ -132,22 +132,15 @@ def trace_file(name: str) -> str:
 
 def cells_base(plan: Plan, hardware_file: str):
     """The config every cell starts from: the model and its requests, the profile in
-    `hardware_file` (and `plan.h2d_gbps` over it), no progress bars or TensorBoard."""
-    from moejax.jobs.schema import base_config
+    `hardware_file` (and `plan.h2d_gbps` over it), no progress bars or TensorBoard
+    (`matrix.base_config` of the plan's first group)."""
+    from moejax.sim import matrix
 
-    c = base_config()
-    c.log.progress = c.log.tensorboard = False
-    c.hardware.file = os.path.abspath(hardware_file)
-    if plan.h2d_gbps is not None:
-        c.hardware.h2d_gbps = float(plan.h2d_gbps)
-    c.run.max_new_tokens = plan.tokens
-    if plan.model == "olmoe":
-        c.model.family, c.model.preset, c.model.width = "olmoe", "olmoe-1b-7b", plan.width
-        c.policies.routing = f"trace(path={trace_file(plan.trace)!r})"
-        c.trace_prefill_tokens = plan.prefill_tokens
-    elif plan.model != "embedded":
+    if plan.model not in MODELS:
         raise UsageError(f"--model={plan.model!r} is not one of {MODELS}")
-    return c
+    trace_file(plan.trace)  # (a bad name or path is one line)
+    return matrix.base_config(fit_groups(plan)[0], hardware_file, plan.tokens,
+                              plan.prefill_tokens, plan.width, plan.h2d_gbps)
 
 
 def cells_model(plan: Plan, base):

@@ -30,8 +30,9 @@ SCORED_PREFETCH = "score_percentile(p=80)"  # SpecMD's default, where the routin
 
 @dataclasses.dataclass(frozen=True)
 class Group:
-    """A model and its routing: a capture (`trace`, a bundled name) driving its family's preset
-    at the plan's width, or the embedded model after `prompt`."""
+    """A model and its routing: a capture (`trace`: a bundled name, or the path of a capture
+    of OLMoE-1B-7B's routing) driving its family's preset at the plan's width, or the embedded
+    model after `prompt`."""
 
     name: str
     trace: str = ""
@@ -47,10 +48,19 @@ class Group:
         return "temporal" if self.trace else SCORED_PREFETCH
 
     def family(self) -> tuple[str, str] | None:
-        """(family, preset) of a capture's model, None for the embedded model."""
+        """(family, preset) of a capture's model (a capture given as a path is OLMoE's),
+        None for the embedded model."""
         if not self.trace:
             return None
+        if self.trace not in bundled.CAPTURE_NAMES:
+            return bundled.CAPTURE_MODELS["olmoe"]
         return bundled.CAPTURE_MODELS[self.trace.split("_")[0]]
+
+    @property
+    def path(self) -> str:
+        """The capture's file."""
+        return (bundled.capture_path(self.trace) if self.trace in bundled.CAPTURE_NAMES
+                else self.trace)
 
 
 def base_config(group: Group, hardware_file: str, tokens: int, prefill_tokens: int, width: int,
@@ -68,7 +78,7 @@ def base_config(group: Group, hardware_file: str, tokens: int, prefill_tokens: i
     model = group.family()
     if model is not None:
         c.model.family, c.model.preset, c.model.width = model[0], model[1], width
-        c.policies.routing = f"trace(path={bundled.capture_path(group.trace)!r})"
+        c.policies.routing = f"trace(path={group.path!r})"
         c.trace_prefill_tokens = prefill_tokens
     else:
         c.run.prompt = group.prompt
