@@ -313,3 +313,20 @@ def test_a_model_with_a_dense_layer_gets_its_step_table():
             "dense_layer"} <= set(tables)
     assert tables["dense_layer"].sizes == (1, 2)
     assert all(v > 0 for v in tables["dense_layer"].dispatch_s)
+
+
+@pytest.mark.parametrize("validation, said", [
+    ({"date": "D", "cells": 66, "ttft": {"median": 0.063}, "decode": {"median": 0.073}},
+     "validated D on 66 live cells: median |error| TTFT 6%, decode 7%"),
+    ({"date": "D", "cells": 2, "ttft": {"median": None}}, "median |error| TTFT n/a, decode n/a"),
+])
+def test_every_virtual_time_quotes_the_validation_it_can_read(tmp_path, validation, said):
+    from moejax.cache.summary import model_words
+
+    path = _profile(str(tmp_path / "hw.json"))
+    doc = json.loads(open(path).read())
+    doc["validation"] = validation
+    with open(path, "w") as f:
+        json.dump(doc, f)
+    cache, _ = _replayed(_replay_config(hardware__file=path))
+    assert said in model_words(cache)

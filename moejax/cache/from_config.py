@@ -88,7 +88,7 @@ def trace_driven(config: ml_collections.ConfigDict) -> bool:
     """Whether the run the cache times follows a trace's routing: a replay (what it times is
     the trace-driven run of its trace), or `policies.routing='trace(...)'`."""
     routing = presets.resolve(config.policies)["routing"]
-    return config.job == "replay" or routing.split("(")[0].strip() == "trace"
+    return config.job == "replay" or policy_class("routing", routing).name == "trace"
 
 
 def computes_on_host(config: ml_collections.ConfigDict) -> bool:

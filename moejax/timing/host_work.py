@@ -194,6 +194,10 @@ def words(work: HostWork | None) -> str:
     v = work.validated
     if not v:
         return f"with the live runtime's host work ({work.name}), not validated yet"
+    def median(metric: str) -> str:  # (a summary written by hand may lack one)
+        m = (v.get(metric) or {}).get("median") if isinstance(v.get(metric), dict) else None
+        return "n/a" if not isinstance(m, (int, float)) else f"{100 * m:.0f}%"
+
     return (f"with the live runtime's host work ({work.name}), validated {v.get('date', '?')}"
-            f" on {v.get('cells', '?')} live cells: median |error| TTFT "
-            f"{100 * v['ttft']['median']:.0f}%, decode {100 * v['decode']['median']:.0f}%")
+            f" on {v.get('cells', '?')} live cells: median |error| TTFT {median('ttft')}, "
+            f"decode {median('decode')}")
