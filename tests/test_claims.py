@@ -18,13 +18,14 @@ import pytest
 
 from launch.cells import readable_name
 from moejax import bundled
-from moejax.analysis import claims, compare, sweep_cells
+from moejax.analysis import claim_cells, claim_rows, claims, claims_output, compare, sweep_cells
 from tests.replay_cells import run_replay_cell
 
 TRACES = tuple(bundled.scored_trace_files()[:2])
 SLOTS = 8
 CAP = f"{SLOTS} slots"
 SP80 = "score_percentile(p=80)"
+GROUP = "embedded · 8 layers × 32 experts, top-4"
 
 
 def _cell(trace, eviction="", prefetch="", **more) -> dict:
@@ -87,7 +88,7 @@ WITH_SP80 = f"with {SP80} prefetch"
 
 
 def _find(found, claim, measure_part, queue="immediate", capacity=CAP,
-          prefetch=WITH_SP80) -> claims.Finding:
+          prefetch=WITH_SP80) -> claim_rows.Finding:
     """The one row of `claim` whose measure contains `measure_part`, in this condition
     (prefetch None: any)."""
     (f,) = [f for f in found if f.claim == claim and measure_part in f.measure
@@ -98,10 +99,11 @@ def _find(found, claim, measure_part, queue="immediate", capacity=CAP,
 
 @pytest.fixture(scope="module")
 def found(sweep):
-    loaded = claims.load([sweep])
+    loaded = claim_cells.load([sweep])
     assert len(loaded.rows) == len(CELLS)
     assert "1 unfinished" in loaded.summary[0]
-    assert {r["group"] for r in loaded.rows} == {"scored · embedded"}
+    # Grouped by the traces' own metadata: the embedded model's shape.
+    assert {r["group"] for r in loaded.rows} == {GROUP}
     return claims.findings(loaded.rows, capacity=CAP)
 
 
@@ -128,14 +130,12 @@ def test_claim1_collision_rates_are_the_means_over_traces(sweep, found):
     n = _find(found, 1, "collision-miss rate", prefetch="without prefetch")
     assert n.values["lru"] == pytest.approx(
         _mean(_results(sweep, **_ev("lru", "none")), "collision_miss_rate"))
-    # The watchdog queue apart: one trace, one cell each; the other trace is missing.
+    # The watchdog queue apart: the one trace run in it, one cell each.
     w = _find(found, 1, "collision-miss rate", queue="watchdog")
-    assert w.traces == 1 and w.missing == {_stem(TRACES[1]): "no least_stale(order=two_queue), "
-                                                               "lru cells"}
+    assert w.traces == 1 and list(w.per_trace) == [_stem(TRACES[0])] and w.missing == {}
     (ls,) = _results(sweep, **_ev("least_stale", **{"cache.prefetch_queue": "watchdog"}))
     assert w.values["least_stale"] == pytest.approx(ls["cache"]["total"]["collision_miss_rate"])
     assert w.values["score"] is None and "SB" not in w.shown
-    assert f"missing: {_stem(TRACES[1])}" in w.suggestion
 
 
 def test_claim2_ratio_and_missing_one_percent(sweep, found):
@@ -146,9 +146,12 @@ def test_claim2_ratio_and_missing_one_percent(sweep, found):
     assert f.values["ratio"] == pytest.approx(lru / ls)
     one = _find(found, 2, "LRU ÷", capacity="1%")
     assert one.shown.startswith("not in this sweep") and one.suggestion == "not in this sweep"
-    assert claims.ratio(0.1, 0.0) == math.inf and claims.ratio(0.0, 0.0) is None
-    assert claims.ratio_text(math.inf, 0.1, 0.0) == "∞ (LS has 0)"
-    assert claims.verdict("2", {"ratio": math.inf, "least_stale": 0.0}) == "reproduced"
+    assert claim_rows.ratio(0.1, 0.0) == math.inf and claim_rows.ratio(0.0, 0.0) is None
+    assert claim_rows.ratio_text(math.inf, 0.1, 0.0) == "∞ (LS has 0)"
+    # An infinite factor (LS has none) is beyond the paper's band, not within it.
+    assert claims.RATIO_BANDS["2"].word(math.inf) == "exceeds"
+    assert claims.RATIO_BANDS["2"].word(5.0) == "within"
+    assert claims.RATIO_BANDS["2"].word(1.5) == "falls short"
 
 
 def test_claim3_best_prefetch_and_missing_oracle(sweep, found):
@@ -159,7 +162,7 @@ def test_claim3_best_prefetch_and_missing_oracle(sweep, found):
     assert f.values["prefetch"] == best
     for k in ("hit_rate", "ready_hit_rate", "late_hit_rate"):
         assert f.values[k] == pytest.approx(_mean(per[best], k))
-    assert "not testable here" in f.suggestion  # not an OLMoE trace
+    assert f.suggestion == "not testable (the paper's number is OLMoE's)"  # not OLMoE
     assert _find(found, 3, "(the ceiling)", prefetch=None).shown.startswith("not in this sweep")
 
 
@@ -185,12 +188,10 @@ def test_claim4_dropin_is_the_mean_of_the_pairs_changes(sweep, found):
     assert sweep_cells.ttft_change_pct(0.0, 1.0) is None
     assert f.values["paper_pct"] == -10.7
     # One request per trace: no warm TTFT, and a cold prefill does not see the eviction.
-    assert f.values["warm_pct"] is None and f.suggestion.startswith("not testable here")
+    assert f.values["warm_pct"] is None
+    assert f.suggestion == "not testable (one request per trace: a cold prefill)"
     # ... so its cold change is 0 on every trace, by construction: labelled, with why.
     assert f.values["cold_pct"] == 0 and "empty cache" in f.structural["cold_pct"]
-    assert claims.verdict("4", {"warm_pct": -20.0, "paper_pct": -10.7}) == "reproduced"
-    assert claims.verdict("4", {"warm_pct": -3.0, "paper_pct": -10.7}) == "partly"
-    assert claims.verdict("4", {"warm_pct": 4.0, "paper_pct": -10.7}) == "refuted"
     # No drop-in pairs in the watchdog queue: said, not failed.
     (w,) = [f for f in found if f.claim == 4 and f.queue == "watchdog"]
     assert w.suggestion == "not in this sweep"
@@ -207,21 +208,20 @@ def test_claim5_score_percentile_vs_topk(sweep, found):
     assert _find(found, 5, "", prefetch="with topk(overfetch=1.5) prefetch").shown.startswith(
         "not in this sweep")
     # Claim 5's rule by hand, on the means above (topk(overfetch=1.0) is the only top-k in
-    # the sweep; this group has no paper model, so no Mixtral exception): score-percentile
-    # "better" = hit rate >= and stall <= top-k's -> reproduced ("(precision not lower)"
-    # appended unless its precision is below top-k's); "worse" = hit rate < and stall > ->
-    # refuted; anything else -> partly.
+    # the sweep; no paper model, so no Mixtral exception): score-percentile's hit rate higher,
+    # stall lower and precision lower than top-k's, each stated; the first that goes the
+    # other way is named.
     m = {f: {k: _mean(_results(sweep, **_ev("least_stale", p)), k)
              for k in ("hit_rate", "stall_s", "prediction_precision")}
          for f, p in (("sp", SP80), ("tk", "topk(overfetch=1.0)"))}
     sp_, tk_ = m["sp"], m["tk"]
-    if sp_["hit_rate"] >= tk_["hit_rate"] and sp_["stall_s"] <= tk_["stall_s"]:
-        want = "reproduced" + ("" if sp_["prediction_precision"] < tk_["prediction_precision"]
-                               else " (precision not lower)")
-    elif sp_["hit_rate"] < tk_["hit_rate"] and sp_["stall_s"] > tk_["stall_s"]:
-        want = "refuted"
-    else:
-        want = "partly"
+    worse = [name for name, key, higher in (("hit rate", "hit_rate", True),
+                                            ("stall", "stall_s", False),
+                                            ("prediction precision", "prediction_precision",
+                                             False))
+             if (sp_[key] < tk_[key] if higher else sp_[key] > tk_[key])]
+    want = ("refuted on " + " and ".join(f"{w} vs top-k 1.0" for w in worse) if worse
+            else "reproduced")
     assert sp.suggestion == want
 
 
@@ -235,33 +235,31 @@ def _v5(sp, tk10=None, tk15=None) -> dict:
 
 
 def test_claim5_rule_on_literal_numbers():
-    v = claims.verdict
-    # Better on both (ties count as better) with lower precision: the paper's finding.
-    assert v("5", _v5((0.6, 1.0, 0.4), (0.5, 2.0, 0.7))) == "reproduced"
-    assert v("5", _v5((0.5, 2.0, 0.4), (0.5, 2.0, 0.7))) == "reproduced"
-    # Better, but its precision is not lower (equal or higher).
-    assert v("5", _v5((0.6, 1.0, 0.7), (0.5, 2.0, 0.7))) == "reproduced (precision not lower)"
-    assert v("5", _v5((0.6, 1.0, 0.9), (0.5, 2.0, 0.7))) == "reproduced (precision not lower)"
-    # Worse on both: refuted; one of each: partly.
-    assert v("5", _v5((0.4, 3.0, 0.4), (0.5, 2.0, 0.7))) == "refuted"
-    assert v("5", _v5((0.6, 3.0, 0.4), (0.5, 2.0, 0.7))) == "partly"
-    assert v("5", _v5((0.4, 1.0, 0.4), (0.5, 2.0, 0.7))) == "partly"
-    # Against both top-k's: better than one, not the other -> partly; worse than both ->
-    # refuted; worse than only one -> partly.
-    assert v("5", _v5((0.6, 1.0, 0.4), (0.5, 2.0, 0.7), (0.7, 2.0, 0.6))) == "partly"
-    assert v("5", _v5((0.6, 1.0, 0.4), (0.5, 2.0, 0.7), (0.55, 1.5, 0.6))) == "reproduced"
-    assert v("5", _v5((0.4, 3.0, 0.4), (0.5, 2.0, 0.7), (0.45, 2.5, 0.6))) == "refuted"
-    assert v("5", _v5((0.4, 3.0, 0.4), (0.5, 2.0, 0.7), (0.3, 2.5, 0.6))) == "partly"
-    # Mixtral: the paper expects top-k to be competitive, so sp better on both is refuted.
-    assert v("5", _v5((0.6, 1.0, 0.4), (0.5, 2.0, 0.7)), "Mixtral") == "refuted"
-    assert v("5", _v5((0.6, 3.0, 0.4), (0.5, 2.0, 0.7)), "Mixtral") == (
+    def v(*a, model=None):
+        return claims.score_prefetch_verdict(_v5(*a), model).word
+
+    # Better on hit rate and stall with lower precision: the paper's finding.
+    assert v((0.6, 1.0, 0.4), (0.5, 2.0, 0.7)) == "reproduced"
+    # A tie on a stated improvement: partly, naming it.
+    assert v((0.5, 1.0, 0.4), (0.5, 2.0, 0.7)) == "partly (tie on hit rate vs top-k 1.0)"
+    # Precision not lower: the paper's "despite lower precision" fails.
+    assert v((0.6, 1.0, 0.9), (0.5, 2.0, 0.7)) == (
+        "refuted on prediction precision vs top-k 1.0")
+    # Worse on both: every failing metric is named, in the claim's order.
+    assert v((0.4, 3.0, 0.4), (0.5, 2.0, 0.7)) == (
+        "refuted on hit rate vs top-k 1.0 and stall vs top-k 1.0")
+    assert v((0.6, 3.0, 0.4), (0.5, 2.0, 0.7)) == "refuted on stall vs top-k 1.0"
+    # Against both top-k's: worse than the second on hit rate only.
+    assert v((0.6, 1.0, 0.4), (0.5, 2.0, 0.7), (0.7, 2.0, 0.6)) == (
+        "refuted on hit rate vs top-k 1.5")
+    assert v((0.6, 1.0, 0.4), (0.5, 2.0, 0.7), (0.55, 1.5, 0.6)) == "reproduced"
+    # Mixtral: the paper expects top-k to be competitive, so winning on both is refuted.
+    assert v((0.6, 1.0, 0.4), (0.5, 2.0, 0.7), model="Mixtral").startswith("refuted")
+    assert v((0.6, 3.0, 0.4), (0.5, 2.0, 0.7), model="Mixtral") == (
         "reproduced (top-k competitive)")
-    assert v("5", _v5((0.4, 3.0, 0.4), (0.5, 2.0, 0.7)), "Mixtral") == (
-        "reproduced (top-k competitive)")
-    # Missing numbers: not in this sweep.
-    assert v("5", _v5((0.6, 1.0, 0.4))) == "not in this sweep"
-    assert v("5", _v5((0.6, None, 0.4), (0.5, 2.0, 0.7))) == "not in this sweep"
-    assert v("5", _v5(None, (0.5, 2.0, 0.7))) == "not in this sweep"
+    # Missing numbers: not testable, naming what is missing.
+    assert v((0.6, 1.0, 0.4)) == "not testable (no top-k cell)"
+    assert v((0.6, None, 0.4), (0.5, 2.0, 0.7)).startswith("not testable (no stall")
 
 
 def test_claims_6_7_missing_cells_and_claim8_miss_shares(sweep, found):
@@ -288,34 +286,40 @@ def test_claims_6_7_missing_cells_and_claim8_miss_shares(sweep, found):
 def test_main_prints_the_table_and_csv(sweep, capsys):
     claims.main([f"--sweep_dir={sweep}", f"--capacity={SLOTS}slots"])
     out = capsys.readouterr().out
-    assert "## scored · embedded" in out and "not a verdict" in out
-    assert "| immediate queue · with score_percentile(p=80) prefetch · 8 slots · " in out
-    assert "| watchdog queue · with score_percentile(p=80) prefetch · 8 slots · " in out
+    assert f"## {GROUP}" in out and "Each claim is judged on every metric" in out
+    passes = SLOTS / 32  # 8 layers × top-4 experts a pass
+    assert (f"| immediate queue · with score_percentile(p=80) prefetch · 8 slots of the "
+            f"experts (8 slots, {passes:.3g} passes) · native · " in out)
+    assert "| watchdog queue · with score_percentile(p=80) prefetch · 8 slots " in out
     assert f"Produced by: `python -m moejax.analysis.claims --sweep_dir={sweep} " in out
     assert "quality" in out and "not in this sweep" in out
     # The default capacity (5%) is not in this sweep: every claim says so, nothing fails.
     claims.main([f"--sweep_dir={sweep}", "--queue=immediate", "--format=csv"])
     rows = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
-    assert rows and {r["queue"] for r in rows} == {"immediate"}
-    assert {r["suggestion"] for r in rows} <= {"", "not in this sweep"}
+    assert rows and all(r["condition"].startswith("immediate queue") for r in rows)
+    assert {r["verdict"] for r in rows} <= {"", "not in this sweep"}
     assert all(r["moejax"].startswith("not in this sweep") for r in rows)
-    assert {r["claim"] for r in rows} == {str(c) for c in claims.CLAIMS}
+    assert {r["claim"] for r in rows} == {str(c) for c in claim_rows.CLAIMS}
 
 
-def test_empty_sweep_and_trace_groups(tmp_path):
-    loaded = claims.load([str(tmp_path)])
+def test_empty_sweep_and_trace_identities(sweep, tmp_path):
+    loaded = claim_cells.load([str(tmp_path)])
     assert loaded.rows == [] and claims.findings(loaded.rows) == []
-    assert "No finished cells" in claims.markdown([], loaded.summary, [])
-    caps = os.path.join(bundled.ASSETS, "captures")
-    assert claims.trace_group(os.path.join(caps, "olmoe_code.jsonl"), "olmoe-1b-7b") == (
-        "captures · OLMoE-1B-7B", "OLMoE")
-    assert claims.trace_group(os.path.join(caps, "qwen_prose.jsonl"))[0] == (
-        "captures · Qwen1.5-MoE-A2.7B")
-    assert claims.trace_group(TRACES[0]) == ("scored · embedded", None)
-    assert claims.trace_group(bundled.long_trace_files()[0])[0] == "long · embedded"
-    assert claims.trace_group(bundled.family_trace_path("mixtral"))[0] == "families · mixtral"
-    assert claims.parse_capacity("0.05") == (0, 0.05)
-    assert claims.parse_capacity("8 slots") == claims.parse_capacity("slots=8") == (1, 8)
+    assert "No finished cells" in claims_output.markdown([], loaded.summary, [])
+    # A replay's results.json names who routed its trace (the trace's own metadata).
+    name = next(n for n, o in CELLS.items() if o["trace"] == TRACES[0])
+    with open(os.path.join(sweep, "cells", name, "results.json")) as f:
+        t = json.load(f)["trace"]
+    assert (t["model"], t["synthetic"], len(t["layers"]), t["num_experts"], t["top_k"]) == (
+        "embedded", False, 8, 32, 4)
+    real = claim_cells.Identity("olmoe", 16, 64, 8, False)
+    assert (real.group, real.paper_model) == ("OLMoE-1B-7B · 16 layers × 64 experts, top-8",
+                                              "OLMoE")
+    tiny = claim_cells.Identity("mixtral/tiny", 4, 8, 2, True)
+    assert tiny.paper_model is None and tiny.group.startswith("mixtral/tiny (random weights)")
+    assert claim_cells.parse_capacity("0.05") == (0, 0.05)
+    assert claim_cells.parse_capacity("8 slots") == claim_cells.parse_capacity("slots=8") == (
+        1, 8)
 
 
 def test_compare_keeps_the_prefetch_queues_apart(sweep):

@@ -1,6 +1,9 @@
 """Reading results: a sweep's cells (`sweep_cells.py`) and what is made of them — the
 SpecMD-style report and figures (`report.py`, `report_figures.py`; `python -m
-moejax.analysis.report`), SpecMD's claims one by one (`claims.py`), policy tables
+moejax.analysis.report`), SpecMD's and Fiddler's claims judged trace by trace (`claims.py`:
+the cells it reads in `claim_cells.py`, its rows in `claim_rows.py`, the verdict words in
+`verdicts.py`, its table and claims.json in `claims_output.py`, `--traces` in
+`claims_run.py`), policy tables
 (`compare.py`), the quality–speed frontier (`frontier.py`), the disk tier's tables
 (`disk_tier.py`) — and routing statistics of traces (`routing_stats.py`)."""
 

@@ -134,10 +134,14 @@ class LayerPlanner:
 class LayerPlan:
     """The running layer's choices, before anything is booked: `end(host)` is when the layer
     would end on the cache's clock if the experts `host` were computed on the host and every
-    other missing expert fetched now (one wave); `fetch_room` how many missing experts one
-    wave can fetch beside the resident ones. Computed once per layer, so that a policy can
-    ask for many choices (the arithmetic is the cache's own: `HostPath.span`, the clock's
-    booking, the cost model's experts step)."""
+    other missing expert fetched — in one wave when the device's experts fit `wave_slots`,
+    else in the waves the cache would run (its resident experts first, `wave_slots` a wave,
+    each wave's fetches booked when the previous wave's experts step ends). `fits(n)`: whether
+    a plan fetching `n` missing experts is modelled — always with one slot pool; with several
+    precision pools only a one-wave plan is (`fetch_room` missing experts beside the resident
+    ones: the pools' wave planning is not modelled). Computed once per layer, so that a
+    policy can ask for many choices (the arithmetic is the cache's own: `HostPath.span`, the
+    clock's booking, the cost model's experts step)."""
 
     def __init__(self, cache, layer: int, ids: np.ndarray, active: np.ndarray):
         clock = self.clock = cache.clock
@@ -165,28 +169,43 @@ class LayerPlan:
         hits = len(self.ready)
         self.missing = [e for e in self.requests if e not in self.ready]
         self.fetch_room = max(0, min(len(self.missing), cache.wave_slots - hits))
+        # A reserved full layer is resident whole: one wave, whatever its size (`_waves`).
+        fixed = bool(cache.fixed) and (layer, 0) in cache.fixed
+        self.wave_slots = max(len(self.requests) if fixed else cache.wave_slots, 1)
+        # Several pools plan their waves by pool (`ExpertCache._plan_wave`): not modelled.
+        self.multi_pool = cache.multi
+
+    def fits(self, fetched: int) -> bool:
+        """Whether a plan that fetches `fetched` of the missing experts is modelled."""
+        return not self.multi_pool or fetched <= self.fetch_room
 
     def end(self, host: frozenset[int]) -> float:
         clock, path, now = self.clock, self.path, self.now
         engine_free, link_free = list(clock.engine_free), clock.link_free
-        ready, pairs, unique = now, 0, 0
-        for e in self.requests:
-            if e in host:
-                continue
-            unique += 1
-            pairs += self.pairs[e]
-            at = self.ready.get(e)
-            if at is None:
-                booked = timeline.book(engine_free, link_free, self.expert_bytes, now,
-                                       clock.latency_s, clock.engine_bps, clock.link_bps)
-                link_free, at = booked[3], booked[4]
-            if at > ready:
-                ready = at
-        # The clock's own steps, in its order (the same floating-point operations): compute
-        # waits for the wave's experts, runs the experts step, then waits for the host path.
-        end = now + timeline.stall(ready, now)
-        if self.cost is not None:
-            end += self.cost.experts(pairs, unique, self.tokens, True)
+        device = [e for e in self.requests if e not in host]
+        if len(device) > self.wave_slots:  # several waves: resident first, as `_waves` cuts
+            device = ([e for e in device if e in self.ready]
+                      + [e for e in device if e not in self.ready])
+        end = now
+        for w in range(0, max(len(device), 1), self.wave_slots):
+            # One wave, in the clock's own steps and order (the same floating-point
+            # operations): its fetches booked at its start, compute waits for its experts,
+            # then runs the experts step (the shared expert with the first wave).
+            start, chunk = end, device[w:w + self.wave_slots]
+            ready, pairs = start, 0
+            for e in chunk:
+                pairs += self.pairs[e]
+                at = self.ready.get(e)
+                if at is None:
+                    booked = timeline.book(engine_free, link_free, self.expert_bytes, start,
+                                           clock.latency_s, clock.engine_bps, clock.link_bps)
+                    link_free, at = booked[3], booked[4]
+                if at > ready:
+                    ready = at
+            end = start + timeline.stall(ready, start)
+            if self.cost is not None:
+                end += self.cost.experts(pairs, len(chunk), self.tokens, w == 0)
+        # Then the layer waits for the host path.
         if not host:
             return end
         compute_s, host_pairs, rows = 0.0, 0, None

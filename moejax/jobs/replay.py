@@ -173,6 +173,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
                   "request_tokens": config.trace_request_tokens,
                   "prefill_tokens": config.trace_prefill_tokens, "passes": passes,
                   "has_scores": first.has_scores,
+                  # Who routed it (claims group traces by this, never by their folder).
+                  "model": first.model_name, "synthetic": first.synthetic,
                   "layers": layers, "num_experts": first.num_experts, "top_k": first.top_k,
                   **imported.notes.to_dict()},
         # Per-pass timings: in TensorBoard, not in every cell file.

@@ -337,9 +337,10 @@ class LatencyAware(MissPolicy):
     the shortest host path (its compute and activations grow with each expert's tokens) and
     leave the fetches' time unchanged (every expert has the same bytes), so only the device's
     experts step, which grows with the fetched experts' tokens, is not minimised by this
-    order. A plan whose fetches do not fit one wave beside the layer's resident experts is not
-    tried (the planner plans one wave), except every miss on the host. So a layer's modelled
-    end is at most that of fetching every miss (when they fit one wave) and at most that of
+    order. A plan whose fetches need more waves than one is planned over the waves the cache
+    would run (resident experts first); with several precision pools only one-wave plans are
+    tried, and every miss on the host. So a layer's modelled end is at most that of fetching
+    every miss (with one pool; with several, when they fit one wave) and at most that of
     computing every miss on the host, from the same state. A decode step (one token per
     expert) goes to the host where a prefill (many) fetches.
 
@@ -380,8 +381,8 @@ class LatencyAware(MissPolicy):
         plan = self.planner.plan(layer, ids, active)
         best, best_end = frozenset(candidates), math.inf
         for j in range(len(candidates) + 1):
-            if len(missing) - j > plan.fetch_room and j < len(candidates):
-                continue  # its fetches need a second wave
+            if not plan.fits(len(missing) - j) and j < len(candidates):
+                continue  # its waves are not modelled (several precision pools)
             host = frozenset(candidates[:j])
             end = plan.end(host)
             if end < best_end:

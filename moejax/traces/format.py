@@ -68,6 +68,25 @@ class Trace:
     def has_scores(self) -> bool:
         return self.probs is not None
 
+    @property
+    def model_name(self) -> str:
+        """The model the trace was recorded from, by its own metadata (never its folder):
+        "embedded" (the model moejax ships), "family/preset" of a random-weight preset, the
+        checkpoint's directory name (a capture's `meta.model`), else the family or "unknown"."""
+        model = self.meta.get("model") if isinstance(self.meta.get("model"), dict) else {}
+        source = str(self.meta.get("source") or "").replace("\\", "/").rstrip("/")
+        if source.startswith("preset:"):
+            return source[len("preset:"):]
+        if source.endswith("assets/small_moe"):
+            return "embedded"
+        name = str(model.get("name") or "").replace("\\", "/").rstrip("/")
+        return os.path.basename(name) or str(model.get("family") or "unknown")
+
+    @property
+    def synthetic(self) -> bool:
+        """Recorded from a random-weight preset: architecture only, no learned routing."""
+        return str(self.meta.get("source") or "").startswith("preset:")
+
     def pass_rows(self, p: int) -> slice:
         return slice(int(self.pass_offsets[p]), int(self.pass_offsets[p + 1]))
 
