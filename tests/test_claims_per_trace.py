@@ -484,3 +484,48 @@ def test_bad_sweep_directories_are_one_line_errors(tmp_path, capsys):
     assert claims.main([f"--sweep_dir={tmp_path}", "--workdir=x"]) == 2
     assert capsys.readouterr().err == (f"{prog}--workdir only apply with --traces (a sweep's "
                                        "cells already ran)\n")
+
+
+def test_one_configuration_run_twice_is_never_averaged(tmp_path, capsys):
+    claim1_sweep(tmp_path / "a", {"t_a": (0.010, 0.050)})
+    claim1_sweep(tmp_path / "b", {"t_a": (0.010, 0.050)})
+    claim1_sweep(tmp_path / "c", {"t_a": (0.020, 0.050)})
+    # The same numbers twice (a sweep read twice): read once.
+    f = find(claims.findings(claim_cells.load([str(tmp_path / "a"), str(tmp_path / "b")]).rows),
+             1)
+    assert f.values["least_stale"] == 0.010
+    # The same configuration with other numbers (another code version): refused, not averaged.
+    assert claims.main([f"--sweep_dir={tmp_path / 'a'}", f"--sweep_dir={tmp_path / 'c'}"]) == 2
+    err = capsys.readouterr().err
+    assert "run one configuration with different collision_miss_rate" in err
+    assert err.count("\n") == 1
+
+
+def test_claims_json_is_strict_json(tmp_path):
+    """An infinite factor (LS with no collision miss) is the string "inf": JSON has no
+    Infinity, which other readers refuse."""
+    claim1_sweep(tmp_path, {"t_a": (0.0, 0.050)})
+    assert claims.main([f"--sweep_dir={tmp_path}"]) == 0
+
+    def refuse(name):
+        raise ValueError(f"claims.json holds {name}")
+
+    with open(tmp_path / "claims.json") as f:
+        data = json.load(f, parse_constant=refuse)
+    (r,) = [r for r in data["records"] if r["claim"] == "specmd.collision_reduction"
+            and r["condition"]["prefetch"] == SP80 and r["condition"]["capacity_frac"] == 0.05]
+    assert r["metrics"]["ratio"] == "inf"
+
+
+def test_hit_rates_that_buy_nothing_are_said(tmp_path):
+    """The issue's Mixtral: every prefetcher's hits late, each decoding slower than none —
+    "top-k competitive" must not hide it."""
+    for prefetch, hit, ready, tok_s in ((SP80, 0.97, 0.0, 0.221), ("topk(overfetch=1.0)", 0.9,
+                                                                    0.0, 0.220),
+                                        ("none", 0.2, 0.2, 0.222)):
+        write_cell(tmp_path, "t_a", "least_stale", prefetch, hit_rate=hit, ready_hit_rate=ready,
+                   late_hit_rate=hit - ready, stall_s=1.0, prediction_precision=0.5,
+                   timing={"decode_tok_per_s": tok_s})
+    r = find(run(tmp_path), 5, "hit rate · stall").per_trace["t_a"]
+    assert r.notes == ["ready hits below half of hits (0.0% of 97.0%)",
+                       "every prefetcher decodes slower than none (0.221 vs 0.222 tok/s)"]

@@ -39,11 +39,11 @@ CONDITION = (("queue", "cache.prefetch_queue"), ("capacity_of", "cache.capacity_
              ("precision", "cache.precision"), ("h2d_gbps", "hardware.h2d_gbps"),
              ("hardware", "hardware.preset"), ("request_tokens", "trace_request_tokens"),
              ("prefill_tokens", "trace_prefill_tokens"))
-# Config keys that are not a condition: what the claims compare (policies), the trace and its
-# model (the identity), the capacity (read per claim), per-trace floors, and bookkeeping.
-NOT_CONDITION = ("policies.", "trace", "model.", "cache.capacity_frac", "cache.slots",
-                 "cache.min_slots", "cache.expert_bytes", "cache.replay_engine", "log.",
-                 "seed", "workdir", "hardware.file")
+# Config keys that are not a condition: what the claims compare (policies), the trace (the
+# identity), the capacity (read per claim), and what does not change a number (the replay
+# engine: both give the reference's numbers exactly; logging). Every other field is.
+NOT_CONDITION = ("policies.", "cache.capacity_frac", "cache.slots", "cache.replay_engine",
+                 "log.")
 
 
 def _json(value, default=None):
@@ -124,7 +124,7 @@ def other_of(setup: dict) -> tuple:
     """Every config field not a condition and not in NOT_CONDITION, as sorted pairs."""
     named = {key for _, key in CONDITION}
     return tuple(sorted((k, v) for k, v in setup.items()
-                        if k not in named and not k.startswith(NOT_CONDITION)))
+                        if k not in named and k != "trace" and not k.startswith(NOT_CONDITION)))
 
 
 def capacity_passes(slots: int | None, ident: Identity) -> float | None:

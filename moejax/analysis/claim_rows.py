@@ -14,6 +14,7 @@ from typing import Callable, Iterable
 from moejax.analysis import verdicts as V
 from moejax.analysis.claim_cells import at_capacity, capacity_passes, capacity_text, norm
 from moejax.analysis.sweep_cells import mean
+from moejax.cli import UsageError
 
 NOT_IN_SWEEP = "not in this sweep"
 WITHOUT_PREFETCH = "without prefetch"
@@ -170,7 +171,8 @@ def ratio_text(r, num, den) -> str:
 
 # -- per trace and across traces ---------------------------------------------------------------
 # A row's numbers from its raw numbers (configuration label -> field -> value, one trace's or
-# the group's means) and the trace's condition: (values, shown, verdict or None).
+# the group's means) and the trace's condition: (values, shown, verdict or None); a "notes"
+# list among the values goes to the trace's notes.
 Describe = Callable[[dict, dict], tuple[dict, str, "V.Verdict | None"]]
 
 
@@ -215,15 +217,25 @@ def with_prefetch(spec: str) -> str:
 def by_trace(configs: dict[str, list[dict]], fields: Iterable[str]) -> dict[str, dict]:
     """trace -> configuration label -> each field of the trace's cell of it (a trace without a
     cell of a configuration lacks its label). Cells of one condition are one per trace and
-    configuration (`findings` splits every other difference); repeats of one cell (a sweep
-    read twice) are averaged, being equal."""
+    configuration (`findings` splits every other difference): a repeat (a sweep read twice)
+    must give the same numbers, or it is an error naming both cells — two runs of one
+    configuration that disagree (sweeps of different code) are never averaged."""
+    fields = tuple(fields)
     out: dict[str, dict] = collections.defaultdict(dict)
     for label, rows in configs.items():
         cells = collections.defaultdict(list)
         for r in rows:
             cells[r["trace"]].append(r)
         for trace, rs in cells.items():
-            out[trace][label] = {f: mean(r.get(f) for r in rs) for f in fields}
+            first = rs[0]
+            for r in rs[1:]:
+                differ = [f for f in fields if r.get(f) != first.get(f)]
+                if differ:
+                    raise UsageError(
+                        f"{first['sweep']}/cells/{first['name']} and {r['sweep']}/cells/"
+                        f"{r['name']} run one configuration with different {differ[0]}: give "
+                        "the sweeps of one code version (their numbers are never averaged)")
+            out[trace][label] = {f: first.get(f) for f in fields}
     return out
 
 
@@ -254,13 +266,14 @@ def fill(f: Finding, g: Group, raw: dict, needed: Iterable[str], describe: Descr
     for t, r in complete.items():
         cond = conditions.get(t, {})
         values, shown, verdict = describe(r, cond)
-        note = ready_note(values)
-        f.per_trace[t] = TraceResult(values, shown, verdict, cond, [note] if note else [])
+        notes = [n for n in (ready_note(values), *values.pop("notes", ())) if n]
+        f.per_trace[t] = TraceResult(values, shown, verdict, cond, notes)
     if not complete:
         lacking = dict.fromkeys(k for k in needed if not any(k in r for r in raw.values()))
         f.shown = f"{NOT_IN_SWEEP} (no {', '.join(lacking) or 'matching'} cells)"
         f.suggestion = NOT_IN_SWEEP
         return f
     f.values, f.shown, _ = describe(_mean_raw(list(complete.values())), {})
+    f.values.pop("notes", None)
     f.traces = len(complete)
     return f

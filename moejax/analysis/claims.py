@@ -508,8 +508,21 @@ def _describe5(p: str, labels: dict[str, str], model: str | None) -> Describe:
             if q in r and q != SP80:
                 v.update({f"{k}_hit": r[q]["hit_rate"], f"{k}_stall": r[q]["stall_s"],
                           f"{k}_precision": r[q]["prediction_precision"]})
-        return {**m, **v}, shown, score_prefetch_verdict(v, model)
+        note = _slower_than_none(r, labels)
+        return ({**m, **v, **({"notes": [note]} if note else {})}, shown,
+                score_prefetch_verdict(v, model))
     return describe
+
+
+def _slower_than_none(r: dict, labels: dict[str, str]) -> str | None:
+    """Hit rates that buy nothing: where every prefetcher decodes slower than no prefetch
+    (Mixtral at 1–5%: every hit late), the claim's "top-k competitive" hides it."""
+    none = (r.get("none") or {}).get("decode_tok_per_s")
+    speeds = [r[q]["decode_tok_per_s"] for q in labels if q in r]
+    if not none or not speeds or None in speeds or max(speeds) >= none:
+        return None
+    return (f"every prefetcher decodes slower than none ({max(speeds):.4g} vs {none:.4g} "
+            "tok/s)")
 
 
 def _claim5(g: Group, cap: tuple) -> list[Finding]:
@@ -520,8 +533,9 @@ def _claim5(g: Group, cap: tuple) -> list[Finding]:
     if not g.has_scores and not configs[SP80]:
         return [_no_scores(g.finding(5, cap, "score-percentile vs top-k prefetch",
                                      "score-percentile: higher hit rate, lower stall"))]
-    raw = by_trace(configs, (*HIT_FIELDS, "stall_s", "prediction_precision",
-                             "prediction_recall", "requests"))
+    raw = by_trace({**configs, "none": select(here, ls, "none")},
+                   (*HIT_FIELDS, "stall_s", "prediction_precision", "prediction_recall",
+                    "requests", "decode_tok_per_s"))
     mixtral = " (Mixtral: top-k competitive)" if g.model == "Mixtral" else ""
     papers = {SP80: "higher hit rate, lower stall than top-k; lower precision" + mixtral,
               TOPK[0]: "highest prediction precision and recall", TOPK[1]: "–"}

@@ -8,6 +8,7 @@ import collections
 import csv
 import io
 import json
+import math
 import os
 
 from moejax.analysis import verdicts as V
@@ -89,10 +90,23 @@ def write_json(found: list[Finding], path: str, command: str,
     `more` (Fiddler's, `host_compute.fiddler_records`, which add "baseline")}."""
     claims = [{"id": c.id, "number": c.number, "title": c.title, "metrics": c.metrics,
                "rule": c.rule} for c in CLAIMS.values()]
-    write_json_atomic(path, {"command": command, "claims": claims,
-                             "verdict_words": list(V.WORDS),
-                             "records": records(found) + list(more)})
+    write_json_atomic(path, _finite({"command": command, "claims": claims,
+                                     "verdict_words": list(V.WORDS),
+                                     "records": records(found) + list(more)}))
     return path
+
+
+def _finite(obj):
+    """`obj` with every non-finite float as the string "inf", "-inf" or "nan": JSON has no
+    such numbers (Python would write `Infinity`, which other readers refuse), and a factor
+    LRU ÷ LS is infinite wherever Least-Stale has no collision miss."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return "nan" if math.isnan(obj) else ("inf" if obj > 0 else "-inf")
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    return obj
 
 
 # -- markdown --------------------------------------------------------------------------------
