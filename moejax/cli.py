@@ -258,15 +258,21 @@ def asks_for_help(args: list[str]) -> bool:
 def parse_flags(argv: list[str], flag_values=None) -> list[str]:
     """`flag_values(argv)` (absl's global FLAGS by default): the arguments left over, or a
     UsageError whose message names the flag, config field or config file at fault."""
-    from absl import flags
+    from absl import flags, logging
 
     flag_values = flags.FLAGS if flag_values is None else flag_values
+    # config_flags logs a get_config() that returns None as a warning before flags are
+    # parsed; the one line below says it instead.
+    verbosity = logging.get_verbosity()
+    logging.set_verbosity(logging.ERROR)
     try:
         remaining = flag_values(argv)
     except Exception as e:  # noqa: BLE001 - all of it is what the user typed or named
         if debug():
             raise
         raise UsageError(flag_error_message(e)) from None
+    finally:
+        logging.set_verbosity(verbosity)
     # config_flags defers a config file that does not load to the first use of the config
     # (an `_ErrorConfig` placeholder): surface it now, before anything runs.
     for name in list(flag_values):
@@ -275,7 +281,23 @@ def parse_flags(argv: list[str], flag_values=None) -> list[str]:
             if debug():
                 raise failed
             raise UsageError(_config_file_message(name, _argument_of(name, argv), failed))
+        given = _argument_of(name, argv)
+        if type(flag_values[name]).__name__ == "_ConfigFlag" and given:
+            _check_config_value(name, given, flag_values[name].value)
     return remaining
+
+
+def _check_config_value(name: str, argument: str, value) -> None:
+    """A config file's get_config() returns an ml_collections.ConfigDict: anything else is
+    one line, naming what it returned."""
+    import ml_collections
+
+    if isinstance(value, ml_collections.ConfigDict):
+        return
+    what = "None (no return statement?)" if value is None else f"a {type(value).__name__}"
+    raise UsageError(f"--{name}={argument}: get_config() returned {what}, not an "
+                     "ml_collections.ConfigDict (start from moejax.jobs.schema.base_config() "
+                     "and return it)")
 
 
 def _argument_of(name: str, argv: list[str]) -> str:
@@ -370,7 +392,7 @@ def flag_error_message(e: BaseException) -> str:
     chain = _chain(e)
     loading = _config_file_arg(chain)
     if loading is not None:
-        return _config_file_message(*loading, chain[-1])
+        return _config_file_message(*loading, chain[-1], chain)
     failed = next((c for c in chain if _is_load_failure(c)), None)
     override = _override_field(chain)
     if failed is not None:  # an override of a config whose file did not load
@@ -440,9 +462,11 @@ def _config_load_failure(value) -> BaseException | None:
     return vars(value).get("_error") or OSError("Failed loading config file")
 
 
-def _config_file_message(name: str, argument: str, e: BaseException) -> str:
+def _config_file_message(name: str, argument: str, e: BaseException,
+                         chain: list[BaseException] = ()) -> str:
     """`--config=PATH: ...` for a config file that does not load: missing or unreadable, a
-    syntax error, or `get_config` raising (its message; where, for what is likely a bug)."""
+    syntax error, or `get_config` raising (its message; where, for what is likely a bug).
+    `chain`: the exceptions `e` came out of (the file's own frame is in one of them)."""
     flag = f"--{name}={argument}" if argument else f"--{name}"
     path = argument.split(":", 1)[0]
     if not path:
@@ -462,10 +486,29 @@ def _config_file_message(name: str, argument: str, e: BaseException) -> str:
         return f"{flag}: defines no get_config() (a config file returns its config from it)"
     text = " ".join(_one_line(e).split())
     if isinstance(e, (ValueError, TypeError, KeyError)):  # get_config rejecting its argument
-        return f"{flag}: {text}"
+        # ml_collections' type error names no field: the file's own line does.
+        line = _line_in([*chain, e], path)
+        return f"{flag}: {text}" + (f" (at {line})" if line else "")
     where = _where(e)
     return (f"{flag}: does not load: {type(e).__name__}: {text} "
             f"({where + '; ' if where else ''}{DEBUG_ENV}=1 shows the traceback)")
+
+
+def _line_in(errors: list[BaseException], path: str) -> str:
+    """`NAME.py:LINE: source` of the last frame in the file `path` of `errors` (and what each
+    was raised from), or ""."""
+    import linecache
+    import traceback
+
+    target = os.path.abspath(path)
+    found = ""
+    chained = [c for error in errors for c in _chain(error)]
+    for error in chained:  # config_flags re-raises the file's error, which holds its frame
+        for frame in traceback.extract_tb(error.__traceback__):
+            if os.path.abspath(frame.filename) == target:
+                source = (frame.line or linecache.getline(frame.filename, frame.lineno))
+                found = f"{os.path.basename(path)}:{frame.lineno}: {source.strip()}"
+    return found
 
 
 class ArgumentParser(argparse.ArgumentParser):

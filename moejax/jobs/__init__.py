@@ -18,6 +18,7 @@ import ml_collections
 from moejax import workdir as workdir_lib
 from moejax.cli import Interrupted
 from moejax.errors import ConfigError
+from moejax.jobs.declared import check_declared
 from moejax.jobs.schema import JOBS, base_config
 
 __all__ = ["JOBS", "base_config", "check", "run"]
@@ -56,6 +57,8 @@ def check(config: ml_collections.ConfigDict, warn: bool = True) -> None:
     that does not apply); the job's own fields (its module's `validate`, where it has one).
     A value outside a field is a ConfigError naming it. The sweep launcher checks every cell
     with it before the first one runs (`launch/preflight.py`)."""
+    if config.get("job") != "train":  # the train job's config is its own (train_small.py)
+        check_declared(config, base_config())
     if config.job not in JOBS:
         raise ConfigError(f"config.job={config.job!r} is not one of {JOBS}")
     if config.job != "train":
