@@ -1,5 +1,6 @@
 """One writer for scalar metrics: TensorBoard event files (tensorboardX, no TensorFlow needed)
-under the workdir, slash-namespaced names with units (`loss/bits_per_byte`, `perf/ttft_s`)."""
+under the workdir, slash-namespaced names with units (`loss/bits_per_byte`;
+`perf/virtual/ttft_s`: a time names the clock that made it)."""
 
 from __future__ import annotations
 

@@ -249,6 +249,42 @@ def claim(path: str, flag: str = FLAG) -> Claim:
         raise
 
 
+RESULTS = "results.json"
+PREVIOUS = "previous"
+
+
+def earlier_run(path: str, overwrite: bool, flag: str = FLAG) -> str | None:
+    """A claimed workdir that holds an earlier run's results.json: refused (a UsageError
+    saying what is there and from when), or with `overwrite` every entry but the lock and
+    earlier `previous/` runs moved into `previous/<time>/`, so the new run's results,
+    TensorBoard events and trace never mix with the earlier one's. Returns where they went,
+    or None when there was no earlier run."""
+    results = os.path.join(path, RESULTS)
+    if not os.path.exists(results):
+        return None
+    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(os.path.getmtime(results)))
+    try:
+        with open(results) as f:
+            job = json.load(f).get("job", "?")
+    except (OSError, ValueError, AttributeError):
+        job = "?"
+    if not overwrite:
+        raise _refuse(path, f"holds the results.json of an earlier run (job {job}, written "
+                            f"{when}): give a new workdir, or --config.run.overwrite=True to "
+                            f"move that run aside into {PREVIOUS}/", flag)
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(os.path.getmtime(results)))
+    aside = os.path.join(path, PREVIOUS, stamp)
+    n = 1
+    while os.path.exists(aside):
+        n += 1
+        aside = os.path.join(path, PREVIOUS, f"{stamp}-{n}")
+    os.makedirs(aside)
+    for entry in os.listdir(path):
+        if entry not in (LOCK_NAME, PREVIOUS):
+            shutil.move(os.path.join(path, entry), os.path.join(aside, entry))
+    return aside
+
+
 @contextlib.contextmanager
 def claimed(path: str, flag: str = FLAG) -> Iterator[Claim]:
     """`claim(path, flag)` for the body; released however the body ends."""

@@ -50,9 +50,14 @@ def test_results_schema_and_tensorboard(tmp_path):
     acc = EventAccumulator(str(tmp_path / "tensorboard"))
     acc.Reload()
     tags = acc.Tags()["scalars"]
+    # Every time series names the clock that made it (this run's cache: the virtual clock);
+    # results.json's `timings` are the wall clock's and say so.
     for tag in ("cache/hit_rate", "cache/collision_miss_rate", "transfer/h2d_bytes",
-                "perf/stall_s", "perf/ttft_s"):
+                "perf/virtual/stall_s", "perf/virtual/ttft_s", "perf/virtual/decode_tok_per_s"):
         assert tag in tags, tag
+    assert not [t for t in tags if t.startswith("perf/") and t.split("/")[1] != "virtual"]
+    assert results["timings"]["clock"] == "wall"
+    assert results["timings"]["cache_clock"]["clock"] == results["cache"]["clock"] == "virtual"
     hit = acc.Scalars("cache/hit_rate")
     assert len(hit) == 5  # one point per pass: prefill + 4 decode steps
     assert hit[-1].value == pytest.approx(total["hit_rate"])

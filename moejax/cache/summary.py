@@ -201,13 +201,17 @@ _SIZED_SERIES = ("transfer/", "perf/")  # bytes and times: meaningless when size
 
 
 def write_tensorboard(writer: MetricsWriter, metrics: CacheMetrics,
-                      bytes_known: bool = True) -> None:
+                      bytes_known: bool = True, clock: str = "virtual") -> None:
     """One point per pass (step = pass index) of the running totals, then the run's timing.
-    `bytes_known=False` leaves out the byte and time series."""
+    `bytes_known=False` leaves out the byte and time series. Every time series is named by
+    the clock that made it, `clock` (the cache's: `perf/virtual/ttft_s`, `perf/wall/...`):
+    results.json's wall-clock `timings` and the cache's clock share no name."""
 
     def scalars(step, values):
         if not bytes_known:
             values = {k: v for k, v in values.items() if not k.startswith(_SIZED_SERIES)}
+        values = {(f"perf/{clock}/{k[len('perf/'):]}" if k.startswith("perf/") else k): v
+                  for k, v in values.items()}
         if values:
             writer.scalars(step, values)
 

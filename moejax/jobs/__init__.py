@@ -11,6 +11,7 @@ ends it with `cli.Interrupted`, whose message says what the run left in the work
 from __future__ import annotations
 
 import importlib
+import sys
 from typing import Callable
 
 import ml_collections
@@ -41,6 +42,13 @@ def run(config: ml_collections.ConfigDict, workdir: str,
             claim.release()
         raise
     try:
+        # Training resumes from its own checkpoints in its workdir: only the other jobs'
+        # results are the user's to keep.
+        aside = None if config.job == "train" else workdir_lib.earlier_run(
+            workdir, bool(config.run.overwrite))
+        if aside is not None:
+            print(f"note: --workdir={workdir}: the earlier run's files moved to {aside}",
+                  file=sys.stderr)
         return job(config, workdir)
     except Interrupted:  # the job said what it kept
         raise

@@ -209,7 +209,8 @@ def report_cache(config: ml_collections.ConfigDict, cache: ExpertCache, workdir:
     cache.finish()
     if config.log.tensorboard:
         writer = MetricsWriter(workdir)
-        summary.write_tensorboard(writer, cache.metrics, bytes_known=expert_bytes_known)
+        summary.write_tensorboard(writer, cache.metrics, bytes_known=expert_bytes_known,
+                                  clock=cache.clock.kind)
         writer.close()
     return summary.cache_results(cache, policies or presets.report(config.policies),
                                 passes=passes, expert_bytes_known=expert_bytes_known)

@@ -251,6 +251,9 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
         "generated_text": first["generated_text"],
         "requests": requests,
         "timings": {
+            # This host's wall clock, whatever the cache's clock (`cache_clock` below, with
+            # its own `clock`; TensorBoard's `perf/<clock>/...`).
+            "clock": "wall",
             "load_s": load_s,
             "ttft_s": first["ttft_s"],
             "decode_s": first["decode_s"],
@@ -264,7 +267,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     }
     if cache is not None:
         results["cache"] = report_cache(config, cache, workdir, policies=policies)
-        results["timings"]["cache_clock"] = cache.metrics.timing()
+        results["timings"]["cache_clock"] = {"clock": cache.clock.kind,
+                                             **cache.metrics.timing()}
     if hasattr(experts, "speculation_report"):  # the live cache's runtime
         results["speculation"] = experts.speculation_report()
     results["clocks"] = clocks.section(config, loaded, gens, cache, routing)

@@ -200,6 +200,9 @@ def base_config() -> ml_collections.ConfigDict:
     # Run the prefill of each distinct prompt length and one decode step once before the timed
     # run, so TTFT (of every request) and tok/s measure execution rather than XLA compilation.
     c.run.warmup = True
+    # A workdir that holds an earlier run's results.json is refused (nothing a user had is
+    # overwritten); True moves the earlier run's files aside, into W/previous/<time>/.
+    c.run.overwrite = False
 
     c.log = ml_collections.ConfigDict()
     c.log.progress = True  # a progress bar over decode steps (replay: over passes)
