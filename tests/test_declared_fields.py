@@ -130,3 +130,24 @@ def test_get_config_returning_anything_but_a_configdict_is_one_line(tmp_path, re
     assert done.stderr == (f"moejax.main: error: --config={path}: get_config() returned {what}, "
                            "not an ml_collections.ConfigDict (start from "
                            "moejax.jobs.schema.base_config() and return it)\n")
+
+
+def test_settings_a_run_does_not_apply_are_said_and_kept_in_results(tmp_path, capsys):
+    """The issue's `io.split=4` without a host tier and `profile.enabled=True` on a replay:
+    each one warning line, and both in results.json's `warnings`."""
+    c = base_config()
+    c.job, c.trace, c.log.progress, c.log.tensorboard = "replay", os.path.join(
+        ROOT, "moejax", "assets", "traces", "code_0.npz"), False, False
+    c.profile.enabled, c.io.split = True, 4
+    results = jobs.run(c, str(tmp_path))
+    want = ["io.split=4 does not apply: a replay reads no checkpoint (io.* sets the live "
+            "runtime's expert reader)",
+            "profile.enabled=True does not apply: only the generate job reads profile.*; "
+            "this is a replay run"]
+    err = capsys.readouterr().err
+    for w in want:
+        assert f"warning: {w}" in err
+    import json
+
+    with open(tmp_path / "results.json") as f:
+        assert json.load(f)["warnings"] == want == results["warnings"]

@@ -315,7 +315,21 @@ def _not_applying(config: ml_collections.ConfigDict, live: bool | None,
     if c.slots > 0:
         out += [(f, f"cache.slots={c.slots} sets the slot count")
                 for f in ("cache.capacity_frac", "cache.capacity_of") if given(config, f)]
+    job = config.get("job", "")
+    for prefix, jobs in JOB_FIELDS:
+        if job and job not in jobs:
+            section = _value(config, prefix.rstrip(".")) if prefix.endswith(".") else None
+            fields = ([f"{prefix}{k}" for k in section.keys()] if section is not None
+                      else [prefix])
+            reads = f"only the {' and '.join(jobs)} job{'s read' if len(jobs) > 1 else ' reads'}"
+            out += [(f, f"{reads} {prefix}*; this is a {job} run") if prefix.endswith(".")
+                    else (f, f"{reads} it; this is a {job} run")
+                    for f in fields if given(config, f)]
     return out
+
+
+# Settings only some jobs read: (a section with its dot, or a field; the jobs that read it).
+JOB_FIELDS = (("profile.", ("generate",)),)
 
 
 def _with_host_work(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
@@ -345,6 +359,12 @@ def _warn_once(config: ml_collections.ConfigDict, message: str) -> None:
     if message not in entry[1]:
         entry[1].add(message)
         cli.warn(message)
+
+
+def warned(config: ml_collections.ConfigDict) -> list[str]:
+    """The warnings said for `config` (`_warn_once`), sorted: results.json's `warnings`."""
+    entry = _WARNED.get(id(config))
+    return sorted(entry[1]) if entry is not None and entry[0]() is config else []
 
 
 def build_host_tier(config: ml_collections.ConfigDict, shape: CacheShape,

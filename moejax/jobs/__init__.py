@@ -11,6 +11,7 @@ ends it with `cli.Interrupted`, whose message says what the run left in the work
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 from typing import Callable
 
@@ -49,7 +50,9 @@ def run(config: ml_collections.ConfigDict, workdir: str,
         if aside is not None:
             print(f"note: --workdir={workdir}: the earlier run's files moved to {aside}",
                   file=sys.stderr)
-        return job(config, workdir)
+        results = job(config, workdir)
+        _record_warnings(config, workdir, results)
+        return results
     except Interrupted:  # the job said what it kept
         raise
     except KeyboardInterrupt:
@@ -57,6 +60,21 @@ def run(config: ml_collections.ConfigDict, workdir: str,
         raise Interrupted(claim.kept()) from None
     finally:
         claim.release()
+
+
+def _record_warnings(config: ml_collections.ConfigDict, workdir: str, results) -> None:
+    """Every warning said for this run's settings, kept in its results.json (`warnings`):
+    a setting accepted and not applied is never only a line on a terminal."""
+    if config.job == "train" or not isinstance(results, dict):
+        return
+    from moejax.cache.from_config import warned
+    from moejax.results import write_json_atomic
+
+    said = warned(config)
+    path = os.path.join(workdir, "results.json")
+    if said and os.path.exists(path):
+        results["warnings"] = said
+        write_json_atomic(path, results)
 
 
 def check(config: ml_collections.ConfigDict, warn: bool = True) -> None:
