@@ -96,6 +96,7 @@ def test_main_cli_door(tmp_path):
     typo = subprocess.run(cmd + ["--config.run.max_new_token=3"], cwd=ROOT, capture_output=True,
                           text=True, timeout=300)
     assert typo.returncode != 0 and "max_new_token" in typo.stderr
-    bad = subprocess.run(cmd + ["--config.model.gmm_impl=loop"], cwd=ROOT, capture_output=True,
-                         text=True, timeout=300)
+    # A fresh workdir: the first one holds a run's results.json, which a second run refuses.
+    bad = subprocess.run([*cmd, f"--workdir={tmp_path / 'bad'}", "--config.model.gmm_impl=loop"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert bad.returncode != 0 and "model.gmm_impl='loop'" in bad.stderr
