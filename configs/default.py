@@ -8,5 +8,6 @@ from moejax.jobs.schema import base_config
 
 
 def get_config(arg: str | None = None):
-    del arg
+    if arg:  # (`:scale=tiny` belongs to the family configs, configs/olmoe_5pct.py ...)
+        raise ValueError(f"configs/default.py takes no argument (got {arg!r})")
     return base_config()

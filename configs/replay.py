@@ -19,7 +19,8 @@ from moejax.jobs.schema import base_config
 
 
 def get_config(arg: str | None = None):
-    del arg
+    if arg:  # (`:scale=tiny` belongs to the family configs, configs/olmoe_5pct.py ...)
+        raise ValueError(f"configs/replay.py takes no argument (got {arg!r})")
     c = base_config()
     c.job = "replay"
     c.model.preset = ""  # the trace's own model config, or a family preset named here

@@ -508,7 +508,8 @@ def _line_in(errors: list[BaseException], path: str) -> str:
             if os.path.abspath(frame.filename) == target:
                 source = (frame.line or linecache.getline(frame.filename, frame.lineno))
                 found = f"{os.path.basename(path)}:{frame.lineno}: {source.strip()}"
-    return found
+    # A config that raises on purpose said what it had to say: its `raise` line adds nothing.
+    return "" if found.split(": ", 1)[-1].startswith("raise ") else found
 
 
 class ArgumentParser(argparse.ArgumentParser):

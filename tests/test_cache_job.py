@@ -94,8 +94,11 @@ def test_full_capacity_generates_the_same_tokens(tmp_path):
     (dict(capacity_frac=1.5), "cache.capacity_frac=1.5 must be in"),
 ])
 def test_capacity_errors_name_both_numbers(setting, message, tmp_path):
+    config = _tiny(**setting)
+    if "slots" in setting:  # a slot count or a fraction, never both (jobs.CONFLICTS)
+        config.cache.capacity_frac = base_config().cache.capacity_frac
     with pytest.raises(ConfigError, match=message):
-        jobs.run(_tiny(**setting), str(tmp_path))
+        jobs.run(config, str(tmp_path))
 
 
 @pytest.mark.parametrize("field,spec,message", [

@@ -151,3 +151,35 @@ def test_settings_a_run_does_not_apply_are_said_and_kept_in_results(tmp_path, ca
 
     with open(tmp_path / "results.json") as f:
         assert json.load(f)["warnings"] == want == results["warnings"]
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"cache.slots": 8, "cache.capacity_frac": 0.5},
+     "cache.slots=8 and cache.capacity_frac=0.5 are both given: the run takes one (a slot "
+     "count or a fraction of cache.capacity_of); drop one"),
+    ({"run.prompt": "hello", "run.prompt_ids": "1,2"},
+     "run.prompt_ids='1,2' and run.prompt='hello' are both given: the run takes one (the "
+     "prompt's token ids or its text); drop one"),
+])
+def test_conflicting_fields_are_refused_naming_both(fields, message):
+    c = base_config()
+    for field, value in fields.items():
+        section, name = field.split(".")
+        setattr(c[section], name, value)
+    with pytest.raises(ConfigError) as e:
+        jobs.check(c, warn=False)
+    assert str(e.value) == message
+    # Either alone is fine.
+    for field in fields:
+        one = base_config()
+        section, name = field.split(".")
+        setattr(one[section], name, fields[field])
+        jobs.check(one, warn=False)
+
+
+@pytest.mark.parametrize("name", ["default", "eval", "perplexity", "quality", "replay"])
+def test_a_config_that_takes_no_argument_refuses_one(tmp_path, name):
+    done = _main(f"--config=configs/{name}.py:scale=tiny", f"--workdir={tmp_path / 'w'}")
+    assert done.returncode == 2
+    assert done.stderr == (f"moejax.main: error: --config=configs/{name}.py:scale=tiny: "
+                           f"configs/{name}.py takes no argument (got 'scale=tiny')\n")

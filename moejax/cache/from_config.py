@@ -312,9 +312,9 @@ def _not_applying(config: ml_collections.ConfigDict, live: bool | None,
         out += [(f, why) for f in HOST_CPU if given(config, f)]
     if not c.get("speculate", True) and given(config, "cache.speculate_from_host"):
         out.append(("cache.speculate_from_host", "cache.speculate=False: no pass speculates"))
-    if c.slots > 0:
+    if c.slots > 0:  # (with cache.capacity_frac given too: an error, `jobs.CONFLICTS`)
         out += [(f, f"cache.slots={c.slots} sets the slot count")
-                for f in ("cache.capacity_frac", "cache.capacity_of") if given(config, f)]
+                for f in ("cache.capacity_of",) if given(config, f)]
     job = config.get("job", "")
     for prefix, jobs in JOB_FIELDS:
         if job and job not in jobs:

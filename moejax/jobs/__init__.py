@@ -77,6 +77,26 @@ def _record_warnings(config: ml_collections.ConfigDict, workdir: str, results) -
         write_json_atomic(path, results)
 
 
+# Fields that cannot both be given (each away from its default): the run would have to drop
+# one without a word.
+CONFLICTS = (("cache.slots", "cache.capacity_frac", "a slot count or a fraction of "
+              "cache.capacity_of"),
+             ("run.prompt_ids", "run.prompt", "the prompt's token ids or its text"))
+
+
+def _check_conflicts(config: ml_collections.ConfigDict,
+                     defaults: ml_collections.ConfigDict) -> None:
+    def value(c, field):
+        for part in field.split("."):
+            c = c[part]
+        return c
+
+    for a, b, what in CONFLICTS:
+        if value(config, a) != value(defaults, a) and value(config, b) != value(defaults, b):
+            raise ConfigError(f"{a}={value(config, a)!r} and {b}={value(config, b)!r} are both "
+                              f"given: the run takes one ({what}); drop one")
+
+
 def check(config: ml_collections.ConfigDict, warn: bool = True) -> None:
     """What a run checks before its job starts: `config.job`; the cache, clock, storage, io
     and policy fields (`check_settings`; with `warn`, one line on stderr for each setting given
@@ -90,8 +110,10 @@ def check(config: ml_collections.ConfigDict, warn: bool = True) -> None:
     if config.job != "train":
         from moejax.cache.from_config import check_settings
 
+        # Each value against its field first, then the pairs that cannot both be given.
         check_settings(config, live=config.job != "replay",
                        defaults=base_config() if warn else None)
+        _check_conflicts(config, base_config())
     validate = getattr(importlib.import_module(_RUNNERS[config.job][0]), "validate", None)
     if validate is not None:
         validate(config)

@@ -35,7 +35,7 @@ def base_config() -> ml_collections.ConfigDict:
     # The expert cache (issue 4). With cache.enabled=False every expert is on the device.
     c.cache = ml_collections.ConfigDict()
     c.cache.enabled = True
-    c.cache.capacity_frac = 0.05  # of `capacity_of`'s bytes; ignored when cache.slots > 0
+    c.cache.capacity_frac = 0.05  # of `capacity_of`'s bytes; not with cache.slots > 0 (both: an error)
     # What capacity_frac is a fraction of: "experts" (all routed experts' native bytes) or
     # "model" (the whole model's native bytes, dense weights included: SpecMD's meaning).
     c.cache.capacity_of = "experts"
