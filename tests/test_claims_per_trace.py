@@ -529,3 +529,12 @@ def test_hit_rates_that_buy_nothing_are_said(tmp_path):
     r = find(run(tmp_path), 5, "hit rate · stall").per_trace["t_a"]
     assert r.notes == ["ready hits below half of hits (0.0% of 97.0%)",
                        "every prefetcher decodes slower than none (0.221 vs 0.222 tok/s)"]
+
+
+def test_an_unwritable_json_path_is_one_line(tmp_path, capsys):
+    claim1_sweep(tmp_path, {"t_a": (0.010, 0.050)})
+    (tmp_path / "afile").write_text("")
+    bad = tmp_path / "afile" / "c.json"
+    assert claims.main([f"--sweep_dir={tmp_path}", f"--json={bad}"]) == 2
+    assert capsys.readouterr().err == ("python -m moejax.analysis.claims: error: "
+                                       f"--json={bad}: cannot be written (File exists)\n")

@@ -788,8 +788,11 @@ def _main(a: argparse.Namespace, argv: list[str]) -> None:
                          f"{', '.join(f'{b:g}' for b in bws) or 'none recorded'} GB/s")
     found = findings(loaded.rows, a.capacity, a.queue, a.h2d_gbps)
     command = shlex.join(["python", "-m", "moejax.analysis.claims", *argv])
-    path = claims_output.write_json(found, a.json or claims_output.default_json(sweep_dirs[0]),
-                                    command, fiddler(loaded.rows, sweep_dirs))
+    path = a.json or claims_output.default_json(sweep_dirs[0])
+    try:
+        claims_output.write_json(found, path, command, fiddler(loaded.rows, sweep_dirs))
+    except OSError as e:  # nothing was written: the temporary file is removed
+        raise UsageError(f"--json={path}: cannot be written ({e.strerror})") from None
     sys.stdout.write(claims_output.to_csv(found) if a.format == "csv"
                      else claims_output.markdown(found, loaded.summary, loaded.rows, command))
     print(f"claims.json ({len(claims_output.records(found))} records) -> {path}",

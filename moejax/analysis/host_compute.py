@@ -483,9 +483,7 @@ def fiddler_summary(rows: list[FiddlerRow]) -> list[str]:
                 at = [r for r in mine if r.baseline == kind and
                       (r.cell.trace, r.cell.precision, r.cell.host) == (trace, precision, host)]
                 counts = collections.Counter(r.verdict.word for r in at)
-                order = sorted(counts, key=lambda w: (
-                    verdicts.WORDS.index(verdicts.first_word(w))
-                    if verdicts.first_word(w) in verdicts.WORDS else 99, w))
+                order = sorted(counts, key=verdicts.word_order)
                 out.append(", ".join(f"{w} {counts[w]}" for w in order) + f" of {len(at)}")
             lines.append(f"| {trace} | {precision} | {host} | " + " | ".join(out) + " |")
         lines.append("")

@@ -174,6 +174,12 @@ def first_word(word: str) -> str:
     return word
 
 
+def word_order(word: str) -> tuple:
+    """A sort key putting verdicts in `WORDS` order (unknown words last, by name)."""
+    first = first_word(word)
+    return (WORDS.index(first) if first in WORDS else len(WORDS), word)
+
+
 def across(words: dict[str, str], missing: Iterable[str] = ()) -> str:
     """A group's word from its traces' (`words`: trace -> verdict): the one word when every
     trace has it and none is missing; else "mixed: <word> on N, <word> on M of T traces",
@@ -184,8 +190,7 @@ def across(words: dict[str, str], missing: Iterable[str] = ()) -> str:
     counts = collections.Counter(words.values())
     if len(counts) == 1 and not missing:
         return next(iter(counts))
-    order = sorted(counts, key=lambda w: (WORDS.index(first_word(w))
-                                          if first_word(w) in WORDS else len(WORDS), w))
+    order = sorted(counts, key=word_order)
     total = len(words) + len(missing)
     head = MIXED if len(counts) > 1 else f"{order[0]} on {counts[order[0]]}"
     parts = ", ".join(f"{w} on {counts[w]}" for w in order) if len(counts) > 1 else ""

@@ -258,7 +258,8 @@ HOST_CPU = tuple(f"host.{k}" for k in ("preset", *host_lib.OVERRIDABLE))
 IO = ("io.split", "io.workers", "io.mode")
 
 
-def _value(config: ml_collections.ConfigDict, field: str):
+def field_value(config: ml_collections.ConfigDict, field: str):
+    """The value of dotted `field` (`cache.slots`) in `config`."""
     for part in field.split("."):
         config = config[part]
     return config
@@ -269,7 +270,7 @@ def _not_applying(config: ml_collections.ConfigDict, live: bool | None,
     """`(field, why)` for each setting given (other than in `defaults`) that this run does not
     use. A field left at its default is not "given", even where a config file restated it."""
     def given(config, field):
-        return _value(config, field) != _value(defaults, field)
+        return field_value(config, field) != field_value(defaults, field)
 
     c = config.cache
     out = []
@@ -318,7 +319,7 @@ def _not_applying(config: ml_collections.ConfigDict, live: bool | None,
     job = config.get("job", "")
     for prefix, jobs in JOB_FIELDS:
         if job and job not in jobs:
-            section = _value(config, prefix.rstrip(".")) if prefix.endswith(".") else None
+            section = field_value(config, prefix.rstrip(".")) if prefix.endswith(".") else None
             fields = ([f"{prefix}{k}" for k in section.keys()] if section is not None
                       else [prefix])
             reads = f"only the {' and '.join(jobs)} job{'s read' if len(jobs) > 1 else ' reads'}"
@@ -339,7 +340,7 @@ def _with_host_work(config: ml_collections.ConfigDict) -> ml_collections.ConfigD
 
 
 def _shown(config: ml_collections.ConfigDict, field: str) -> str:
-    value = _value(config, field)
+    value = field_value(config, field)
     if isinstance(value, float):
         return f"{value:g}"
     return repr(value) if isinstance(value, str) else str(value)

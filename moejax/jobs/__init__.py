@@ -86,10 +86,7 @@ CONFLICTS = (("cache.slots", "cache.capacity_frac", "a slot count or a fraction 
 
 def _check_conflicts(config: ml_collections.ConfigDict,
                      defaults: ml_collections.ConfigDict) -> None:
-    def value(c, field):
-        for part in field.split("."):
-            c = c[part]
-        return c
+    from moejax.cache.from_config import field_value as value
 
     for a, b, what in CONFLICTS:
         if value(config, a) != value(defaults, a) and value(config, b) != value(defaults, b):
@@ -103,8 +100,9 @@ def check(config: ml_collections.ConfigDict, warn: bool = True) -> None:
     that does not apply); the job's own fields (its module's `validate`, where it has one).
     A value outside a field is a ConfigError naming it. The sweep launcher checks every cell
     with it before the first one runs (`launch/preflight.py`)."""
+    schema = base_config()  # once per check: a sweep's launch checks every cell
     if config.get("job") != "train":  # the train job's config is its own (train_small.py)
-        check_declared(config, base_config())
+        check_declared(config, schema)
     if config.job not in JOBS:
         raise ConfigError(f"config.job={config.job!r} is not one of {JOBS}")
     if config.job != "train":
@@ -112,8 +110,8 @@ def check(config: ml_collections.ConfigDict, warn: bool = True) -> None:
 
         # Each value against its field first, then the pairs that cannot both be given.
         check_settings(config, live=config.job != "replay",
-                       defaults=base_config() if warn else None)
-        _check_conflicts(config, base_config())
+                       defaults=schema if warn else None)
+        _check_conflicts(config, schema)
     validate = getattr(importlib.import_module(_RUNNERS[config.job][0]), "validate", None)
     if validate is not None:
         validate(config)
