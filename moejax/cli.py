@@ -194,12 +194,24 @@ def guarded(prog: str, body: Callable[[], int | None], *,
         print(f"{prog}: interrupted" + (f"; {what}" if what else ""), file=sys.stderr)
         return INTERRUPTED
     except Exception as e:  # noqa: BLE001 - sorted into a user's mistake or a defect below
+        if _from_ctrl_c(e) and not debug():
+            # Ctrl-C while a C extension initialises (tensorstore, ml_dtypes: the first
+            # seconds of a run) surfaces as "ImportError: initialization failed" raised from
+            # the KeyboardInterrupt: it is the Ctrl-C, and says so.
+            print(f"{prog}: interrupted" + (f"; {kept()}" if kept and kept() else ""),
+                  file=sys.stderr)
+            return INTERRUPTED
         found = message_of(e)
         if found is None or debug():
             raise
         text, status = found
         print(f"{prog}: error: {text}", file=sys.stderr)
         return status
+
+
+def _from_ctrl_c(e: BaseException) -> bool:
+    """Whether `e` was raised from or while handling a KeyboardInterrupt."""
+    return any(isinstance(c, KeyboardInterrupt) for c in _chain(e)[1:])
 
 
 def run_absl(prog: str, main: Callable[[list[str]], int | None], *,
@@ -280,8 +292,8 @@ def parse_flags(argv: list[str], flag_values=None) -> list[str]:
         if failed is not None:
             if debug():
                 raise failed
-            raise UsageError(_config_file_message(name, _argument_of(name, argv), failed))
-        given = _argument_of(name, argv)
+            raise UsageError(_config_file_message(name, argument_of(name, argv), failed))
+        given = argument_of(name, argv)
         if type(flag_values[name]).__name__ == "_ConfigFlag" and given:
             _check_config_value(name, given, flag_values[name].value)
     return remaining
@@ -300,7 +312,7 @@ def _check_config_value(name: str, argument: str, value) -> None:
                      "and return it)")
 
 
-def _argument_of(name: str, argv: list[str]) -> str:
+def argument_of(name: str, argv: list[str]) -> str:
     """What `--name` was given on the command line (the last one wins, as in absl)."""
     found = ""
     for i, arg in enumerate(argv):

@@ -15,6 +15,9 @@ writing anything leaves nothing behind; a directory the run did not create is ne
 `Claim.kept()` says, in one line, what the run left in the workdir (for Ctrl-C's message).
 
 Every refusal is a `UsageError` naming `--workdir=PATH` (status 2).
+
+`fresh(config)` is the workdir of a run given none: `runs/<config name>-<date-time>/`, a
+directory no earlier run used.
 """
 
 from __future__ import annotations
@@ -293,3 +296,23 @@ def claimed(path: str, flag: str = FLAG) -> Iterator[Claim]:
         yield held
     finally:
         held.release()
+
+
+RUNS = "runs"
+
+
+def fresh(config: str, root: str = RUNS, now: float | None = None) -> str:
+    """`root/<config name>-<YYYYmmdd-HHMMSS>` for the config file `config` (`PATH[:ARG]`; the
+    argument, made file-name safe, joins the name), with `-2`, `-3`, ... where a run of the
+    same second has the name already."""
+    path, _, arg = config.partition(":")
+    name = os.path.splitext(os.path.basename(path))[0] or "run"
+    if arg:
+        name += "-" + "".join(c if c.isalnum() or c in "._=-" else "_" for c in arg)
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now))
+    base = os.path.join(root, f"{name}-{stamp}")
+    candidate, n = base, 1
+    while os.path.lexists(candidate):
+        n += 1
+        candidate = f"{base}-{n}"
+    return candidate

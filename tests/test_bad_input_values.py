@@ -7,6 +7,7 @@ run `python -m moejax.main` to show the exit status and that no traceback is pri
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import subprocess
@@ -247,8 +248,9 @@ def test_every_declared_argument_refuses_a_value_of_the_wrong_kind_by_name():
 @pytest.mark.parametrize("kind, spec, message", [
     ("eviction", "least_stale(order=3)",
      r"order=3 must be one of 'two_queue', 'left_first', 'cyclic'"),
-    ("miss", "fetch_priority(percentile='x')", r"percentile='x' must be a finite number"),
-    ("prefetch", "score_percentile(p=x)", r"p='x' must be a finite number"),
+    ("miss", "fetch_priority(percentile='x')", r"percentile='x' must be a number in \[0, 100\]"),
+    ("prefetch", "score_percentile(p=x)", r"p='x' must be a number in \[0, 100\)"),
+    ("prefetch", "topk(overfetch=x)", r"overfetch='x' must be a number > 0"),
     ("miss", "fetch_priority(upgrade=1)", r"upgrade=1 must be one of False, True"),
     ("miss", "drop(keep=1.5)", r"keep=1\.5 must be an integer >= 1"),
     ("miss", "fetch_lowest_bit(levels=4)", r"levels=4 must be precisions from high to low"),
@@ -259,11 +261,57 @@ def test_named_wrong_kinds(kind, spec, message):
 
 
 def test_values_of_the_right_kind_still_reach_the_constructor():
-    # Its own range check and message (the registry refuses kinds, not a fuzzed range).
+    # Outside the fuzzed range but inside the argument's meaning: built.
     assert build("prefetch", "topk(overfetch=8)", **CTX).count == 8
-    with pytest.raises(ConfigError, match=r"p=100 must be in \[0, 100\)"):
-        build("prefetch", "score_percentile(p=100)", **CTX)
     assert build("miss", "fetch_priority(levels='int8:4')", **CTX).levels == ("int8", "int4")
+
+
+def _outside(domain: declare.Floats) -> list[float]:
+    """Values just past each bound the argument declares as its meaning."""
+    out = []
+    for bound, step in ((domain.at_least, -1e-6), (domain.above, 0.0),
+                        (domain.at_most, 1e-6), (domain.below, 0.0)):
+        if bound is not None:
+            out.append(bound + step)
+    return out
+
+
+def test_a_declared_range_is_refused_without_the_cache_and_by_the_constructor():
+    """Each number argument's meaning (`Floats.at_least` ...) is refused by `check`, which has
+    no model (a sweep's launch checks every cell with it), and the constructor refuses the
+    same value when built by hand: the two never disagree."""
+    from moejax.policies import check
+
+    refused = 0
+    for kind in KINDS:
+        for name in names(kind):
+            cls = policy_class(kind, name)
+            for arg in spec_arguments(cls):
+                domain = cls.ARGS[arg]
+                if not isinstance(domain, declare.Floats):
+                    continue
+                for value in _outside(domain):
+                    spec = f"{name}({arg}={value!r})"
+                    with pytest.raises(ConfigError, match=rf"{arg}=.* must be a number"):
+                        check(kind, spec)
+                    ctor_args = {k: v for k, v in CTX.items()
+                                 if k in inspect.signature(cls).parameters}
+                    with pytest.raises((ValueError, TypeError)):
+                        cls(**{arg: value}, **ctor_args)
+                    refused += 1
+    assert refused >= 8  # p, percentile x2 (two bounds each), overfetch, lam, tol, precision
+
+
+@pytest.mark.parametrize("kind, spec", [
+    ("prefetch", "score_percentile(p=150)"), ("prefetch", "score_percentile(p=100)"),
+    ("prefetch", "score_percentile(p=-1)"), ("prefetch", "topk(overfetch=0)"),
+    ("miss", "fetch_priority(percentile=101)"), ("miss", "substitute(tol=-0.1)"),
+    ("routing", "cache_aware(lam=-1)")])
+def test_named_ranges_are_refused_before_any_model(kind, spec):
+    from moejax.policies import check
+
+    with pytest.raises(ConfigError, match="must be a number"):
+        check(kind, spec)
 
 
 # -- through the door: exit status 2, one line, no traceback ---------------------------------

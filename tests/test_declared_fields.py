@@ -142,7 +142,7 @@ def test_settings_a_run_does_not_apply_are_said_and_kept_in_results(tmp_path, ca
     results = jobs.run(c, str(tmp_path))
     want = ["io.split=4 does not apply: a replay reads no checkpoint (io.* sets the live "
             "runtime's expert reader)",
-            "profile.enabled=True does not apply: only the generate job reads profile.*; "
+            "profile.enabled=True does not apply: its section is read only by the generate job; "
             "this is a replay run"]
     err = capsys.readouterr().err
     for w in want:

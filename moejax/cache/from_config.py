@@ -197,7 +197,7 @@ def check_settings(config: ml_collections.ConfigDict, *, live: bool | None = Non
     Then, given `defaults` (the schema's `base_config()`: `moejax.jobs.run` passes it; the
     cache does not import the jobs), a setting that is given (not the schema's default) but
     does not apply to this run gets one warning line on stderr, once per config
-    (`_warn_once`). `live`: True for a run of the model, False for a replay, None when the
+    (`warn_once`). `live`: True for a run of the model, False for a replay, None when the
     caller does not know (only the warnings that hold either way)."""
     c = config.cache
     given_slots(config)
@@ -237,8 +237,13 @@ def check_settings(config: ml_collections.ConfigDict, *, live: bool | None = Non
         raise ConfigError(f"cache.host_eviction: {e}") from e
     if defaults is None:
         return
-    for field, why in _not_applying(config, live, defaults):
-        _warn_once(config, f"{field}={_shown(config, field)} does not apply: {why}")
+    warn_unapplied(config, _not_applying(config, live, defaults))
+
+
+def warn_unapplied(config: ml_collections.ConfigDict, unapplied) -> None:
+    """One warning for each `(field, why)`: `field=value does not apply: why`."""
+    for field, why in unapplied:
+        warn_once(config, f"{field}={_shown(config, field)} does not apply: {why}")
 
 
 def _check_io(config: ml_collections.ConfigDict) -> None:
@@ -316,21 +321,7 @@ def _not_applying(config: ml_collections.ConfigDict, live: bool | None,
     if c.slots > 0:  # (with cache.capacity_frac given too: an error, `jobs.CONFLICTS`)
         out += [(f, f"cache.slots={c.slots} sets the slot count")
                 for f in ("cache.capacity_of",) if given(config, f)]
-    job = config.get("job", "")
-    for prefix, jobs in JOB_FIELDS:
-        if job and job not in jobs:
-            section = field_value(config, prefix.rstrip(".")) if prefix.endswith(".") else None
-            fields = ([f"{prefix}{k}" for k in section.keys()] if section is not None
-                      else [prefix])
-            reads = f"only the {' and '.join(jobs)} job{'s read' if len(jobs) > 1 else ' reads'}"
-            out += [(f, f"{reads} {prefix}*; this is a {job} run") if prefix.endswith(".")
-                    else (f, f"{reads} it; this is a {job} run")
-                    for f in fields if given(config, f)]
     return out
-
-
-# Settings only some jobs read: (a section with its dot, or a field; the jobs that read it).
-JOB_FIELDS = (("profile.", ("generate",)),)
 
 
 def _with_host_work(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
@@ -351,7 +342,7 @@ def _shown(config: ml_collections.ConfigDict, field: str) -> str:
 _WARNED: dict[int, tuple[weakref.ref, set[str]]] = {}
 
 
-def _warn_once(config: ml_collections.ConfigDict, message: str) -> None:
+def warn_once(config: ml_collections.ConfigDict, message: str) -> None:
     entry = _WARNED.get(id(config))
     if entry is None or entry[0]() is not config:
         for key in [k for k, (ref, _) in _WARNED.items() if ref() is None]:
@@ -363,7 +354,7 @@ def _warn_once(config: ml_collections.ConfigDict, message: str) -> None:
 
 
 def warned(config: ml_collections.ConfigDict) -> list[str]:
-    """The warnings said for `config` (`_warn_once`), sorted: results.json's `warnings`."""
+    """The warnings said for `config` (`warn_once`), sorted: results.json's `warnings`."""
     entry = _WARNED.get(id(config))
     return sorted(entry[1]) if entry is not None and entry[0]() is config else []
 

@@ -20,8 +20,8 @@ import ml_collections
 from moejax import workdir as workdir_lib
 from moejax.cli import Interrupted
 from moejax.errors import ConfigError
-from moejax.jobs.declared import check_declared
-from moejax.jobs.schema import JOBS, base_config
+from moejax.jobs.declared import check_declared, unread_by_job
+from moejax.jobs.schema import JOBS, LIVE, READ_BY, base_config
 
 __all__ = ["JOBS", "base_config", "check", "run"]
 
@@ -112,6 +112,10 @@ def check(config: ml_collections.ConfigDict, warn: bool = True) -> None:
         check_settings(config, live=config.job != "replay",
                        defaults=schema if warn else None)
         _check_conflicts(config, schema)
+        if warn:
+            from moejax.cache.from_config import warn_unapplied
+
+            warn_unapplied(config, unread_by_job(config, schema, READ_BY, LIVE))
     validate = getattr(importlib.import_module(_RUNNERS[config.job][0]), "validate", None)
     if validate is not None:
         validate(config)

@@ -7,6 +7,9 @@ the default would run. `check_declared` walks the config against the schema befo
 loads: an undeclared field or section is a ConfigError naming it and the closest declared
 name, a value of the wrong kind names the field and what it takes.
 
+`unread_by_job` is the other half: a field that is declared but that this job does not read
+(`schema.READ_BY`, the table of which jobs read which field), given anyway.
+
 The train job builds its own config (`configs/train_small.py`): it is checked against nothing
 here."""
 
@@ -67,3 +70,91 @@ def check_declared(config: ml_collections.ConfigDict, schema: ml_collections.Con
         if kind is not None and not _fits(value, kind):
             raise ConfigError(f"{name}={value!r}: {name} takes a {kind.__name__} "
                               f"(got a {type(value).__name__})")
+
+
+
+def unread_by_job(config: ml_collections.ConfigDict, defaults: ml_collections.ConfigDict,
+                  read_by: tuple, live: tuple) -> list[tuple[str, str]]:
+    """`(field, why)` for each field given (away from `defaults`) that `config.job` does not
+    read, by `read_by` (`schema.READ_BY`: a field, or a section with a trailing dot -> the
+    jobs that read it; `live`: the jobs that run the model)."""
+    from moejax.cache.from_config import field_value
+
+    job, out = config.job, []
+    for name, jobs in read_by:
+        if job in jobs:
+            continue
+        section = name.endswith(".")
+        fields = ([f"{name}{k}" for k in config[name.rstrip(".")].keys()] if section
+                  else [name])
+        readers = ("the jobs that run the model" if set(jobs) == set(live)
+                   else f"the {' and '.join(jobs)} job{'s' if len(jobs) > 1 else ''}")
+        why = f"{'its section is ' if section else ''}read only by {readers}; this is a {job} run"
+        out += [(f, why) for f in fields
+                if field_value(config, f) != field_value(defaults, f)]
+    return out
+
+
+def listing(schema: ml_collections.ConfigDict, read_by: tuple, where: str = "") -> list[str]:
+    """Every field of `schema`, one line each: its dotted name, the type it takes, its default
+    and, where only some jobs read it (`read_by`), which (`python -m moejax.main --fields`)."""
+    readers = dict(read_by)
+    lines = []
+    for key in schema.keys():
+        name, value = f"{where}{key}", schema[key]
+        if isinstance(value, ml_collections.ConfigDict) and value.keys():
+            lines += listing(value, read_by, f"{name}.")
+            continue
+        kind = _kind(schema, key)
+        jobs = readers.get(name) or readers.get(f"{where}")
+        shown = "None (not given)" if value is None else repr(value)
+        lines.append(f"{name:34} {kind.__name__ if kind else 'any':6} {shown}"
+                     + (f"  [{', '.join(jobs)}]" if jobs else ""))
+    return lines
+
+
+def _typed(argv: list[str], prefix: str = "--config.") -> list[tuple[str, str]]:
+    """(field, value as typed) for each `--config.FIELD=VALUE` / `--config.FIELD VALUE`."""
+    out = []
+    for i, arg in enumerate(argv):
+        if arg == "--":
+            break
+        for dash in (prefix, prefix[1:]):
+            if arg.startswith(dash):
+                field, sep, value = arg[len(dash):].partition("=")
+                if not sep and i + 1 < len(argv):
+                    value = argv[i + 1]
+                out.append((field, value))
+                break
+    return out
+
+
+def check_typed(argv: list[str], config: ml_collections.ConfigDict, not_given: dict) -> None:
+    """What the command line set that parses but cannot be what its user meant: a field's "not
+    given" (`not_given`: field -> (that value, what the field takes)), which would run as if
+    the flag were absent; a `run.prompts` item that is not a quoted string or a list of them
+    (`--config.run.prompts='not json'` would otherwise be one prompt, the text `not json`)."""
+    import ast
+
+    from moejax.cache.from_config import field_value
+
+    for field, typed in _typed(argv):
+        flag = f"--config.{field}={typed}"
+        if field == "run.prompts":
+            try:
+                value = ast.literal_eval(typed)
+            except (ValueError, SyntaxError):
+                value = None
+            items = value if isinstance(value, (list, tuple)) else [value]
+            if not all(isinstance(v, str) for v in items):
+                raise ConfigError(
+                    f"{flag}: takes a list of quoted prompts, --config.run.prompts='[\"first\", "
+                    "\"second\"]', or one quoted prompt per flag, "
+                    "--config.run.prompts='\"first\"'")
+        if field in not_given:
+            empty, takes = not_given[field]
+            value = field_value(config, field)
+            if (tuple(value or ()) == empty if isinstance(empty, tuple) else value == empty):
+                raise ConfigError(f"{flag}: {typed or 'empty'} is the field's \"not given\" (the "
+                                  f"run would go on as if the flag were absent); it takes "
+                                  f"{takes}")

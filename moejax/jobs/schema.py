@@ -282,6 +282,50 @@ def base_config() -> ml_collections.ConfigDict:
     return c
 
 
+# Which jobs read each field (or section: its name with a trailing dot). A field not named
+# here is read by every job of this schema that runs the model or a replay (the cache, the
+# policies, the clocks, ...; `moejax/cache/from_config.py` says which of those a setting of
+# the rest of the config leaves unread). A field given (away from its default) to a job that
+# does not read it is said in one warning line and kept in results.json's `warnings`
+# (`moejax/jobs/declared.py: unread_by_job`): accepted and ignored is never silent.
+LIVE = ("generate", "perplexity", "quality", "eval", "record_traces")
+READ_BY = (
+    ("model.checkpoint", LIVE), ("model.gmm_impl", LIVE), ("model.lookahead", LIVE),
+    ("model.gate_path", LIVE),
+    ("run.prompt", ("generate",)), ("run.prompt_ids", ("generate",)),
+    ("run.prompts", ("generate",)), ("run.batch_size", ("generate",)),
+    ("run.stop_at_eos", ("generate",)), ("run.warmup", ("generate",)),
+    ("run.max_new_tokens", ("generate", "record_traces")),
+    ("text_file", ("perplexity", "quality")),
+    ("eval.window", ("perplexity", "eval")), ("eval.stride", ("perplexity", "eval")),
+    ("eval.max_tokens", ("perplexity", "eval")),
+    ("eval.task", ("eval", "quality")), ("eval.data_file", ("eval", "quality")),
+    ("eval.max_examples", ("eval", "quality")), ("eval.input_field", ("eval", "quality")),
+    ("eval.target_field", ("eval", "quality")),
+    ("eval.shots", ("eval",)), ("eval.max_new_tokens", ("eval",)), ("eval.stop", ("eval",)),
+    ("quality.", ("quality",)),
+    ("tracing.record", ("generate",)),
+    ("tracing.prompts_per_domain", ("record_traces",)),
+    ("tracing.prompt_tokens", ("record_traces",)),
+    ("tracing.teacher_forced", ("record_traces",)),
+    ("trace", ("replay",)), ("trace_num_experts", ("replay",)), ("trace_strict", ("replay",)),
+    ("trace_request_tokens", ("replay",)), ("trace_prefill_tokens", ("replay",)),
+    ("profile.", ("generate",)),
+)
+
+
+# A field's "not given" typed on the command line: the run would go on as if the flag were
+# absent, so the flag is refused, saying what the field takes (`declared.check_typed`).
+_POLICY = "a policy spec (left out: the preset's, or the default combination)"
+NOT_GIVEN = {
+    "cache.slots": (0, "a slot count >= 1 (left out: cache.capacity_frac sizes the cache)"),
+    "policies.eviction": ("", _POLICY), "policies.prefetch": ("", _POLICY),
+    "policies.miss": ("", _POLICY), "policies.routing": ("", _POLICY),
+    "policies.preset": ("", "a preset name, specmd_1 .. specmd_5 (left out: none)"),
+    "run.prompts": ((), "one prompt or more (left out: run.prompt runs)"),
+}
+
+
 # Full-size presets of each family (the grid configs' default scale).
 FULL_PRESETS = {"olmoe": "olmoe-1b-7b", "mixtral": "mixtral-8x7b", "qwen2_moe": "qwen1.5-moe-a2.7b",
                 "phimoe": "phi-3.5-moe"}

@@ -71,12 +71,20 @@ class Ints(Domain):
 class Floats(Domain):
     """Numbers in `[lo, hi]` (`hi_open`: `[lo, hi)`): the values the fuzzer draws. Some of
     these ranges are narrower than what the argument means (`topk`'s `overfetch` takes any
-    positive number), so the registry refuses only what is not a finite number; the
-    constructor checks the range it means, and says it."""
+    positive number), so what the registry refuses is the argument's meaning, declared apart:
+    `at_least` / `above` (a lower bound, inclusive / exclusive) and `at_most` / `below` (an
+    upper one), each None for unbounded; and always a value that is not a finite number. The
+    bounds are checked wherever a spec is (`registry.check`), so a sweep refuses
+    `score_percentile(p=150)` at its launch, not in its cell; the constructor checks them
+    again for a policy built by hand."""
 
     lo: float
     hi: float
     hi_open: bool = False
+    at_least: float | None = None
+    above: float | None = None
+    at_most: float | None = None
+    below: float | None = None
 
     def contains(self, value):
         if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -85,10 +93,25 @@ class Floats(Domain):
 
     def refuses(self, value):
         # `not v - v == 0`: inf and nan (a spec may give `1e999`, a literal inf).
-        return (isinstance(value, bool) or not isinstance(value, (int, float))
-                or not value - value == 0)
+        if (isinstance(value, bool) or not isinstance(value, (int, float))
+                or not value - value == 0):
+            return True
+        return ((self.at_least is not None and value < self.at_least)
+                or (self.above is not None and value <= self.above)
+                or (self.at_most is not None and value > self.at_most)
+                or (self.below is not None and value >= self.below))
 
     def takes(self):
+        low = (f"[{self.at_least:g}" if self.at_least is not None
+               else f"({self.above:g}" if self.above is not None else None)
+        high = (f"{self.at_most:g}]" if self.at_most is not None
+                else f"{self.below:g})" if self.below is not None else None)
+        if low and high:
+            return f"a number in {low}, {high}"
+        if low:
+            return f"a number {'>=' if low[0] == '[' else '>'} {low[1:]}"
+        if high:
+            return f"a number {'<=' if high[-1] == ']' else '<'} {high[:-1]}"
         return "a finite number"
 
 

@@ -148,7 +148,7 @@ class Substitute(MissPolicy):
     original weight. Otherwise the expert is fetched."""
 
     name = "substitute"
-    ARGS = {"tol": Floats(0.0, 1.0)}
+    ARGS = {"tol": Floats(0.0, 1.0, at_least=0.0)}
     needs_probs = True
 
     def __init__(self, tol: float = 0.05, cache_precision: str = ""):
@@ -231,7 +231,8 @@ class FetchPriority(_Cascade):
     expert wanted above its resident copy's precision is fetched again (see `MissPolicy`)."""
 
     name = "fetch_priority"
-    ARGS = {"levels": Levels(optional=True), "percentile": Floats(0.0, 100.0),
+    ARGS = {"levels": Levels(optional=True),
+            "percentile": Floats(0.0, 100.0, at_least=0.0, at_most=100.0),
             "upgrade": Choice((False, True))}
 
     def __init__(self, levels: str | None = None, percentile: float = 60,
@@ -255,7 +256,8 @@ class DropPriorityCascade(_Cascade):
     renormalised (as `drop`)."""
 
     name = "drop_priority_cascade"
-    ARGS = {"levels": Levels(optional=True), "percentile": Floats(0.0, 100.0),
+    ARGS = {"levels": Levels(optional=True),
+            "percentile": Floats(0.0, 100.0, at_least=0.0, at_most=100.0),
             "keep": Ints(1, None, fuzz_hi=4), "upgrade": Choice((False, True))}
 
     drop_band = True

@@ -60,7 +60,7 @@ class TopKPrefetch(_SpecPrefetch):
     gives 12 for OLMoE's top-8)."""
 
     name = "topk"
-    ARGS = {"overfetch": Floats(0.25, 4.0), "lookahead": Ints(1, None, fuzz_hi=3)}
+    ARGS = {"overfetch": Floats(0.25, 4.0, above=0.0), "lookahead": Ints(1, None, fuzz_hi=3)}
     KERNEL = KernelForm("predictions", {"overfetch": ANY, "lookahead": ANY})
 
     def __init__(self, top_k: int, num_experts: int, overfetch: float = 1.0, lookahead: int = 1):
@@ -87,7 +87,8 @@ class ScorePercentilePrefetch(_SpecPrefetch):
     a histogram with log-spaced bins, so the threshold is exact to a bin (~2.7%)."""
 
     name = "score_percentile"
-    ARGS = {"p": Floats(0.0, 100.0, hi_open=True), "lookahead": Ints(1, None, fuzz_hi=3)}
+    ARGS = {"p": Floats(0.0, 100.0, hi_open=True, at_least=0.0, below=100.0),
+            "lookahead": Ints(1, None, fuzz_hi=3)}
     KERNEL = KernelForm("predictions", {"p": ANY, "lookahead": ANY})
 
     def __init__(self, top_k: int, num_experts: int, p: float = 80.0, lookahead: int = 1):
@@ -172,7 +173,8 @@ class NoisyOraclePrefetch(OraclePrefetch):
     replaced by a random wrong expert of the layer (seeded): prediction quality as a knob."""
 
     name = "noisy_oracle"
-    ARGS = {"precision": Floats(0.0, 1.0), "lookahead": Ints(1, None, fuzz_hi=3)}
+    ARGS = {"precision": Floats(0.0, 1.0, at_least=0.0, at_most=1.0),
+            "lookahead": Ints(1, None, fuzz_hi=3)}
     KERNEL = KernelForm("predictions", {"precision": ANY, "lookahead": ANY})
 
     def __init__(self, num_experts: int, precision: float = 0.8, lookahead: int = 1,

@@ -40,7 +40,7 @@ class Standard(RoutingPolicy):
 @register("routing", "cache_aware")
 class CacheAware(RoutingPolicy):
     name = "cache_aware"
-    ARGS = {"lam": Floats(0.0, 2.0)}
+    ARGS = {"lam": Floats(0.0, 2.0, at_least=0.0)}
     needs_probs = True
 
     def __init__(self, top_k: int, renormalize: bool, lam: float = 0.3):
