@@ -284,7 +284,9 @@ def parse_flags(argv: list[str], flag_values=None) -> list[str]:
             raise
         raise UsageError(flag_error_message(e)) from None
     finally:
-        logging.set_verbosity(verbosity)
+        # The user's own --verbosity (-v) stands; otherwise the level from before parsing.
+        if "verbosity" not in flag_values or not flag_values["verbosity"].present:
+            logging.set_verbosity(verbosity)
     # config_flags defers a config file that does not load to the first use of the config
     # (an `_ErrorConfig` placeholder): surface it now, before anything runs.
     for name in list(flag_values):

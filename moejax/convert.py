@@ -8,6 +8,10 @@
 precision (`moejax.checkpoint.packed`) instead of zarr3 arrays; `--add_precisions` writes in
 the layout the checkpoint already has.
 
+`--out` takes an empty or absent directory (`check_out`, before any weight is read); a
+conversion that fails or is interrupted removes what it wrote. Third-party INFO logging (absl,
+orbax, jax) is off unless `--verbosity` (`-v`) is given (`quiet_logs`).
+
 Families: OLMoE, Mixtral, Qwen1.5/Qwen2-MoE, Phi-3.5-MoE (see `moejax.families`).
 """
 
@@ -16,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 from typing import Iterator
 
 import numpy as np
@@ -23,6 +28,7 @@ from absl import app, flags, logging
 
 from moejax import checkpoint, workdir
 from moejax.checkpoint.hf_names import dense_sources, read_layer_experts
+from moejax.checkpoint.meta import hugging_face_message, is_hugging_face_dir
 from moejax.checkpoint.params import flat_params
 from moejax.checkpoint.safetensors_dir import SafetensorsDir
 from moejax.cli import UsageError
@@ -138,6 +144,7 @@ flags.DEFINE_bool("add_precisions", False,
 
 
 def main(argv):
+    quiet_logs()
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     if FLAGS.add_precisions:
@@ -151,6 +158,8 @@ def main(argv):
             what = "is a file" if os.path.exists(FLAGS.out) else "no such directory"
             raise UsageError(f"--out={FLAGS.out}: {what} (--add_precisions adds to an existing "
                              f"moejax checkpoint)")
+        if is_hugging_face_dir(FLAGS.out):
+            raise UsageError(f"--out={hugging_face_message(FLAGS.out)}")
         # add_precisions changes nothing until its copies are complete; the claim keeps a
         # second convert out of the checkpoint meanwhile.
         with workdir.claimed(FLAGS.out, "--out"):
@@ -168,22 +177,104 @@ def main(argv):
     if not os.path.exists(os.path.join(FLAGS.hf_dir, "config.json")):
         raise UsageError(f"--hf_dir={FLAGS.hf_dir}: has no config.json (a Hugging Face "
                          f"checkpoint directory is expected)")
-    if os.path.exists(os.path.join(FLAGS.out, "config.json")):
-        raise UsageError(f"--out={FLAGS.out}: holds a moejax checkpoint already; choose another "
-                         f"--out, or remove it first (--add_precisions adds copies to it)")
+    if not workdir.held(FLAGS.out):  # held by a running convert: the claim below names it
+        check_out(FLAGS.out, FLAGS.hf_dir)
     claim = workdir.claim(FLAGS.out, "--out")
+    try:
+        check_out(FLAGS.out, FLAGS.hf_dir)  # again under the lock: nothing got in meanwhile
+    except BaseException:
+        claim.release()
+        raise
+    _run["claimed"] = True  # from here on, what --out holds is this run's
     try:
         cfg = convert(FLAGS.hf_dir, FLAGS.out, FLAGS.dtype, FLAGS.compression,
                       FLAGS.precisions, FLAGS.group_size, FLAGS.calibration, FLAGS.layout)
     except BaseException:
-        # A checkpoint without config.json is incomplete: one this run started in a
-        # directory of its own goes; files in a directory that was there are left.
+        # A checkpoint without config.json is incomplete: what this run wrote goes. --out was
+        # empty or absent (check_out, under the lock), so all of it is this run's; a
+        # directory that was there stays, empty, and one this run created goes too.
+        _remove_entries(FLAGS.out)
         claim.discard()
         raise
     claim.release()
+    _run["converted"] = True
     print(f"converted {cfg.family}: {cfg.num_layers} layers, {cfg.num_moe_layers} MoE layers x "
           f"{cfg.num_experts} experts (top-{cfg.top_k}), expert {cfg.expert_bytes} bytes, "
           f"{FLAGS.layout} layout -> {FLAGS.out}")
+
+
+def check_out(out: str, hf_dir: str) -> None:
+    """Refuses, before any weight is read, an `--out` that is not an empty or absent
+    directory: a UsageError, one line naming --out and what it found there (a file, the
+    --hf_dir itself, a moejax checkpoint, or the first entries of a directory that is neither).
+    The lock file of a claim (`workdir.LOCK_NAME`) does not count as an entry.
+
+    An --out inside --hf_dir (e.g. `--hf_dir=m --out=m/moejax`) is taken: the new
+    directory holds only this run's files, the source's files are read by name (the
+    safetensors index, `writer.TOKENIZER_FILES`), never by listing the directory, so nothing
+    of the source is written, replaced or read twice."""
+    if os.path.lexists(out) and not os.path.isdir(out):
+        what = ("is a file, not a directory" if os.path.isfile(out) else
+                "is a broken symbolic link" if os.path.islink(out) else "is not a directory")
+        raise UsageError(f"--out={out}: {what} (--out takes an empty or absent directory)")
+    if not os.path.isdir(out):
+        return  # absent: workdir.claim checks that it can be created
+    if os.path.realpath(out) == os.path.realpath(hf_dir):
+        raise UsageError(f"--out={out}: is the same directory as --hf_dir={hf_dir}; the "
+                         f"converted checkpoint goes into a directory of its own (e.g. "
+                         f"--out={hf_dir.rstrip(os.sep) or hf_dir}-moejax)")
+    try:
+        entries = sorted(n for n in os.listdir(out) if n != workdir.LOCK_NAME)
+    except OSError as e:
+        raise UsageError(f"--out={out}: cannot be listed ({e.strerror})") from None
+    if not entries:
+        return
+    if _is_moejax_checkpoint(out):
+        raise UsageError(f"--out={out}: holds a moejax checkpoint already; choose another "
+                         f"--out, or remove it first (--add_precisions adds copies to it)")
+    shown = ", ".join(entries[:3]) + (", ..." if len(entries) > 3 else "")
+    count = f"{len(entries)} entr{'y' if len(entries) == 1 else 'ies'}"
+    raise UsageError(f"--out={out}: holds {count} ({shown}); --out takes an empty or absent "
+                     f"directory")
+
+
+def _is_moejax_checkpoint(path: str) -> bool:
+    """Whether `path` holds a complete moejax checkpoint: a config.json that reads as one
+    (`checkpoint.read_config`; the file is written last, so its presence marks completion)."""
+    try:
+        checkpoint.read_config(path)
+    except (CheckpointError, ConfigError, OSError):
+        return False
+    return True
+
+
+def _remove_entries(out: str) -> None:
+    """Removes everything in `out` but the claim's lock file (after a failed conversion into
+    a directory that was empty)."""
+    try:
+        names = os.listdir(out)
+    except OSError:
+        return
+    for name in names:
+        if name == workdir.LOCK_NAME:
+            continue
+        path = os.path.join(out, name)
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            try:
+                os.remove(path)
+            except OSError:
+                pass
+
+
+def quiet_logs() -> None:
+    """Keeps the INFO lines of absl, orbax and jax (about 30 per conversion: orbax's save
+    steps, jax's backend probing) off stderr: the absl verbosity, which sets the root logger's
+    level that jax's and orbax's loggers follow, goes to WARNING, unless the command line gave
+    --verbosity (-v), which stands (`cli.parse_flags` keeps it)."""
+    if not FLAGS["verbosity"].present:
+        logging.set_verbosity(logging.WARNING)
 
 
 def run():
@@ -193,15 +284,23 @@ def run():
     run_absl("moejax.convert", main, kept=_kept)
 
 
+# What the conversion has done so far, for `_kept` (Ctrl-C's line).
+_run = {"claimed": False, "converted": False}
+
+
 def _kept() -> str:
     if FLAGS.add_precisions:
         return f"{FLAGS.out} is as it was (no copy is listed until all are complete)"
-    if FLAGS.out and not os.path.exists(os.path.join(FLAGS.out, "config.json")):
-        left = os.path.isdir(FLAGS.out) and any(n != workdir.LOCK_NAME
-                                                for n in os.listdir(FLAGS.out))
-        return (f"{FLAGS.out} holds an incomplete checkpoint (no config.json)" if left
-                else f"nothing written to {FLAGS.out}")
-    return ""
+    if not FLAGS.out:
+        return ""
+    if _run["converted"]:
+        return f"{FLAGS.out} holds the converted checkpoint"
+    # A failed or interrupted conversion removes what it wrote (main): anything left is what
+    # could not be removed.
+    left = (_run["claimed"] and os.path.isdir(FLAGS.out)
+            and any(n != workdir.LOCK_NAME for n in os.listdir(FLAGS.out)))
+    return (f"{FLAGS.out} holds an incomplete checkpoint (no config.json)" if left
+            else f"nothing written to {FLAGS.out}")
 
 
 if __name__ == "__main__":

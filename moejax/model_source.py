@@ -12,6 +12,7 @@ import ml_collections
 import numpy as np
 
 from moejax import bundled, checkpoint
+from moejax.checkpoint.meta import hugging_face_message, is_hugging_face_dir
 from moejax.errors import ConfigError
 from moejax.families import FAMILIES, get_family, preset
 from moejax.model_config import ModelConfig
@@ -125,6 +126,8 @@ def validate_model_config(m: ml_collections.ConfigDict) -> None:
     if m.checkpoint:
         if not os.path.isdir(m.checkpoint):
             raise ConfigError(f"model.checkpoint={m.checkpoint!r} is not a directory")
+        if is_hugging_face_dir(m.checkpoint):  # refused here, before a job loads anything
+            raise ConfigError(f"model.checkpoint={hugging_face_message(m.checkpoint)}")
         return
     if width and m.preset == EMBEDDED:
         raise ConfigError(f"model.width={width!r} draws a family preset at another width, and "

@@ -29,6 +29,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 
 from moejax.checkpoint import expert_store, packed
 from moejax.errors import CheckpointError, ConfigError
@@ -96,7 +97,33 @@ def _read_config_dict(path: str) -> tuple[str, dict]:
         raise CheckpointError(f"{cfg_path}: invalid moejax config: {e}") from e
     if not isinstance(d, dict):
         raise CheckpointError(f"{cfg_path}: invalid moejax config: not a JSON object")
+    if _is_hugging_face_config(d):
+        raise CheckpointError(hugging_face_message(path))
     return cfg_path, d
+
+
+def _is_hugging_face_config(d: dict) -> bool:
+    """A Hugging Face config.json: it has `model_type` or `architectures` (transformers
+    writes both), which a moejax config never has, and no moejax `family`."""
+    return "family" not in d and ("model_type" in d or "architectures" in d)
+
+
+def is_hugging_face_dir(path: str) -> bool:
+    """Whether `path` holds an unconverted Hugging Face checkpoint (its config.json is one)."""
+    try:
+        with open(os.path.join(path, "config.json")) as f:
+            d = json.load(f)
+    except (OSError, ValueError):
+        return False
+    return isinstance(d, dict) and _is_hugging_face_config(d)
+
+
+def hugging_face_message(path: str) -> str:
+    """`PATH is a Hugging Face checkpoint, not a converted moejax one: convert it first: ...`"""
+    out = (path.rstrip(os.sep) or path) + "-moejax"
+    return (f"{path} is a Hugging Face checkpoint, not a converted moejax one: convert it "
+            f"first: python -m moejax.convert --hf_dir={shlex.quote(path)} "
+            f"--out={shlex.quote(out)}")
 
 
 def _config_from(cfg_path: str, d: dict) -> ModelConfig:
