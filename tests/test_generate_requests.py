@@ -3,6 +3,7 @@ expert cache, each a fresh sequence; TTFT per request, cold and warm."""
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import re
@@ -133,6 +134,35 @@ def test_one_prompt_reports_no_warm_ttft(single, tmp_path):
     assert len(results["requests"]) == 1 and t["warm_ttft_s"] is None
     assert t["cache_clock"]["warm_ttft_s"] is None
     assert results["generated_token_ids"] == single[PROMPTS[1]]
+
+
+def test_each_request_prints_its_text_labelled_before_anything_else(tmp_path, capsys):
+    """The run's first lines are its requests' texts (the prompt, then what followed it), each
+    labelled with the field its prompt came from and the tokens generated after it."""
+    capsys.readouterr()
+    results = jobs.run(_config(prompts=PROMPTS), str(tmp_path))
+    out = capsys.readouterr().out
+    texts = [r["prompt"] + r["generated_text"] for r in results["requests"]]
+    assert texts[0].startswith(PROMPTS[0]) and texts[1].startswith(PROMPTS[1])
+    assert out.startswith(f"generated (run.prompts[0] + {NEW} tokens): {texts[0]}\n"
+                          f"generated (run.prompts[1] + {NEW} tokens): {texts[1]}\n"), out
+
+
+def test_a_profiled_run_says_where_its_trace_is_and_how_to_open_it(tmp_path, capsys):
+    c = _config(prompt=PROMPTS[1])
+    c.run.max_new_tokens = 2
+    c.profile.enabled = True
+    work = tmp_path / "w"
+    results = jobs.run(c, str(work))
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith(f"generated (run.prompt + 2 tokens): {PROMPTS[1]}")
+    # Where jax.profiler.trace writes: <dir>/plugins/profile/<time>/<host>.xplane.pb.
+    found = glob.glob(str(work / "profile" / "plugins" / "profile" / "*" / "*.xplane.pb"))
+    assert len(found) == 1 and results["profile_dir"] == str(work / "profile")
+    assert lines[-2] == (f"profile (XProf trace of the timed requests): {found[0]}; open it "
+                         f"with: pip install xprof; xprof --logdir={work / 'profile'} "
+                         "--port=8791 (then http://localhost:8791)")
+    assert lines[-1] == f"results -> {work / 'results.json'}"
 
 
 _LIMIT = embedded_config().max_position_embeddings

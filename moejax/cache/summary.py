@@ -92,10 +92,12 @@ NO_PREFILL = "no prefill pass ran"
 def host_line(host, bytes_known: bool = True) -> str:
     """One line on the host tier (`moejax.cache.host_tier.HostTier`) for the text report."""
     t = host.totals()
+    late = None if t["hit_rate"] is None else t["hit_rate"] - t["ready_hit_rate"]
     read = (f"{_mb(t['storage_bytes'])} MB read from storage, storage stall "
             f"{_ms(t['storage_stall_s'])} ms" if bytes_known else f"storage bytes {UNKNOWN}")
     return (f"host tier {host.capacity} experts ({host.spec}): {_int(t['requests'])} requests, "
-            f"hit {_pct(t['hit_rate']).strip()} (ready {_pct(t['ready_hit_rate']).strip()}), "
+            f"hit rate {_pct(t['hit_rate']).strip()} = ready {_pct(t['ready_hit_rate']).strip()}"
+            f" + late {_pct(late).strip()}, "
             f"{_int(t['misses'])} misses ({_int(t['demand_misses'])} demand), "
             f"{_int(t['read_ahead'])} read ahead; {read}")
 
@@ -108,9 +110,11 @@ def table(metrics: CacheMetrics, header: str, bytes_known: bool = True, host=Non
     trace says its own reason)."""
     t, tm = metrics.totals(), metrics.timing()
     # With host compute, a column of the misses computed on the host (part of "miss").
+    # "ready" and "late" are the two kinds of hit (a late one waited for its transfer): the
+    # line under the table names them so, and its hit rate is their sum.
     on_host = bool(t["host_computed"])
     lines = [header,
-             f"{'layer':>5} {'req':>6} {'hit':>6} {'late':>5} {'miss':>5} "
+             f"{'layer':>5} {'req':>6} {'ready':>6} {'late':>5} {'miss':>5} "
              + (f"{'host':>5} " if on_host else "")
              + f"{'coll':>5} {'pf':>5} {'prec':>6} {'stall ms':>9}"]
     for row in metrics.layer_table() + [{"layer": "all", **t}]:
@@ -121,8 +125,8 @@ def table(metrics: CacheMetrics, header: str, bytes_known: bool = True, host=Non
                      f"{_pct(row['prefetch_precision']):>6} "
                      f"{_ms(row['stall_s'], bytes_known):>9}")
     lines.append(
-        f"hit rate {_pct(t['hit_rate']).strip()} (ready {_pct(t['ready_hit_rate']).strip()}, "
-        f"late {_pct(t['late_hit_rate']).strip()}), "
+        f"hit rate {_pct(t['hit_rate']).strip()} = ready {_pct(t['ready_hit_rate']).strip()} "
+        f"+ late {_pct(t['late_hit_rate']).strip()}, "
         f"collision misses {_pct(t['collision_miss_rate']).strip()}, prefetch precision "
         f"{_pct(t['prefetch_precision']).strip()} recall {_pct(t['prefetch_recall']).strip()}")
     if t["predicted"]:

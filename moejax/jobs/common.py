@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import re
 
+import jax.monitoring
 import ml_collections
 import numpy as np
 
@@ -51,6 +52,38 @@ def progress(enabled: bool, total: int, desc: str, unit: str = "tok"):
     from tqdm import tqdm
 
     return tqdm(total=total, desc=desc, unit=unit, leave=False)
+
+
+# jax's event for one executable built (jax/_src/dispatch.py, BACKEND_COMPILE_EVENT): an
+# XLA compile, or its read from jax's persistent compilation cache when one is set (the event
+# wraps both); a call that jit's in-memory cache answers records none.
+XLA_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
+
+
+class XlaCompiles:
+    """The XLA compiles (or persistent-cache reads) made while a `xla_compiles()` block ran:
+    how many, and their seconds (this machine's wall clock, as jax measures them; tracing and
+    lowering, which come before each, are not in them)."""
+
+    def __init__(self):
+        self.count, self.seconds = 0, 0.0
+
+    def __call__(self, event: str, duration: float, **_) -> None:
+        if event == XLA_COMPILE_EVENT:
+            self.count += 1
+            self.seconds += duration
+
+
+@contextlib.contextmanager
+def xla_compiles():
+    """Counts the XLA compiles made in the block (`XlaCompiles`), from jax's own events: what
+    tells a timed phase that a compile fell inside it."""
+    seen = XlaCompiles()
+    jax.monitoring.register_event_duration_secs_listener(seen)
+    try:
+        yield seen
+    finally:
+        jax.monitoring.unregister_event_duration_listener(seen)
 
 
 def not_text_share(data: bytes) -> float:

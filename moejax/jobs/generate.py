@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import glob
 import os
 import time
 
@@ -197,8 +198,14 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     recorder = None
     eos = cfg.eos_token_id if config.run.stop_at_eos and driving is None else None
 
+    compile_s = None
     if config.run.warmup:  # compile every step shape on a throwaway cache
+        print("generate: compiling its steps (each prompt length's prefill and a decode step, "
+              "untimed, on a throwaway cache) ...", end=" ", flush=True)
+        t0 = time.perf_counter()
         warm_up(config, loaded, reqs, max_len=max_len, batch=batch)
+        compile_s = time.perf_counter() - t0
+        print(f"done in {compile_s:.1f} s, {WALL_CLOCK}", flush=True)
 
     if config.tracing.record:  # attached after warm-up, so the trace holds the timed run only
         recorder = TraceRecorder(cfg, config.model.lookahead, loaded.source,
@@ -255,6 +262,9 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
             # its own `clock`; TensorBoard's `perf/<clock>/...`).
             "clock": "wall",
             "load_s": load_s,
+            # The warm-up's XLA compiles (None: run.warmup=False, and the times below
+            # include them).
+            "compile_s": compile_s,
             "ttft_s": first["ttft_s"],
             "decode_s": first["decode_s"],
             "decode_tok_per_s": first["decode_tok_per_s"],
@@ -284,8 +294,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     if driving is not None:  # (the text of a model computing on another's routing)
         print(_driven_line(results["trace_driven"]))
     else:
-        for r in requests:
-            print(f"{r['prompt']}{r['generated_text']}")
+        for q, r in zip(reqs, requests):
+            print(generated_line(q.field, r))
     if cache is not None:
         print(cache_table(config, cache, policies=policies))
     if "speculation" in results:
@@ -293,8 +303,29 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     print(summary_line(cfg.family, loaded.source, results,
                        cache_clock_words(cache) if cache is not None else None))
     print(clocks.line(results["clocks"]))
+    if config.profile.enabled:
+        print(profile_line(profile_dir))
     announce_results(path)
     return results
+
+
+def generated_line(field: str, request: dict) -> str:
+    """A request's text, labelled: where its prompt came from and how many tokens followed it
+    (the prompt, then the generated text, as one block)."""
+    n = len(request["generated_token_ids"])
+    return (f"generated ({field} + {n} token{'' if n == 1 else 's'}): "
+            f"{request['prompt']}{request['generated_text']}")
+
+
+def profile_line(profile_dir: str) -> str:
+    """Where `profile.enabled` wrote its XProf trace (jax.profiler.trace writes
+    `DIR/plugins/profile/<time>/<host>.xplane.pb`), and the command that opens it."""
+    found = sorted(glob.glob(os.path.join(profile_dir, "plugins", "profile", "*", "*.xplane.pb")),
+                   key=os.path.getmtime)
+    where = found[-1] if found else f"{profile_dir} (no .xplane.pb found in it)"
+    logdir = os.path.abspath(profile_dir)
+    return (f"profile (XProf trace of the timed requests): {where}; open it with: "
+            f"pip install xprof; xprof --logdir={logdir} --port=8791 (then http://localhost:8791)")
 
 
 def _driven_section(driving: driven.DrivingTrace, driver: driven.TraceDriver,

@@ -5,8 +5,11 @@
 
 Writes `W/results.json` in the live schema (`cache`: totals, per layer, timing) and `replay`:
 the engine's own time (`seconds`, `requests_per_s`; this machine's wall clock) with the compiled
-kernel's one-time load apart (`setup_s`). Prints the cache's table (with `log.progress`), the
-replay's speed, and where the results went. The model shape comes from the trace; expert bytes
+kernel's one-time load apart (`setup_s`; `setup`: "compiled", numba's compile, once per machine,
+or "numba disk cache", or "in process"). The load is a phase of its own on the screen too: a
+line says it while it runs and what it took, and the progress bar starts after it, so its rate
+is the replay's. Prints the cache's table (with `log.progress`), the replay's speed, and where
+the results went. The model shape comes from the trace; expert bytes
 (and the cost model of the virtual clock) from the trace's model config when it has one (moejax
 traces), else from `model.family`/`model.preset`.
 Precision pools are sized as live ones (`moejax.cache.build_cache_for`, the same cache
@@ -42,6 +45,7 @@ from moejax.model_config import ModelConfig
 from moejax.policies import presets
 from moejax.policies.registry import policy_class
 from moejax.quant import formats
+from moejax.replay import compiled
 from moejax.replay.engine import replay
 from moejax.results import write_json_atomic
 from moejax.traces.format import Trace, TraceError
@@ -159,11 +163,13 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     passes = sum(t.num_passes for t in traces)
     start = time.perf_counter()
     with progress(config.log.progress, passes, "replay", unit="pass") as bar:
+        phase = KernelPhase(bar)
         engine = replay(cache, traces, context, bar.update if bar is not None else None,
-                        engine=config.cache.get("replay_engine", "auto"))
+                        engine=config.cache.get("replay_engine", "auto"), on_load=phase)
     # The engine's own time: the compiled kernel's one-time load (numba's disk cache, or a
-    # compile) is `setup_s`, apart, or a short replay's rate would mostly measure that load.
-    elapsed = time.perf_counter() - start - engine.setup_s
+    # compile) is `setup_s`, apart, or a short replay's rate would mostly measure that load;
+    # what is taken out is the whole load phase (`KernelPhase.seconds`: the load and its lines).
+    elapsed = time.perf_counter() - start - phase.seconds
     requests = cache.metrics.totals()["requests"]
     results = {
         "job": "replay",
@@ -180,7 +186,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
         # Per-pass timings: in TensorBoard, not in every cell file.
         "cache": report_cache(config, cache, workdir, passes=False,
                               expert_bytes_known=bytes_known, policies=policies),
-        "replay": {"seconds": elapsed, "setup_s": engine.setup_s,
+        "replay": {"seconds": elapsed, "setup_s": engine.setup_s, "setup": engine.setup,
                    "requests_per_s": requests / elapsed if elapsed > 0 else None,
                    "engine": engine.engine, "engine_reason": engine.reason},
         "config": config.to_dict(),
@@ -194,6 +200,37 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     print(run_line(results["replay"], requests))
     announce_results(path)
     return results
+
+
+class KernelPhase:
+    """`on_load` of `replay` (`compiled.run`): the compiled kernel's load as a phase of its own.
+    Unless this process already holds the kernel, a line says the load while it runs (a numba
+    compile takes a minute, once per machine) and then what it was and took; the progress bar
+    is cleared for the line and restarted after it, so that its rate counts the replay only.
+    `seconds`: the phase's wall time, lines included (0 when the engine loads no kernel)."""
+
+    def __init__(self, bar):
+        self.bar, self.seconds = bar, 0.0
+
+    def __call__(self, make, loaded: bool) -> compiled.KernelLoad:
+        t0 = time.perf_counter()
+        if loaded:
+            done = make()
+            self.seconds = time.perf_counter() - t0
+            return done
+        if self.bar is not None:
+            self.bar.clear()
+        print("replay engine: loading its numba kernel (compiled once per machine, then read "
+              "from numba's disk cache) ...", end=" ", flush=True)
+        done = make()
+        what = ("compiled" if done.how == compiled.COMPILED
+                else "read from numba's disk cache")
+        print(f"{what} in {done.seconds:.2f} s, {summary.WALL_CLOCK}; apart from the replay's "
+              "time", flush=True)
+        if self.bar is not None:
+            self.bar.reset()  # its clock restarts: the bar's rate is the replay's
+        self.seconds = time.perf_counter() - t0
+        return done
 
 
 def _no_ttft(traces: list[Trace]) -> str:
@@ -213,4 +250,6 @@ def run_line(replay_section: dict, requests: int) -> str:
             f"on the {r['engine']} engine ({rate})")
     if r["engine"] == "compiled":
         line += f", after {r['setup_s']:.2f} s loading its kernel (once per process)"
+        line += {compiled.COMPILED: ": numba compiled it (once per machine)",
+                 compiled.DISK_CACHE: ": read from numba's disk cache"}.get(r.get("setup"), "")
     return line

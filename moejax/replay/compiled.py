@@ -26,14 +26,19 @@ that shares no code with either.
 `replay()` (`engine.py`) takes this engine when `coverage.decide` says so; results.json's
 `replay.engine` and `replay.engine_reason` say which ran and why. The kernel's one-time load
 (numba's on-disk cache, or a compile) is timed apart from the replay (`run` returns it,
-results.json's `replay.setup_s`), so that `replay.requests_per_s` is the engine's own rate.
+results.json's `replay.setup_s`, and `replay.setup` says which of the two it was, from numba's
+own cache counters), so that `replay.requests_per_s` is the engine's own rate. numba compiles
+the kernel once per machine (and again after `kernel.py` or `moejax/timing/timeline.py`
+changes); a later process reads it from numba's disk cache in under a second.
 The eviction policy object is not stepped (its state stays empty); the prefetch policy object
 is, by the predictions taken from it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
+from typing import Callable
 
 import numba
 import numpy as np
@@ -197,6 +202,34 @@ def _cost_params(cache: ExpertCache) -> tuple:
         float(launch)
 
 
+# How the kernel was made callable (`KernelLoad.how`).
+COMPILED, DISK_CACHE, IN_PROCESS = "compiled", "numba disk cache", "in process"
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelLoad:
+    seconds: float  # `load_kernel`'s time, this machine's wall clock
+    # COMPILED (numba compiled it: the first run on a machine, or its source changed),
+    # DISK_CACHE (read from numba's disk cache) or IN_PROCESS (already loaded: about nothing).
+    how: str
+
+
+def kernel_loaded(args: tuple) -> bool:
+    """Whether this process already holds the kernel for `args`' types (its load is nothing)."""
+    return tuple(numba.typeof(a) for a in args) in K.run.overloads
+
+
+def load(args: tuple) -> KernelLoad:
+    """`load_kernel`, and how numba made the kernel callable: from its own counters (a compile
+    counts a cache miss, a read from its disk cache a hit)."""
+    if kernel_loaded(args):
+        return KernelLoad(load_kernel(args), IN_PROCESS)
+    misses = sum(K.run.stats.cache_misses.values())
+    seconds = load_kernel(args)
+    compiled = sum(K.run.stats.cache_misses.values()) > misses
+    return KernelLoad(seconds, COMPILED if compiled else DISK_CACHE)
+
+
 def load_kernel(args: tuple) -> float:
     """Makes the kernel callable with `args`' types, and returns the seconds it took: loading
     it from numba's on-disk cache (or compiling it) the first time in a process, about 0 after.
@@ -206,10 +239,15 @@ def load_kernel(args: tuple) -> float:
     return time.perf_counter() - t0
 
 
-def run(cache: ExpertCache, traces, context_start: list[int] | None = None) -> float:
+def run(cache: ExpertCache, traces, context_start: list[int] | None = None,
+        on_load: Callable[[Callable[[], KernelLoad], bool], KernelLoad] | None = None
+        ) -> KernelLoad:
     """Replays `traces` through `cache` on the compiled engine (`coverage.uncovered(cache)` is
     None), filling its metrics and leaving its state as the reference would. Returns the
-    seconds spent loading the kernel (`load_kernel`), part of the call's time."""
+    kernel's load (`load`), part of the call's time. `on_load(make, loaded)`, when given, makes
+    the kernel callable by calling `make()` and returns its answer (`loaded`: this process
+    already holds it): a job's way to say the load (a compile, the first time on a machine)
+    as a phase of its own, before the replay runs."""
     reason = coverage.uncovered(cache)
     if reason is not None:
         raise ValueError(f"the compiled replay engine cannot run this cache: {reason}")
@@ -236,7 +274,8 @@ def run(cache: ExpertCache, traces, context_start: list[int] | None = None) -> f
             np.asarray([pairs for _, _, pairs in passes], np.int64),
             (grp_off, grp_target, grp_start, pred_experts),
             _compute_plan(cache, passes, context_start, traces), _cost_params(cache))
-    setup_s = load_kernel(args)
+    setup = (load(args) if on_load is None
+             else on_load(lambda: load(args), kernel_loaded(args)))
     timings, running, pins = K.run(*args)
     per_key = I[I[K.O_KEYS]:I[K.O_KEYS] + K.N_KEY_ROWS * n_keys].reshape(K.N_KEY_ROWS, n_keys)
     slot_of, origin_pass, origin_tpos = (per_key[K.SLOT], per_key[K.ORIGIN_PASS],
@@ -266,7 +305,7 @@ def run(cache: ExpertCache, traces, context_start: list[int] | None = None) -> f
     clock.t, clock.link_free = float(T[0]), float(T[1])
     clock.engine_free[:] = T[2:].tolist()
     cache.finish()
-    return setup_s
+    return setup
 
 
 def _fill_metrics(m: CacheMetrics, c, timings, running, passes) -> None:

@@ -54,8 +54,10 @@ class Decision:
     engine: str  # "compiled" or "reference"
     reason: str  # one line: what made the choice
     # After the replay (`engine.replay`): seconds its engine took to load before running (the
-    # compiled kernel's load or compile, once per process; 0 for the reference engine).
+    # compiled kernel's load or compile, once per process; 0 for the reference engine), and
+    # how (`compiled.KernelLoad.how`; "" for the reference engine).
     setup_s: float = 0.0
+    setup: str = ""
 
 
 def _policy_text(policy) -> str:

@@ -24,21 +24,22 @@ from moejax.traces.format import Trace
 
 
 def replay(cache: ExpertCache, traces: list[Trace], context_start: list[int] | None = None,
-           progress=None, engine: str = "auto") -> Decision:
+           progress=None, engine: str = "auto", on_load=None) -> Decision:
     """Replays `traces` through `cache` (then `cache.finish()`). `context_start[i]`: tokens
     already in context before sequence i's first pass (capture traces start after a prompt
     that is not in the file). `engine`: "auto" takes the compiled engine where everything the
     cache is has a compiled form (`coverage.decide`), "reference" always runs the policy
     objects request by request. Returns which engine ran, why, and its one-time setup
-    (`Decision.setup_s`: the compiled kernel's load, part of this call's time)."""
+    (`Decision.setup_s` and `setup`: the compiled kernel's load, part of this call's time;
+    `on_load` wraps it, `compiled.run`)."""
     if engine not in ENGINES:
         raise ConfigError(f"cache.replay_engine={engine!r} is not one of {ENGINES}")
     decision = coverage.decide(cache, engine)
     if decision.engine == "compiled":
-        setup_s = compiled.run(cache, traces, context_start)
+        setup = compiled.run(cache, traces, context_start, on_load)
         if progress is not None:
             progress(sum(t.num_passes for t in traces))
-        return dataclasses.replace(decision, setup_s=setup_s)
+        return dataclasses.replace(decision, setup_s=setup.seconds, setup=setup.how)
     future = None
     for policy in (cache.eviction, cache.prefetch, cache.miss, cache.routing):
         if policy.needs_future:
