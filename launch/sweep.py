@@ -10,11 +10,14 @@ are listed in DIR/failures.json and make the exit status 1. `--slurm` writes DIR
 DIR/slurm.sbatch (a job array) instead of running anything. See launch/README.md.
 
 Before anything runs (and in `--dry_run`) it prints the sweep's size and an estimate of its run
-time: the median wall time of the cells this sweep directory has finished (each cell's
-`wall_time.json`), or "unknown" until some have. A mistake in what was typed (a flag, the
-config file or its argument, the sweep directory) is one line and exit status 2, before
-anything is written (`moejax.cli.guarded`); so is a cell whose config does not build or check
-(`launch/preflight.py`: every selected cell's, in a spawned process).
+time: the median wall time of the cells earlier runs finished in this sweep directory (each
+cell's `wall_time.json`), or "unknown" until some have. While a local sweep runs, a progress
+line on stderr after each finished cell (at most about 50 lines, or one line rewritten on a
+terminal) corrects it from the cells timed in this run (`Progress`). A mistake in what was
+typed (a flag, the config file or its argument, a sweep directory that cannot be created or
+written) is one line and exit status 2, before anything is written (`moejax.cli.guarded`); so
+is a cell whose config does not build or check (`launch/preflight.py`: every selected cell's,
+in a spawned process, announced on stderr first with its rough duration).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from __future__ import annotations
 import argparse
 import concurrent.futures as cf
 import contextlib
+import errno
 import fcntl
 import json
 import multiprocessing
@@ -33,6 +37,7 @@ import sys
 import time
 import traceback
 from concurrent.futures.process import BrokenProcessPool
+from typing import Callable, TextIO
 
 from launch import cells as cells_lib
 from launch import preflight, slurm, worker
@@ -126,7 +131,10 @@ def write_sweep_json(sweep_dir: str, config: str, arg: str | None,
 def _sweep_lock(sweep_dir: str):
     """One local launcher per sweep directory: a second one would re-run (and first empty) the
     cells the first is running. The lock goes with the process, however it ends."""
-    f = open(os.path.join(sweep_dir, ".lock"), "w")
+    try:
+        f = open(os.path.join(sweep_dir, ".lock"), "w")
+    except OSError as e:
+        raise _cannot_create(sweep_dir, e) from None
     try:
         fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -168,9 +176,10 @@ class _Runner:
     pool; those that were running (their RUNNING marker is left behind) run again one at a
     time at the end, where a worker's death is the cell's own and fails only that cell."""
 
-    def __init__(self, config: str, arg: str | None, sweep_dir: str, workers: int, bar):
+    def __init__(self, config: str, arg: str | None, sweep_dir: str, workers: int,
+                 progress: Progress):
         self.config, self.arg, self.sweep_dir, self.workers = config, arg, sweep_dir, workers
-        self.bar = bar
+        self.progress = progress
         self.failures: dict[str, str] = {}
         self.done = 0
 
@@ -190,9 +199,8 @@ class _Runner:
             self.done += 1
         else:
             self.failures[cell.name] = outcome["error"]
-            self.bar.write(f"FAILED {cell.name}: {outcome['error']}")
-        self.bar.update(1)
-        self.bar.set_postfix(failed=len(self.failures), refresh=True)
+            self.progress.note(f"FAILED {cell.name}: {outcome['error']}")
+        self.progress.cell(outcome["ok"], outcome.get("seconds"))
 
     def _outcome(self, fut) -> dict | None:
         """The cell's outcome, or None when its worker died (the pool is broken)."""
@@ -227,7 +235,7 @@ class _Runner:
         rest = []
         for c in broken:
             if worker.clear_stale_marker(cells_lib.cell_dir(self.sweep_dir, c.name)):
-                self.bar.write(f"a worker process died after finishing {c.name}; its "
+                self.progress.note(f"a worker process died after finishing {c.name}; its "
                                f"results.json is complete")
                 self._record(c, {"ok": True, "error": None})
             else:
@@ -240,7 +248,7 @@ class _Runner:
             broken = self._finished_anyway(self._round(pending))
             running = [c for c in broken if os.path.exists(self._marker(c))]
             if broken:
-                self.bar.write(f"a worker process died while running "
+                self.progress.note(f"a worker process died while running "
                                f"{', '.join(c.name for c in running) or 'no cell'}; "
                                f"{'they run' if running else 'the rest runs'} alone at the end")
             if not running:  # died outside any cell: do not loop, isolate them all
@@ -273,8 +281,6 @@ class _Runner:
 
 def run_local(config: str, arg: str | None, sweep_dir: str, selected: list[cells_lib.Cell],
               workers: int) -> int:
-    from tqdm import tqdm
-
     # A finished cell (complete results.json) is skipped; a worker killed just after writing
     # it left its RUNNING marker too, removed here so no finished cell keeps one.
     finished = [c for c in selected
@@ -283,12 +289,13 @@ def run_local(config: str, arg: str | None, sweep_dir: str, selected: list[cells
     todo = [c for c in selected if c.name not in done]
     t0 = time.perf_counter()
     failures_json = os.path.join(sweep_dir, "failures.json")
-    with tqdm(total=len(selected), initial=len(finished), desc="cells", unit="cell",
-              dynamic_ncols=True) as bar:
-        bar.set_postfix(failed=0)
-        runner = _Runner(config, arg, sweep_dir, workers, bar)
+    progress = Progress(len(selected), len(finished), workers)
+    try:
+        runner = _Runner(config, arg, sweep_dir, workers, progress)
         if todo:
             runner.run(todo)
+    finally:
+        progress.close()
     elapsed = time.perf_counter() - t0
     from moejax.results import write_json_atomic
 
@@ -320,30 +327,146 @@ def duration(seconds: float) -> str:
     return f"{seconds / 86400:.1f} days"
 
 
-def estimate(sweep_dir: str, cells: list[cells_lib.Cell], to_run: int, workers: int | None
-             ) -> str:
-    """What running `to_run` cells will take, from the wall times the sweep's finished cells
-    recorded (`worker.WALL_TIME`): their median x cells / workers (`workers` None: the total
-    cell time, as a Slurm array spends it). Never a number the sweep did not measure."""
+def _cell_time(seconds: float) -> str:
+    """A cell's wall time: "2.0 s" under 10 s, else as `duration`."""
+    return f"{seconds:.1f} s" if seconds < 10 else duration(seconds)
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'s' if n != 1 else ''}"
+
+
+def estimate(sweep_dir: str, cells: list[cells_lib.Cell], to_run: int, workers: int | None,
+             running: bool = False) -> str:
+    """What running `to_run` cells will take, from the wall times the cells earlier runs
+    finished in this sweep directory recorded (`worker.WALL_TIME`): their median x cells /
+    workers (`workers` None: the total cell time, as a Slurm array spends it). Never a number
+    the sweep did not measure. `running`: said as a local run starts (its progress lines
+    correct it), not by a dry run."""
     if to_run == 0:
         return "nothing to run"
     times = [t for t in (worker.read_wall_time(cells_lib.cell_dir(sweep_dir, c.name))
                          for c in cells) if t is not None]
     if not times:
+        if running:
+            return ("estimate unknown until the first cells finish (no earlier run here timed "
+                    "a cell; each finished cell's progress line gives one)")
         return ("estimate unknown until the first cells finish (then run this command with "
                 "--dry_run again)")
     median = statistics.median(times)
-    basis = (f"the median wall time of the {len(times)} finished cell"
-             f"{'s' if len(times) != 1 else ''} here, {duration(median)}")
+    basis = (f"the median wall time of the {_plural(len(times), 'cell')} earlier runs "
+             f"finished here, {duration(median)}")
     if workers is None:
         return (f"estimate ~{duration(median * to_run)} of cell time ({basis}, x {to_run}); "
                 f"the array's wall time depends on how many tasks run at once")
-    return (f"estimate ~{duration(median * to_run / workers)} with {workers} worker"
-            f"{'s' if workers != 1 else ''} ({basis}, x {to_run} / {workers})")
+    then = "; corrected as cells finish" if running else ""
+    return (f"estimate ~{duration(median * to_run / workers)} with {_plural(workers, 'worker')}"
+            f" ({basis}, x {to_run} / {workers}){then}")
+
+
+def remaining_seconds(times: list[float], left: int, workers: int) -> float | None:
+    """The time `left` cells will take on `workers` workers, from the wall `times` of the cells
+    this run has finished: their median x left / workers (no more workers than cells left);
+    None with no cell timed yet."""
+    if left <= 0:
+        return 0.0
+    if not times:
+        return None
+    return statistics.median(times) * left / min(workers, left)
+
+
+def remaining(times: list[float], left: int, workers: int) -> str:
+    """`remaining_seconds` said with its basis: "~6 s left (the median of the 3 cells finished
+    in this run, 2.0 s, x 6 to go / 2 workers)"."""
+    seconds = remaining_seconds(times, left, workers)
+    if seconds is None:
+        return "time left unknown (no cell has finished in this run yet)"
+    shared = min(workers, left)
+    return (f"~{duration(seconds)} left (the median of the {_plural(len(times), 'cell')} "
+            f"finished in this run, {_cell_time(statistics.median(times))}, x {left} to go / "
+            f"{_plural(shared, 'worker')})")
+
+
+class Progress:
+    """A local run's progress, on `out` (stderr): after a cell finishes or fails, one line,
+    "12/549 cells done (1 failed), 3 min elapsed; ~5 min left (the median of ...)", the estimate
+    from the wall times of the cells finished in this run (`remaining`). Done counts failed
+    cells and those finished before this run. At most about `LINES` lines (every cell when there
+    are no more to run than that), and always the last; on a terminal, one line rewritten.
+    `clock` gives the elapsed time (a parameter, for tests)."""
+
+    LINES = 50
+
+    def __init__(self, total: int, before: int, workers: int, *,
+                 clock: Callable[[], float] = time.perf_counter, out: TextIO | None = None,
+                 tty: bool | None = None):
+        self.total, self.before, self.workers = total, before, workers
+        self.to_run = total - before
+        self.clock, self.t0 = clock, clock()
+        self.out = sys.stderr if out is None else out
+        self.tty = _isatty(self.out) if tty is None else tty
+        self.ran = self.failed = 0
+        self.times: list[float] = []
+        self._shown = ""  # the line now on a terminal, unterminated
+
+    def line(self) -> str:
+        left = self.to_run - self.ran - self.failed
+        text = (f"{self.before + self.ran + self.failed}/{self.total} cells done "
+                f"({self.failed} failed), {_cell_time(self.clock() - self.t0)} elapsed")
+        return text + (f"; {remaining(self.times, left, self.workers)}" if left > 0 else "")
+
+    def cell(self, ok: bool, seconds: float | None) -> None:
+        """Counts a cell this run finished (`ok`) or failed; `seconds`, its wall time."""
+        step = self.ran + self.failed
+        if ok:
+            self.ran += 1
+            if seconds is not None:
+                self.times.append(float(seconds))
+        else:
+            self.failed += 1
+        now = step + 1
+        # Every cell up to LINES cells, else each 1/LINES of them (the last one included:
+        # now * LINES // to_run reaches LINES only there).
+        if (self.tty or self.to_run <= self.LINES
+                or now * self.LINES // self.to_run != step * self.LINES // self.to_run):
+            self._show(self.line())
+
+    def _show(self, text: str) -> None:
+        if self.tty:
+            self.out.write(f"\r{text}\x1b[K")
+            self._shown = text
+        else:
+            self.out.write(text + "\n")
+        self.out.flush()
+
+    def note(self, message: str) -> None:
+        """A line of its own on stdout (a failed cell), the terminal's progress line kept below
+        it."""
+        shown = self._shown
+        if shown:
+            self.out.write("\r\x1b[K")
+            self.out.flush()
+        print(message, flush=True)
+        if shown:
+            self._show(shown)
+
+    def close(self) -> None:
+        """Ends a terminal's progress line."""
+        if self._shown:
+            self.out.write("\n")
+            self.out.flush()
+            self._shown = ""
+
+
+def _isatty(stream) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):
+        return False
 
 
 def size_line(sweep_dir: str, all_cells: list[cells_lib.Cell], selected: list[cells_lib.Cell],
-              workers: int | None) -> str:
+              workers: int | None, running: bool = False) -> str:
     """"N cells (M to run, K done); estimate ..." of the selected cells."""
     todo = [c for c in selected
             if not cells_lib.is_finished(cells_lib.results_path(sweep_dir, c.name))]
@@ -354,7 +477,7 @@ def size_line(sweep_dir: str, all_cells: list[cells_lib.Cell], selected: list[ce
          else f"{len(selected)} of {len(all_cells)} cells selected")
     again = f", {failed} of them failed before" if failed else ""
     return (f"{n} ({to_run} to run{again}, {len(selected) - to_run} done); "
-            f"{estimate(sweep_dir, all_cells, to_run, workers)}")
+            f"{estimate(sweep_dir, all_cells, to_run, workers, running)}")
 
 
 def dry_run(sweep_dir: str, all_cells: list[cells_lib.Cell], selected: list[cells_lib.Cell],
@@ -375,14 +498,50 @@ def dry_run(sweep_dir: str, all_cells: list[cells_lib.Cell], selected: list[cell
 
 
 # -- checking what was typed -----------------------------------------------------------------
-def check_sweep_dir(sweep_dir: str) -> None:
-    """The sweep directory is a directory, or can become one."""
+def check_sweep_dir(sweep_dir: str, write: bool = True) -> None:
+    """The sweep directory is a directory this process can write in, or can become one: one
+    that cannot be created (a missing directory above it, no permission, a file in its path, a
+    read-only file system) is a usage error naming why, before anything runs. A directory that
+    does not exist is created and removed again to find out (nothing is left). `write` False (a
+    dry run, which writes nothing): an existing directory only read is fine."""
     if os.path.exists(sweep_dir) and not os.path.isdir(sweep_dir):
         raise UsageError(f"--sweep_dir={sweep_dir}: is a file, not a directory")
     cells_dir = os.path.join(sweep_dir, "cells")
     if os.path.exists(cells_dir) and not os.path.isdir(cells_dir):
         raise UsageError(f"--sweep_dir={sweep_dir}: its cells/ is a file, not a directory "
                          f"(not a sweep directory)")
+    if os.path.isdir(sweep_dir):
+        if write and not os.access(sweep_dir, os.W_OK | os.X_OK):
+            raise UsageError(f"--sweep_dir={sweep_dir}: cannot write in it (Permission denied)")
+        return
+    missing, above = [], sweep_dir
+    while not os.path.isdir(above):
+        if os.path.lexists(above):  # a file (or a dangling link) where a directory must be
+            raise UsageError(f"--sweep_dir={sweep_dir}: cannot create it ({above} is a file, "
+                             f"not a directory)")
+        missing.append(above)
+        above = os.path.dirname(above)
+    made = []
+    try:
+        for directory in reversed(missing):
+            os.mkdir(directory)
+            made.append(directory)
+    except OSError as e:
+        raise _cannot_create(sweep_dir, e) from None
+    finally:
+        for directory in reversed(made):
+            with contextlib.suppress(OSError):  # another process put something in it
+                os.rmdir(directory)
+
+
+def _cannot_create(sweep_dir: str, e: OSError) -> Exception:
+    """`e`, raised creating or writing the sweep directory, as a usage error naming it (a full
+    disk stays the run's failure)."""
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        return e
+    where = f"{e.filename}: " if e.filename and e.filename != sweep_dir else ""
+    return UsageError(f"--sweep_dir={sweep_dir}: cannot create it "
+                      f"({where}{e.strerror or type(e).__name__})")
 
 
 def check_same_sweep(sweep_dir: str, config: str, arg: str | None,
@@ -499,7 +658,7 @@ def _main(args: argparse.Namespace) -> int:
     path, arg = cells_lib.split_config(args.config)
     config = os.path.abspath(path)
     sweep_dir = os.path.abspath(args.sweep_dir)
-    check_sweep_dir(sweep_dir)
+    check_sweep_dir(sweep_dir, write=not args.dry_run)
     all_cells = load_cells(args.config, config, arg)
     selected = cells_lib.select(all_cells, args.only)
     if not selected:
@@ -509,8 +668,12 @@ def _main(args: argparse.Namespace) -> int:
     # the refused; a finished cell is not run again, so it is not checked either).
     finished = {c.name for c in selected
                 if cells_lib.is_finished(cells_lib.results_path(sweep_dir, c.name))}
-    errors = check_cells(args.config, config, arg,
-                         [c for c in selected if c.name not in finished])
+    to_check = [c for c in selected if c.name not in finished]
+    if to_check:  # the check's seconds, said before they pass in silence
+        print(f"{len(to_check)} cells to run; checking each one's config first (about "
+              f"{duration(preflight.expected_seconds(len(to_check)))}, at "
+              f"~{preflight.PER_CELL_S * 1000:.0f} ms a cell) ...", file=sys.stderr, flush=True)
+    errors = check_cells(args.config, config, arg, to_check)
     if args.dry_run:
         check_same_sweep(sweep_dir, config, arg, all_cells)
         dry_run(sweep_dir, all_cells, selected, args.workers, finished, errors)
@@ -519,14 +682,18 @@ def _main(args: argparse.Namespace) -> int:
         return 0
     if errors:
         raise refused(args.config, errors)
-    os.makedirs(os.path.join(sweep_dir, "cells"), exist_ok=True)
+    try:
+        os.makedirs(os.path.join(sweep_dir, "cells"), exist_ok=True)
+    except OSError as e:
+        raise _cannot_create(sweep_dir, e) from None
     # The lock before sweep.json: a second launcher must not rewrite the first one's files.
     with _sweep_lock(sweep_dir):
         check_same_sweep(sweep_dir, config, arg, all_cells)
         write_sweep_json(sweep_dir, config, arg, all_cells)
         if args.slurm:
             return _write_slurm(args, sweep_dir, config, arg, all_cells, selected)
-        print(size_line(sweep_dir, all_cells, selected, args.workers), flush=True)
+        print(size_line(sweep_dir, all_cells, selected, args.workers, running=True),
+              flush=True)
         signal.signal(signal.SIGTERM, _on_sigterm)
         return run_local(config, arg, sweep_dir, selected, args.workers)
 

@@ -13,6 +13,7 @@ import fcntl
 import itertools
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -65,6 +66,16 @@ def tiny_config(tmp_path):
     return str(path)
 
 
+def _error_lines(err: str) -> list[str]:
+    """stderr's lines but the notice of the cells' config check (`N cells to run; checking
+    each one's config first ...`), which comes before it."""
+    lines = err.strip().splitlines()
+    if lines and re.match(r"\d+ cells to run; checking each one's config first \(about ",
+                          lines[0]):
+        return lines[1:]
+    return lines
+
+
 def _usage_error(capsys, status, *words) -> str:
     """The tool returned (or exited with) 2 and said every word on stderr, no traceback."""
     out = capsys.readouterr()
@@ -99,6 +110,80 @@ def test_a_sweep_dir_that_is_a_file_is_named_and_kept(tiny_config, tmp_path, cap
     status = sweep.main([f"--config={tiny_config}", f"--sweep_dir={path}"])
     _usage_error(capsys, status, f"--sweep_dir={path}: is a file, not a directory")
     assert path.read_text() == "mine"
+
+
+def _unwritable_parent(tmp_path, monkeypatch) -> str:
+    """A sweep directory whose parent cannot be created (mkdir refused as for a user without
+    the permission; the tests run as root, which would be let through)."""
+    real_mkdir = os.mkdir
+    parent = str(tmp_path / "locked")
+
+    def mkdir(path, *args, **kwargs):
+        if os.fspath(path) == parent:
+            raise PermissionError(13, "Permission denied", os.fspath(path))
+        return real_mkdir(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "mkdir", mkdir)
+    return os.path.join(parent, "sweep")
+
+
+@pytest.mark.parametrize("mode", [[], ["--dry_run"], ["--slurm"]])
+@pytest.mark.parametrize("where, why", [
+    (lambda tmp_path, mp: "/proc/1/sw", "cannot create it ("),
+    (lambda tmp_path, mp: str(tmp_path / "notes.txt" / "sweep"),
+     "cannot create it ({tmp_path}/notes.txt is a file, not a directory)"),
+    (_unwritable_parent, "cannot create it ({tmp_path}/locked: Permission denied)"),
+])
+def test_a_sweep_dir_that_cannot_be_created_is_one_line_before_anything_runs(
+        where, why, mode, tiny_config, tmp_path, monkeypatch, capsys):
+    (tmp_path / "notes.txt").write_text("mine")
+    sweep_dir = where(tmp_path, monkeypatch)
+    status = sweep.main([f"--config={tiny_config}", f"--sweep_dir={sweep_dir}", *mode])
+    err = _usage_error(capsys, status, f"--sweep_dir={sweep_dir}: "
+                       + why.format(tmp_path=tmp_path))
+    assert err.count("\n") == 1, err  # before the cells' configs were checked
+    assert sorted(os.listdir(tmp_path)) == ["notes.txt", "tiny_sweep.py"]  # nothing left
+
+
+def test_a_sweep_dir_that_can_be_created_is_not_left_by_a_dry_run(tiny_config, tmp_path,
+                                                                    capsys):
+    sweep_dir = tmp_path / "new" / "sweep"
+    assert sweep.main([f"--config={tiny_config}", f"--sweep_dir={sweep_dir}", "--dry_run"]) == 0
+    assert "6 cells (6 to run, 0 done)" in capsys.readouterr().out
+    assert not (tmp_path / "new").exists()
+
+
+def test_a_sweep_dir_it_cannot_write_in_is_refused_but_a_dry_run_reads_it(
+        tiny_config, tmp_path, monkeypatch, capsys):
+    sweep_dir = tmp_path / "theirs"
+    sweep_dir.mkdir()
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda path, mode, **kw: (
+        False if os.fspath(path) == str(sweep_dir) and mode & os.W_OK
+        else real_access(path, mode, **kw)))
+    for mode in ([], ["--slurm"]):
+        status = sweep.main([f"--config={tiny_config}", f"--sweep_dir={sweep_dir}", *mode])
+        _usage_error(capsys, status, f"--sweep_dir={sweep_dir}: cannot write in it "
+                                     "(Permission denied)")
+    assert os.listdir(sweep_dir) == []
+    assert sweep.main([f"--config={tiny_config}", f"--sweep_dir={sweep_dir}", "--dry_run"]) == 0
+
+
+def test_the_check_of_the_cells_configs_is_announced_before_it_starts(tiny_config, tmp_path,
+                                                                      monkeypatch, capsys):
+    said = []
+
+    def check(spec, config, arg, cells):
+        said.append(capsys.readouterr().err)  # what stderr held as the check began
+        return None, {}
+
+    monkeypatch.setattr(sweep.preflight, "check_in_subprocess", check)
+    sweep_dir = tmp_path / "s"
+    assert sweep.main([f"--config={tiny_config}:3000", f"--sweep_dir={sweep_dir}",
+                       "--dry_run"]) == 0
+    # 2.5 s to start and 2 ms a cell (launch/preflight.py): 8.5 s
+    assert said == ["3000 cells to run; checking each one's config first (about 8 s, at ~2 ms "
+                    "a cell) ...\n"]
 
 
 @pytest.mark.parametrize("arg, words", [
@@ -186,7 +271,7 @@ def test_a_config_argument_get_config_rejects_is_named_once(tmp_path, capsys):
     err = _usage_error(capsys, status, f"--config={spec}: get_config('bogus'): config argument "
                        "'bogus': expected one of ['job', 'policy', 'range', 'typo'] (",
                        "refused.py, line 4)")
-    assert len(err.strip().splitlines()) == 1, err
+    assert len(_error_lines(err)) == 1, err
     assert not (tmp_path / "s").exists()
 
 
@@ -245,7 +330,7 @@ def test_a_sweep_dir_holding_another_sweep_is_refused_and_kept(tiny_config, tmp_
             status = sweep.main([f"--config={config}", f"--sweep_dir={sweep_dir}", *mode])
             err = _usage_error(capsys, status, f"--sweep_dir={sweep_dir}: holds the sweep of "
                                                f"{tiny_config}:6, not ", "another --sweep_dir")
-            assert len(err.strip().splitlines()) == 1, err
+            assert len(_error_lines(err)) == 1, err
     assert {p: (sweep_dir / p).read_bytes() for p in before} == before
     assert os.listdir(sweep_dir / "cells") == []
 
@@ -285,7 +370,9 @@ def test_a_dry_run_into_a_closed_pipe_stops_quietly(tmp_path):
         cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("todo ") and proc.stdout.count("\n") == 1
-    assert proc.stderr == ""
+    # The one line on stderr says what the seconds before the listing are spent on.
+    assert proc.stderr.startswith("3000 cells to run; checking each one's config first (about ")
+    assert proc.stderr.count("\n") == 1, proc.stderr
 
 
 # -- launch.sweep: size and estimate ---------------------------------------------------------
@@ -317,11 +404,11 @@ def test_the_size_and_an_estimate_only_from_measured_wall_times(tiny_config, tmp
     assert sweep.main(argv + ["--workers=1"]) == 0
     assert capsys.readouterr().out.splitlines()[-1] == (
         "6 cells (2 to run, 1 of them failed before, 4 done); estimate ~40 s with 1 worker "
-        "(the median wall time of the 3 finished cells here, 20 s, x 2 / 1)")
+        "(the median wall time of the 3 cells earlier runs finished here, 20 s, x 2 / 1)")
     assert sweep.main(argv + [f"--only=seed={cells[5].overrides['seed']}$"]) == 0
     assert capsys.readouterr().out.splitlines()[-1] == (
         "1 of 6 cells selected (1 to run, 0 done); estimate ~10 s with 2 workers (the median "
-        "wall time of the 3 finished cells here, 20 s, x 1 / 2)")
+        "wall time of the 3 cells earlier runs finished here, 20 s, x 1 / 2)")
 
 
 def test_a_cell_run_by_the_pool_worker_records_its_wall_time(tmp_path, monkeypatch):
