@@ -106,6 +106,8 @@ def test_gsm8k_writes_records_and_exact_match(tmp_path):
     results = jobs.run(_config("gsm8k", max_examples=2, max_new_tokens=8), str(tmp_path))
     on_disk = json.loads((tmp_path / "results.json").read_text())
     assert on_disk["job"] == "eval" and on_disk["eval"] == json.loads(json.dumps(results["eval"]))
+    # A wall-clock duration that holds XLA's compiles says both.
+    assert (on_disk["timings"]["clock"], on_disk["timings"]["compiles"]) == ("wall", "included")
     ev = on_disk["eval"]
     assert ev["task"] == "gsm8k" and ev["seqio_task"] == "moejax_gsm8k" and ev["examples"] == 2
     records = ev["records"]
