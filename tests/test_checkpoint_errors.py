@@ -35,7 +35,7 @@ VOCAB, HIDDEN, INTER, LAYERS, HEADS, KV_HEADS, EXPERTS, TOP_K = 61, 24, 20, 2, 4
 HEAD_DIM = HIDDEN // HEADS
 
 
-def _hf_model():
+def tiny_hf_model():
     cfg = transformers.AutoConfig.for_model(
         "olmoe", vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=INTER,
         num_hidden_layers=LAYERS, num_attention_heads=HEADS, num_key_value_heads=KV_HEADS,
@@ -52,7 +52,7 @@ def _hf_model():
 
 @pytest.fixture(scope="module")
 def hf_model():
-    return _hf_model()
+    return tiny_hf_model()
 
 
 @pytest.fixture(scope="module")

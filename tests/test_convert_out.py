@@ -26,7 +26,7 @@ from moejax.convert import check_out, convert
 from moejax.errors import CheckpointError, ConfigError
 from moejax.jobs.schema import base_config
 from moejax.model_source import load_model
-from tests.test_checkpoint_errors import _hf_model
+from tests.test_checkpoint_errors import tiny_hf_model
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # absl's prefix of an INFO line: `I1206 08:18:49.822833 140163280292736 convert.py:98] ...`
@@ -36,7 +36,7 @@ INFO_LINE = re.compile(r"^I\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ \S+:\d+\] ", re.M)
 @pytest.fixture(scope="module")
 def hf_dir(tmp_path_factory):
     d = str(tmp_path_factory.mktemp("hf") / "olmoe-tiny")
-    _hf_model().save_pretrained(d)
+    tiny_hf_model().save_pretrained(d)
     return d
 
 
