@@ -28,6 +28,18 @@ def config_from_flags(config_file: str, *flags: str):
     return holder.value
 
 
+def with_fields(config, **fields):
+    """`config` with dotted fields set in place and returned: `with_fields(c, **{"cache.slots":
+    4})`."""
+    for path, value in fields.items():
+        *groups, leaf = path.split(".")
+        node = config
+        for group in groups:
+            node = node[group]
+        node[leaf] = value
+    return config
+
+
 def resident_decoder(model: MoEDecoder, gate_up, down, max_len: int, **kw) -> SteppedDecoder:
     experts = ResidentExperts({l: jax.numpy.asarray(v) for l, v in gate_up.items()},
                               {l: jax.numpy.asarray(v) for l, v in down.items()})

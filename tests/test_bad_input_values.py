@@ -22,6 +22,7 @@ from moejax.jobs.schema import base_config
 from moejax.policies import build, declare
 from moejax.policies.base import KINDS
 from moejax.policies.registry import names, policy_class, spec_arguments
+from moejax.testing import with_fields
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The tiny Mixtral trace: 4 MoE layers of 8 experts (32 routed experts), top-2.
@@ -30,23 +31,12 @@ TOTAL = 32
 CTX = dict(num_layers=4, num_experts=8, top_k=2, num_slots=8, seed=0, renormalize=True)
 
 
-def _set(config, **fields):
-    """`config` with dotted fields set: `_set(c, **{"cache.slots": 4})`."""
-    for path, value in fields.items():
-        *groups, leaf = path.split(".")
-        node = config
-        for g in groups:
-            node = node[g]
-        node[leaf] = value
-    return config
-
-
 def _replay(**fields):
     c = base_config()
     c.job, c.trace, c.model.preset, c.clock.kind = "replay", TRACE, "", "virtual"
     c.log.progress = c.log.tensorboard = False
     c.policies.prefetch = "none"
-    return _set(c, **fields)
+    return with_fields(c, **fields)
 
 
 # -- item 1: counts and fractions outside their range ----------------------------------------
@@ -158,7 +148,7 @@ def test_settings_left_at_their_default_or_that_apply_are_not_warned_about(capsy
     check_settings(_replay(), live=False, defaults=DEFAULTS)
     check_settings(_replay(**{"cache.host_capacity_frac": 0.5, "storage.read_gbps": 2.0,
                               "cache.host_eviction": "fifo"}), live=False, defaults=DEFAULTS)
-    check_settings(_set(base_config(), **{"cache.host_capacity_frac": 0.5, "io.split": 4,
+    check_settings(with_fields(base_config(), **{"cache.host_capacity_frac": 0.5, "io.split": 4,
                                           "io.mode": "mmap"}), live=True, defaults=DEFAULTS)
     # A config file that restates a default has not "given" it.
     check_settings(_replay(**{"storage.preset": "nvme_gen4", "io.workers": 8}), live=False,
@@ -190,7 +180,7 @@ def test_settings_left_at_their_default_or_that_apply_are_not_warned_about(capsy
      "device"),
 ])
 def test_each_setting_that_does_not_apply_gets_one_line(fields, live, expected, capsys):
-    config = _set(base_config(), job="replay" if live is False else "generate", **fields)
+    config = with_fields(base_config(), job="replay" if live is False else "generate", **fields)
     check_settings(config, live=live, defaults=DEFAULTS)
     lines = _warnings(capsys)
     assert len(lines) == 1 and expected in lines[0], lines

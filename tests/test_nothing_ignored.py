@@ -18,6 +18,7 @@ from moejax import cli, jobs
 from moejax import workdir as workdir_lib
 from moejax.jobs.declared import check_typed, unread_by_job
 from moejax.jobs.schema import LIVE, NOT_GIVEN, READ_BY, base_config
+from moejax.testing import with_fields
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRACE = os.path.join(ROOT, "moejax", "assets", "traces", "code_0.npz")
@@ -59,38 +60,29 @@ def test_a_setting_that_would_be_ignored_is_refused_in_one_line(tmp_path, flags,
 
 def test_the_not_given_value_is_refused_only_when_it_is_what_the_flags_leave():
     c = base_config()
-    check_typed(["--config.cache.slots=8"], _with(c, **{"cache.slots": 8}), NOT_GIVEN)
+    check_typed(["--config.cache.slots=8"], with_fields(_copy(c), **{"cache.slots": 8}),
+                NOT_GIVEN)
     # A later flag gives the field a value: the empty one before it is not what runs.
     check_typed(["--config.policies.eviction=", "--config.policies.eviction=lru"],
-                _with(c, **{"policies.eviction": "lru"}), NOT_GIVEN)
-    check_typed(["--config.run.prompts='\"a\"'"], _with(c, **{"run.prompts": ("a",)}),
-                NOT_GIVEN)
+                with_fields(_copy(c), **{"policies.eviction": "lru"}), NOT_GIVEN)
+    check_typed(['--config.run.prompts="a"'],
+                with_fields(_copy(c), **{"run.prompts": ("a",)}), NOT_GIVEN)
     with pytest.raises(cli.ConfigError, match="--config.cache.slots=0: 0 is"):
         check_typed(["--config.cache.slots", "0"], c, NOT_GIVEN)
 
 
-def _with(config, **fields):
-    c = ml_collections.ConfigDict(config.to_dict())
-    for field, value in fields.items():
-        section, name = field.rsplit(".", 1)
-        c[section][name] = value
-    return c
-
-
 # -- warned and recorded ---------------------------------------------------------------------
+
+def _copy(config):
+    return ml_collections.ConfigDict(config.to_dict())
+
 
 def _replay(**fields):
     c = base_config()
     c.job, c.trace, c.model.preset, c.clock.kind = "replay", TRACE, "", "virtual"
     c.log.progress = c.log.tensorboard = False
     c.cache.slots = 16
-    for field, value in fields.items():
-        node = c
-        *path, last = field.split(".")
-        for part in path:
-            node = node[part]
-        node[last] = value
-    return c
+    return with_fields(c, **fields)
 
 
 WARNED = [
