@@ -236,7 +236,7 @@ class _Runner:
         for c in broken:
             if worker.clear_stale_marker(cells_lib.cell_dir(self.sweep_dir, c.name)):
                 self.progress.note(f"a worker process died after finishing {c.name}; its "
-                               f"results.json is complete")
+                                   f"results.json is complete")
                 self._record(c, {"ok": True, "error": None})
             else:
                 rest.append(c)
@@ -248,9 +248,10 @@ class _Runner:
             broken = self._finished_anyway(self._round(pending))
             running = [c for c in broken if os.path.exists(self._marker(c))]
             if broken:
-                self.progress.note(f"a worker process died while running "
-                               f"{', '.join(c.name for c in running) or 'no cell'}; "
-                               f"{'they run' if running else 'the rest runs'} alone at the end")
+                self.progress.note(
+                    f"a worker process died while running "
+                    f"{', '.join(c.name for c in running) or 'no cell'}; "
+                    f"{'they run' if running else 'the rest runs'} alone at the end")
             if not running:  # died outside any cell: do not loop, isolate them all
                 alone += broken
                 break

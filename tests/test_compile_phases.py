@@ -23,6 +23,7 @@ import pytest
 from moejax import bundled, jobs
 from moejax.jobs.common import cache_of, configured_decoder, settle, xla_compiles
 from moejax.jobs.perplexity import score
+from moejax.jobs.replay import run_line
 from moejax.jobs.schema import base_config
 from moejax.model_source import load_model_for
 from moejax.replay import compiled
@@ -135,31 +136,46 @@ def test_a_kernel_this_process_holds_has_no_load_phase(tmp_path, capsys):
     assert r["setup"] == compiled.IN_PROCESS  # the second
 
 
-@pytest.mark.slow
-def test_a_first_replay_on_a_machine_says_it_compiles_and_a_second_reads_the_cache(tmp_path):
+# A numba kernel of its own (compiling the replay kernel from an empty cache takes ~40 s):
+# `compiled.load` reads how numba made any `cache=True` dispatcher callable.
+_KERNEL = """import numba
+
+
+@numba.njit(cache=True)
+def twice(x):
+    return 2 * x
+"""
+_LOAD = ("import numpy as np, tiny_kernel\n"
+         "from moejax.replay import compiled\n"
+         "print(compiled.load((np.int64(3),), tiny_kernel.twice).how)\n"
+         "print(compiled.load((np.int64(3),), tiny_kernel.twice).how)\n")
+
+
+def test_a_first_load_on_a_machine_is_a_compile_and_the_next_process_reads_the_cache(tmp_path):
     """In a numba cache directory of its own (a machine that never ran the kernel), the first
-    process compiles the kernel and says so; the next reads it from numba's disk cache."""
-    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "numba"))
-    argv = [sys.executable, "-m", "moejax.main", "--config=configs/replay.py",
-            f"--config.trace={bundled.capture_path('olmoe_code')}",
-            "--config.model.family=olmoe", "--config.model.preset=olmoe-1b-7b",
-            "--config.cache.capacity_frac=0.05", "--config.policies.eviction=lru",
-            "--config.policies.prefetch=none", "--config.log.progress=False",
-            "--config.log.tensorboard=False"]
-    for name, how in (("first", compiled.COMPILED), ("second", compiled.DISK_CACHE)):
-        work = tmp_path / name
-        done = subprocess.run([*argv, f"--workdir={work}"], cwd=ROOT, env=env,
-                              capture_output=True, text=True, timeout=600)
+    process compiles it and a second call there finds it loaded; the next process reads it
+    from numba's disk cache."""
+    (tmp_path / "tiny_kernel.py").write_text(_KERNEL)
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "numba"),
+               PYTHONPATH=os.pathsep.join([str(tmp_path), ROOT]))
+    seen = []
+    for _ in range(2):
+        done = subprocess.run([sys.executable, "-c", _LOAD], cwd=ROOT, env=env,
+                              capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stderr[-3000:]
-        with open(work / "results.json") as f:
-            r = json.load(f)["replay"]
-        assert r["setup"] == how
-        out = done.stdout.splitlines()
-        assert _load_line(r) in out, out
-        suffix = ("numba compiled it (once per machine)" if how == compiled.COMPILED
-                  else "read from numba's disk cache")
-        run_line = next(line for line in out if line.startswith(f"{WALL}: "))
-        assert run_line.endswith(f"loading its kernel (once per process): {suffix}"), run_line
+        seen.append(done.stdout.splitlines())
+    assert seen == [[compiled.COMPILED, compiled.IN_PROCESS],
+                    [compiled.DISK_CACHE, compiled.IN_PROCESS]]
+
+
+@pytest.mark.parametrize("how, suffix", [
+    (compiled.COMPILED, ": numba compiled it (once per machine)"),
+    (compiled.DISK_CACHE, ": read from numba's disk cache"), (compiled.IN_PROCESS, "")])
+def test_the_replay_line_says_what_the_kernel_load_was(how, suffix):
+    r = {"seconds": 0.25, "setup_s": 1.5, "setup": how, "requests_per_s": 400.0,
+         "engine": "compiled"}
+    line = run_line(r, 100)
+    assert line.endswith(f"after 1.50 s loading its kernel (once per process){suffix}"), line
 
 
 @pytest.mark.parametrize("warmup", [True, False])

@@ -129,6 +129,9 @@ def _a_file(tmp, hf, converted):
 CASES = [_same_as_hf, _link_to_hf, _moejax_checkpoint, _user_files, _unrelated_config_json,
          _a_file]
 IDS = [case.__name__.lstrip("_") for case in CASES]
+# Through the command line: the three the issue found refused with a false message (the rest
+# reach the same `check_out` above; a moejax checkpoint's line is test_bad_input_main's).
+CLI_CASES = [_same_as_hf, _user_files, _unrelated_config_json]
 
 
 @pytest.mark.parametrize("case", CASES, ids=IDS)
@@ -141,7 +144,7 @@ def test_check_out_says_what_it_found(case, tmp_path, hf_dir, converted):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("case", CASES, ids=IDS)
+@pytest.mark.parametrize("case", CLI_CASES, ids=[c.__name__.lstrip("_") for c in CLI_CASES])
 def test_convert_refuses_out_and_leaves_it_as_it_was(case, tmp_path, hf_dir, converted):
     out, expected = case(str(tmp_path), hf_dir, converted)
     before, hf_before = _contents(out), _contents(hf_dir)
@@ -207,7 +210,7 @@ def test_third_party_info_lines_only_with_verbosity(tmp_path, hf_dir):
     quiet = _convert_cli(f"--hf_dir={hf_dir}", f"--out={tmp_path / 'a'}")
     assert quiet.returncode == 0, quiet.stderr[-3000:]
     assert not INFO_LINE.search(quiet.stderr), quiet.stderr[-3000:]
-    for given in (["--verbosity=0"], ["-v", "0"]):
+    for given in (["-v", "0"],):
         loud = _convert_cli(f"--hf_dir={hf_dir}", f"--out={tmp_path / given[-1]}", *given)
         assert loud.returncode == 0, loud.stderr[-3000:]
         assert len(INFO_LINE.findall(loud.stderr)) > 10, (given, loud.stderr[-3000:])

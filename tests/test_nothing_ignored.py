@@ -34,28 +34,38 @@ def _main(*args, cwd=ROOT):
 @pytest.mark.parametrize("flags, named", [
     (["--config.policies.eviction="], "--config.policies.eviction=: empty is the field's "
                                       "\"not given\""),
-    (["--config.policies.preset="], "--config.policies.preset=: empty is the field's"),
     (["--config.cache.slots=0"], "--config.cache.slots=0: 0 is the field's \"not given\" "
                                  "(the run would go on as if the flag were absent); it takes "
                                  "a slot count >= 1"),
-    (["--config.run.prompts=[]"], "--config.run.prompts=[]: [] is the field's \"not given\""),
     (["--config.run.prompts=not json"], "--config.run.prompts=not json: takes a list of "
                                         "quoted prompts"),
-    (["--config.run.prompts=[1, 2]"], "--config.run.prompts=[1, 2]: takes a list of quoted"),
-    (["--config.cache.slots=8", "--config.cache.capacity_frac=0.5"],
-     "cache.slots=8 and cache.capacity_frac=0.5 are both given"),
-    (["--config.run.prompt_ids=1,2", "--config.run.prompt=hi"],
-     "run.prompt_ids='1,2' and run.prompt='hi' are both given"),
     (["--config.policies.prefetch=score_percentile(p=150)"],
      "prefetch policy 'score_percentile(p=150)': p=150 must be a number in [0, 100)"),
 ])
 def test_a_setting_that_would_be_ignored_is_refused_in_one_line(tmp_path, flags, named):
+    """Through the door (the conflicting pairs are test_declared_fields's)."""
     done = _main("--config=configs/default.py", f"--workdir={tmp_path / 'w'}", *flags)
     assert done.returncode == 2, done.stderr[-2000:]
     lines = done.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith("moejax.main: error: "), done.stderr
     assert named in lines[0], lines[0]
     assert not os.path.exists(tmp_path / "w")
+
+
+@pytest.mark.parametrize("argv, value, named", [
+    (["--config.policies.preset="], {"policies.preset": ""},
+     "--config.policies.preset=: empty is the field's \"not given\""),
+    (["--config.run.prompts=[]"], {"run.prompts": ()},
+     "--config.run.prompts=[]: [] is the field's \"not given\""),
+    (["--config.run.prompts=[1, 2]"], {"run.prompts": (1, 2)},
+     "--config.run.prompts=[1, 2]: takes a list of quoted prompts"),
+    (["--config.run.prompts", "hello"], {"run.prompts": ("hello",)},
+     "--config.run.prompts=hello: takes a list of quoted prompts"),
+])
+def test_what_the_command_line_typed_is_checked(argv, value, named):
+    with pytest.raises(cli.ConfigError) as e:
+        check_typed(argv, with_fields(base_config(), **value), NOT_GIVEN)
+    assert str(e.value).startswith(named), str(e.value)
 
 
 def test_the_not_given_value_is_refused_only_when_it_is_what_the_flags_leave():

@@ -108,9 +108,9 @@ def test_replay_rate_leaves_the_kernel_load_out(tmp_path, capsys, monkeypatch):
     `seconds` or `requests_per_s`, and the printed line says both."""
     real = compiled.load_kernel
 
-    def slow_load(args):
+    def slow_load(args, kernel=None):
         time.sleep(0.5)
-        return real(args) + 0.5
+        return real(args, kernel) + 0.5
 
     monkeypatch.setattr(compiled, "load_kernel", slow_load)
     work = tmp_path / "w"

@@ -214,28 +214,34 @@ class KernelLoad:
     how: str
 
 
-def kernel_loaded(args: tuple) -> bool:
-    """Whether this process already holds the kernel for `args`' types (its load is nothing)."""
-    return tuple(numba.typeof(a) for a in args) in K.run.overloads
+def kernel_loaded(args: tuple, kernel=None) -> bool:
+    """Whether this process already holds `kernel` (the replay kernel by default) for `args`'
+    types (its load is nothing)."""
+    kernel = K.run if kernel is None else kernel
+    return tuple(numba.typeof(a) for a in args) in kernel.overloads
 
 
-def load(args: tuple) -> KernelLoad:
-    """`load_kernel`, and how numba made the kernel callable: from its own counters (a compile
-    counts a cache miss, a read from its disk cache a hit)."""
-    if kernel_loaded(args):
-        return KernelLoad(load_kernel(args), IN_PROCESS)
-    misses = sum(K.run.stats.cache_misses.values())
-    seconds = load_kernel(args)
-    compiled = sum(K.run.stats.cache_misses.values()) > misses
+def load(args: tuple, kernel=None) -> KernelLoad:
+    """`load_kernel`, and how numba made `kernel` (a `cache=True` dispatcher, the replay
+    kernel by default) callable: from its own counters (a compile counts a cache miss, a read
+    from its disk cache a hit)."""
+    kernel = K.run if kernel is None else kernel
+    if kernel_loaded(args, kernel):
+        return KernelLoad(load_kernel(args, kernel), IN_PROCESS)
+    misses = sum(kernel.stats.cache_misses.values())
+    seconds = load_kernel(args, kernel)
+    compiled = sum(kernel.stats.cache_misses.values()) > misses
     return KernelLoad(seconds, COMPILED if compiled else DISK_CACHE)
 
 
-def load_kernel(args: tuple) -> float:
-    """Makes the kernel callable with `args`' types, and returns the seconds it took: loading
-    it from numba's on-disk cache (or compiling it) the first time in a process, about 0 after.
-    Taken apart from the run, so that the replay's own time leaves this one-time cost out."""
+def load_kernel(args: tuple, kernel=None) -> float:
+    """Makes `kernel` (the replay kernel by default) callable with `args`' types, and returns
+    the seconds it took: loading it from numba's on-disk cache (or compiling it) the first time
+    in a process, about 0 after. Taken apart from the run, so that the replay's own time leaves
+    this one-time cost out."""
+    kernel = K.run if kernel is None else kernel
     t0 = time.perf_counter()
-    K.run.compile(tuple(numba.typeof(a) for a in args))
+    kernel.compile(tuple(numba.typeof(a) for a in args))
     return time.perf_counter() - t0
 
 
