@@ -72,7 +72,6 @@ def check_declared(config: ml_collections.ConfigDict, schema: ml_collections.Con
                               f"(got a {type(value).__name__})")
 
 
-
 def unread_by_job(config: ml_collections.ConfigDict, defaults: ml_collections.ConfigDict,
                   read_by: tuple, live: tuple) -> list[tuple[str, str]]:
     """`(field, why)` for each field given (away from `defaults`) that `config.job` does not

@@ -101,6 +101,8 @@ def cascade_below(precision: str) -> tuple[str, ...]:
 
 @register("miss", "fetch")
 class Fetch(MissPolicy):
+    """Fetch every missing expert and wait for it (the classic cache: nothing dropped)."""
+
     name = "fetch"
     KERNEL = KernelForm("fetch")
 

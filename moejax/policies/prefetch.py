@@ -46,6 +46,8 @@ class _SpecPrefetch(PrefetchPolicy):
 
 @register("prefetch", "none")
 class NoPrefetch(PrefetchPolicy):
+    """No prefetch: every expert is fetched on demand, when its layer asks for it."""
+
     name = "none"
     KERNEL = KernelForm("predictions")
     lookahead = 0

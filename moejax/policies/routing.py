@@ -30,6 +30,8 @@ from moejax.policies.registry import register
 
 @register("routing", "standard")
 class Standard(RoutingPolicy):
+    """The router's own top-k, whatever is resident."""
+
     name = "standard"
     KERNEL = KernelForm("standard")
 
@@ -39,6 +41,9 @@ class Standard(RoutingPolicy):
 
 @register("routing", "cache_aware")
 class CacheAware(RoutingPolicy):
+    """Top-k with resident experts favoured: their log router probabilities raised by `lam`
+    times the layer's mean range of log probabilities over the tokens seen so far."""
+
     name = "cache_aware"
     ARGS = {"lam": Floats(0.0, 2.0, at_least=0.0)}
     needs_probs = True
