@@ -10,6 +10,13 @@ re-raises instead, so a developer sees the traceback.
 Entry points wrap their body in `guarded` (argparse ones) or start through `run_absl`
 (absl ones: `moejax.main`, `moejax.convert`), whose flag parser turns a bad flag, a config
 file that does not load and an undeclared config field into a usage error.
+
+Naming the flag, field or file at fault needs what ml_collections' config_flags knew when it
+raised, which its exceptions do not carry: the parser reads it from the frames of the
+traceback (`_config_file_arg`, `_override_field`, `_flag_parser`) and from config_flags' own
+classes (`PRIVATE_API`). Those are private to ml_collections and absl, so pyproject pins both
+to the minor versions this was written against, and `tests/test_cli_private_api.py` fails,
+naming what moved, when an upgrade changes any of them.
 """
 
 from __future__ import annotations
@@ -28,6 +35,16 @@ from typing import Callable, NoReturn
 from moejax.errors import CheckpointError, ConfigError
 
 USAGE, FAILED, INTERRUPTED = 2, 1, 130
+
+# What this module reads of ml_collections.config_flags' private classes: class name ->
+# (attributes or parameters it relies on). Checked by tests/test_cli_private_api.py.
+PRIVATE_API = {
+    "ConfigFileFlagParser": ("parse(path)", "name"),
+    "_ConfigFlag": ("value",),
+    "_ConfigFieldFlag": ("name", "parser"),
+    "_ConfigFieldMultiFlag": ("name", "parser"),
+    "_ErrorConfig": ("_error",),
+}
 DEBUG_ENV = "MOEJAX_DEBUG"
 
 # Optional extras (pyproject.toml) a job or tool imports lazily: the module -> its extra.
@@ -494,8 +511,6 @@ def _config_file_message(name: str, argument: str, e: BaseException,
         return f"{flag}: {e.strerror}"
     if isinstance(e, SyntaxError):
         return f"{flag}: {type(e).__name__}: {e.msg} ({_where(e)})"
-    if not path:
-        return f"{flag}: names no file (--{name}=configs/NAME.py)"
     if isinstance(e, AttributeError) and getattr(e, "name", None) == "get_config":
         return f"{flag}: defines no get_config() (a config file returns its config from it)"
     text = " ".join(_one_line(e).split())
