@@ -2,7 +2,7 @@
 calibrated profile, each its own `python -m moejax.main` process, at 5%, 25% and 100% capacity,
 alternated over rounds (issue 37's done-when).
 
-    python -m moejax.sim.calibrate --workdir=W      # first
+    python -m moejax.calibration --workdir=W      # first
     python benchmarks/clock_check.py --hardware_file=W/hardware.json [--rounds 3] [--trace olmoe_code]
 
 Each run is OLMoE-1B-7B at width 32 driven by a real capture the calibration did not use

@@ -10,17 +10,17 @@ OLMoE capture (`policies.routing='trace(path=T)'`), at an emulated 5 GB/s host->
    a wave of 8 experts' host->device rate as a share of a raw `jax.device_put` from pinned
    host, native and int4 (issue 24 asks >= 0.9), and the share of a wave's load hidden behind
    an experts step dispatched before it (>= 0.8 where the step is the longer);
-1. calibration (`moejax.sim.calibrate`): host->device transfers 4 KiB to 64 MiB, the compiled
-   steps of one layer at the real size, and the profile they give (`OUT/hardware.json`);
+1. calibration (`moejax.calibration.calibrate`): host->device transfers 4 KiB to 64 MiB, the
+   compiled steps of one layer at the real size, and the profile they give (`OUT/hardware.json`);
 2. live cells against the virtual clock: capacities 5%, 25%, 100%, with and without prefetch
    (`temporal`: the capture has no scores), each live on the wall clock (the cache's transfers
    held to 5 GB/s) and as the virtual clock predicts it with the calibrated profile at 5 GB/s,
    and how many decode passes speculated, with their failed checks (these cells follow a
    capture, `routing=trace(...)`: a trace-driven pass speculates on the trace's selection);
    the 100% prefetching cell also runs layer by layer (`cache.speculate=False`, its twin);
-2b. the host's work (issue 37): the step tables at this size (`moejax.sim.steps`), the host
-   terms fitted to part 2's cells (`moejax.sim.host_fit`), then part of the validation
-   (`python -m moejax.sim.validate`) at this size on the capture the fit did not see
+2b. the host's work (issue 37): the step tables at this size (`moejax.calibration.steps`), the host
+   terms fitted to part 2's cells (`moejax.calibration.host_fit`), then part of the validation
+   (`python -m moejax.calibration.validate`) at this size on the capture the fit did not see
    (`olmoe_code`: capacities 25% and 100% x eviction lru / least_stale x prefetch none /
    temporal, 8 cells; `--quick`: 2), its median and 90th percentile |error| and Kendall's tau;
 3. an XProf trace of one prefetching decode step (`jax.profiler`, `OUT/xprof`; open it with
@@ -58,9 +58,9 @@ import jax
 import numpy as np
 import slot_loads  # benchmarks/slot_loads.py, beside this script
 
+from moejax.calibration import calibrate, cells, profile
 from moejax.jobs.common import cache_of, configured_decoder
 from moejax.results import write_json_atomic
-from moejax.sim import calibrate, cells, profile
 from moejax.timing import hardware as hw_lib
 from moejax.traces import driven
 
@@ -298,7 +298,7 @@ def main(argv=None) -> int:
                         *(sys.argv[1:] if argv is None else argv)])
     print(f"gpu_check{' --quick' if args.quick else ''}: {jax.devices()[0].device_kind} "
           f"({platform}), JAX {jax.__version__}, into {out}")
-    from moejax.sim import measure
+    from moejax.calibration import measure
 
     report = {"command": command, "platform": platform, "device": measure.device_description(),
               "plan": dataclasses.asdict(the_plan), "rows": [], "failed": []}
@@ -345,7 +345,7 @@ def main(argv=None) -> int:
         return cell_rows(ran, platform, the_plan.width)
 
     def host_work():
-        from moejax.sim import host_fit, matrix, validate
+        from moejax.calibration import host_fit, matrix, validate
 
         path = state["hardware_file"]
         doc = json.load(open(path))

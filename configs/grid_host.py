@@ -3,7 +3,7 @@
 python -m launch.sweep --config=configs/grid_host.py --sweep_dir=grid_host --workers=2
 python -m launch.sweep --config=configs/grid_host.py:traces=captures,precisions=native \
     --sweep_dir=grid_host_native --workers=2
-python -m moejax.analysis.host_compute --sweep_dir=grid_host
+python -m studies.fiddler.claims --sweep_dir=grid_host
 
 Every cell replays one trace at SpecMD's setting — four-bit experts (`cache.precision=int4`;
 `precisions=native` for Fiddler's 16-bit weights, `int4+native` for both), a cache of 1, 5 or

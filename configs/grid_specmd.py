@@ -3,7 +3,7 @@
 python -m launch.sweep --config=configs/grid_specmd.py --sweep_dir=/tmp/grid --workers=2
 python -m launch.sweep --config=configs/grid_specmd.py:traces=captures --sweep_dir=/tmp/grid_real
 python -m moejax.analysis.report --sweep_dir=/tmp/grid
-# the time claims again on this machine's calibrated profile (python -m moejax.sim.calibrate):
+# the time claims again on this machine's calibrated profile (python -m moejax.calibration):
 python -m launch.sweep --config=configs/grid_specmd.py:traces=long,parts=dropin+miss,hardware_file=W/hardware.json \
     --sweep_dir=/tmp/grid_vm --workers=2
 

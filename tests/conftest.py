@@ -88,3 +88,16 @@ def pytest_configure(config):
     config.addinivalue_line(
         "markers", "slow: heavy (subprocess runs, sweeps, training, parity, complete jobs); "
         "still part of the default run, left out of the quick loop by -m 'not slow'")
+
+
+@pytest.fixture
+def subprocess_env(pytestconfig) -> dict[str, str]:
+    """The environment for a test's `python -m ...` subprocess: this one's, with the suite's
+    persistent compilation cache (above) where it is on, so that a subprocess reads the steps
+    the suite already compiled instead of compiling them again (results cannot depend on it)."""
+    env = dict(os.environ)
+    if pytestconfig.pluginmanager.hasplugin("cacheprovider"):
+        env.update(JAX_COMPILATION_CACHE_DIR=str(pytestconfig.cache.mkdir("jax")),
+                   JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+                   JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
+    return env

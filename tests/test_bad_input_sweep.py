@@ -24,10 +24,8 @@ from matplotlib.colors import to_rgb
 from launch import cells as cells_lib
 from launch import diff, sweep, worker
 from moejax.analysis import (
-    claims,
     compare,
     disk_tier,
-    host_compute,
     report,
     report_figures,
     routing_stats,
@@ -35,6 +33,8 @@ from moejax.analysis import (
 )
 from moejax.analysis import frontier as frontier_lib
 from moejax.results import write_json_atomic
+from studies.fiddler import claims as host_compute
+from studies.specmd import claims
 from tests.sweep_fixtures import synthetic_results
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -64,6 +64,26 @@ def tiny_config(tmp_path):
     path = tmp_path / "tiny_sweep.py"
     path.write_text(TINY_CONFIG)
     return str(path)
+
+
+@pytest.fixture
+def checks_in_process(monkeypatch) -> list[list[str]]:
+    """The cells' config check (`launch/preflight.py`) run in this process: `preflight.checked`,
+    the very function the spawned process runs, without the ~2.5 s of starting that process
+    and importing JAX in it. For the tests about something else; the spawned process itself is
+    tested by `test_cells_whose_config_does_not_check_are_refused_before_anything_runs` and
+    `test_the_launching_process_checks_the_cells_without_importing_jax`. Yields the names of
+    the cells each check was given, one list per check."""
+    from launch import preflight
+
+    checked = []
+
+    def check(spec, config, arg, cells):
+        checked.append([c.name for c in cells])
+        return preflight.checked(spec, config, arg, cells)
+
+    monkeypatch.setattr(sweep.preflight, "check_in_subprocess", check)
+    return checked
 
 
 def _error_lines(err: str) -> list[str]:
@@ -146,7 +166,7 @@ def test_a_sweep_dir_that_cannot_be_created_is_one_line_before_anything_runs(
 
 
 def test_a_sweep_dir_that_can_be_created_is_not_left_by_a_dry_run(tiny_config, tmp_path,
-                                                                    capsys):
+                                                                    capsys, checks_in_process):
     sweep_dir = tmp_path / "new" / "sweep"
     assert sweep.main([f"--config={tiny_config}", f"--sweep_dir={sweep_dir}", "--dry_run"]) == 0
     assert "6 cells (6 to run, 0 done)" in capsys.readouterr().out
@@ -154,7 +174,7 @@ def test_a_sweep_dir_that_can_be_created_is_not_left_by_a_dry_run(tiny_config, t
 
 
 def test_a_sweep_dir_it_cannot_write_in_is_refused_but_a_dry_run_reads_it(
-        tiny_config, tmp_path, monkeypatch, capsys):
+        tiny_config, tmp_path, monkeypatch, capsys, checks_in_process):
     sweep_dir = tmp_path / "theirs"
     sweep_dir.mkdir()
     real_access = os.access
@@ -209,7 +229,8 @@ def test_a_config_file_that_is_missing_a_directory_or_broken_is_named(tmp_path, 
 
 
 # A sweep whose config argument picks its cells: one of them refused by a check `sweep(add)`
-# cannot make (the field's existence, its value, the job's own fields, a policy's arguments).
+# cannot make (the field's existence, its value, the job's own fields, a policy's arguments),
+# or (`all`) one refused by each.
 REFUSED_CONFIG = textwrap.dedent('''
     def get_config(arg=None):
         if arg == "bogus":
@@ -225,40 +246,59 @@ REFUSED_CONFIG = textwrap.dedent('''
 
     def sweep(add, arg=None):
         add(**{"cache.capacity_frac": 0.25})
-        add(**BAD.get(arg, {"cache.capacity_frac": 0.5}))
+        if arg == "all":
+            for bad in BAD.values():
+                add(**bad)
+        else:
+            add(**BAD.get(arg, {"cache.capacity_frac": 0.5}))
         add(**{"cache.capacity_frac": 0.75})
 ''')
 
 
-@pytest.mark.parametrize("arg, name, words", [
-    ("typo", "capacity_fac=0.5", ["cache.capacity_fac is not a declared field",
-                                  "did you mean cache.capacity_frac?"]),
-    ("range", "capacity_frac=1.5", ["cache.capacity_frac=1.5 must be in (0, 1]"]),
-    ("job", "max_new_tokens=0", ["run.max_new_tokens=0 must be >= 1"]),
-    ("policy", "prefetch=topk_depth-2", ["prefetch policy 'topk(depth=2)': unknown argument "
-                                         "'depth'; it takes ['overfetch', 'lookahead']"]),
-])
-def test_a_cell_whose_config_does_not_check_is_refused_before_anything_runs(
-        arg, name, words, tmp_path, capsys):
+# Each refused cell of the sweep `all`, in the order `sweep(add)` adds them: its name and the
+# words of why.
+REFUSED = [
+    ("capacity_fac=0.5", ["cache.capacity_fac is not a declared field",
+                          "did you mean cache.capacity_frac?"]),
+    ("capacity_frac=1.5", ["cache.capacity_frac=1.5 must be in (0, 1]"]),
+    ("max_new_tokens=0", ["run.max_new_tokens=0 must be >= 1"]),
+    ("prefetch=topk_depth-2", ["prefetch policy 'topk(depth=2)': unknown argument 'depth'; it "
+                               "takes ['overfetch', 'lookahead']"]),
+]
+
+
+def test_cells_whose_config_does_not_check_are_refused_before_anything_runs(tmp_path, capsys):
+    """One sweep holding a cell refused by each kind of check (`all`), through the real
+    checking process: every mode refuses it and writes nothing, the dry run names every
+    refused cell with why, and one refused cell selected alone is named in the singular."""
     config = tmp_path / "refused.py"
     config.write_text(REFUSED_CONFIG)
-    spec = f"{config}:{arg}"
-    for mode in ([], ["--slurm"]):
-        status = sweep.main([f"--config={spec}", f"--sweep_dir={tmp_path / 's'}", *mode])
-        _usage_error(capsys, status, f"--config={spec}: 1 cell cannot run; cell {name}: ",
-                     *words)
-        assert not (tmp_path / "s").exists()
-    # A dry run lists every cell, the refused one with why, and exits 2 too.
-    status = sweep.main([f"--config={spec}", f"--sweep_dir={tmp_path / 's'}", "--dry_run"])
+    spec = f"{config}:all"
+    sweep_dir = tmp_path / "s"
+    first, first_words = REFUSED[0]
+    status = sweep.main([f"--config={spec}", f"--sweep_dir={sweep_dir}"])
+    _usage_error(capsys, status, f"--config={spec}: 4 cells cannot run; cell {first}: ",
+                 *first_words, "(and 3 more: --dry_run lists every cell's)")
+    assert not sweep_dir.exists()
+    name, words = REFUSED[1]
+    status = sweep.main([f"--config={spec}", f"--sweep_dir={sweep_dir}", "--slurm",
+                         f"--only={re.escape(name)}$"])
+    err = _usage_error(capsys, status, f"--config={spec}: 1 cell cannot run; cell {name}: ",
+                       *words)
+    assert "more: --dry_run" not in err, err
+    assert not sweep_dir.exists()
+    # A dry run lists every cell, each refused one with why, and exits 2 too.
+    status = sweep.main([f"--config={spec}", f"--sweep_dir={sweep_dir}", "--dry_run"])
     out = capsys.readouterr()
     assert status == 2
     lines = out.out.splitlines()
     refused = [i for i, line in enumerate(lines) if line.startswith("refused")]
-    assert len(refused) == 1 and name in lines[refused[0]], out.out
-    assert all(w in lines[refused[0] + 1] for w in words), out.out
+    assert [lines[i].split()[1] for i in refused] == [n for n, _ in REFUSED], out.out
+    for i, (_, words) in zip(refused, REFUSED):
+        assert all(w in lines[i + 1] for w in words), (words, lines[i + 1])
     assert sum(line.startswith("todo") for line in lines) == 2, out.out
-    # Selected away, the refused cell does not stop the others.
-    status = sweep.main([f"--config={spec}", f"--sweep_dir={tmp_path / 's'}", "--dry_run",
+    # Selected away, the refused cells do not stop the others.
+    status = sweep.main([f"--config={spec}", f"--sweep_dir={sweep_dir}", "--dry_run",
                          "--only=capacity_frac=0.25"])
     assert status == 0, capsys.readouterr()
 
@@ -299,7 +339,8 @@ def test_slurm_and_pool_values_are_checked_before_anything_is_written(flag, tiny
     assert not (tmp_path / "s").exists()
 
 
-def test_a_second_launcher_leaves_the_first_ones_sweep_alone(tiny_config, tmp_path, capsys):
+def test_a_second_launcher_leaves_the_first_ones_sweep_alone(tiny_config, tmp_path, capsys,
+                                                             checks_in_process):
     sweep_dir = tmp_path / "s"
     os.makedirs(sweep_dir / "cells")
     (sweep_dir / "sweep.json").write_text('{"the first launcher": "wrote this"}')
@@ -317,7 +358,8 @@ def _slurm(config: str, sweep_dir, *more: str) -> int:
     return sweep.main([f"--config={config}", f"--sweep_dir={sweep_dir}", "--slurm", *more])
 
 
-def test_a_sweep_dir_holding_another_sweep_is_refused_and_kept(tiny_config, tmp_path, capsys):
+def test_a_sweep_dir_holding_another_sweep_is_refused_and_kept(tiny_config, tmp_path, capsys,
+                                                              checks_in_process):
     sweep_dir = tmp_path / "s"
     assert _slurm(f"{tiny_config}:6", sweep_dir) == 0
     capsys.readouterr()
@@ -335,7 +377,8 @@ def test_a_sweep_dir_holding_another_sweep_is_refused_and_kept(tiny_config, tmp_
     assert os.listdir(sweep_dir / "cells") == []
 
 
-def test_a_cell_name_with_other_overrides_is_refused_a_grown_sweep_is_not(tmp_path, capsys):
+def test_a_cell_name_with_other_overrides_is_refused_a_grown_sweep_is_not(tmp_path, capsys,
+                                                                          checks_in_process):
     config, sweep_dir = tmp_path / "grid.py", tmp_path / "s"
     grid = "from moejax.jobs.schema import base_config as get_config\n\n\n" \
            "def sweep(add):\n    for n in {}:\n        add(**{{'run.max_new_tokens': n}})\n"
@@ -384,7 +427,7 @@ def _finish(sweep_dir, cell: cells_lib.Cell, seconds: float | None) -> None:
 
 
 def test_the_size_and_an_estimate_only_from_measured_wall_times(tiny_config, tmp_path,
-                                                               capsys):
+                                                               capsys, checks_in_process):
     sweep_dir = tmp_path / "s"
     argv = [f"--config={tiny_config}", f"--sweep_dir={sweep_dir}", "--dry_run"]
     assert sweep.main(argv) == 0
@@ -395,6 +438,8 @@ def test_the_size_and_an_estimate_only_from_measured_wall_times(tiny_config, tmp
     _finish(sweep_dir, cells[0], None)  # finished before wall times were recorded
     assert sweep.main(argv) == 0
     assert "(5 to run, 1 done); estimate unknown" in capsys.readouterr().out
+    # The finished cell's config is not checked again (it is not run again).
+    assert checks_in_process[-1] == [c.name for c in cells[1:]]
 
     for cell, seconds in zip(cells[1:4], (10.0, 40.0, 20.0)):  # median 20, mean 23.3
         _finish(sweep_dir, cell, seconds)
@@ -429,9 +474,12 @@ def test_a_cell_run_by_the_pool_worker_records_its_wall_time(tmp_path, monkeypat
     assert worker.read_wall_time(work) == pytest.approx(outcome["seconds"], abs=1e-3)
 
 
-def test_a_slurm_task_records_its_cells_wall_time(tiny_config, tmp_path, monkeypatch, capsys):
-    """The array task runs its line, then records the wall time the next estimate reads. A
-    stub `python` stands in for the job (it writes the cell's results.json)."""
+def test_a_slurm_task_records_its_cells_wall_time(tiny_config, tmp_path, monkeypatch, capsys,
+                                                  checks_in_process):
+    """The array task runs its line, then records the wall time the next estimate reads: at
+    least the job's own run and at most the whole task's (both read on the same clock as the
+    task's, `date +%s.%N`). A stub `python` stands in for the job (it writes the cell's
+    results.json, between two readings of the clock 0.3 s apart)."""
     stub_dir = tmp_path / "bin"
     stub_dir.mkdir()
     stub = stub_dir / "python"
@@ -439,7 +487,9 @@ def test_a_slurm_task_records_its_cells_wall_time(tiny_config, tmp_path, monkeyp
         #!/bin/bash
         if [ "$1" = "-m" ] && [ "$2" = "moejax.main" ]; then
           for a in "$@"; do case "$a" in --workdir=*) W="${{a#--workdir=}}";; esac; done
+          date +%s.%N > "{tmp_path}/job_start"
           mkdir -p "$W" && echo '{{"job": "stub"}}' > "$W/results.json" && sleep 0.3
+          date +%s.%N > "{tmp_path}/job_end"
           exit 0
         fi
         exec {sys.executable} "$@"
@@ -455,12 +505,19 @@ def test_a_slurm_task_records_its_cells_wall_time(tiny_config, tmp_path, monkeyp
                               if not line.startswith("source ")))
     env = {**os.environ, "PATH": f"{stub_dir}{os.pathsep}{os.environ['PATH']}",
            "SLURM_ARRAY_TASK_ID": "0"}
-    task = subprocess.run(["bash", str(sweep_dir / "slurm.sbatch")], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=60)
+    task = subprocess.run(["bash", "-c", f'date +%s.%N > "{tmp_path}/task_start"; '
+                           f'bash "{sweep_dir / "slurm.sbatch"}"; status=$?; '
+                           f'date +%s.%N > "{tmp_path}/task_end"; exit $status'],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
     assert task.returncode == 0, task.stdout + task.stderr
     first = cells_lib.cells_from_config(tiny_config, "2")[0]
     seconds = worker.read_wall_time(cells_lib.cell_dir(str(sweep_dir), first.name))
-    assert seconds is not None and 0.3 <= seconds < 30
+    clock = {k: float((tmp_path / k).read_text()) for k in ("task_start", "job_start",
+                                                             "job_end", "task_end")}
+    assert seconds is not None
+    # Rounded to the millisecond when recorded (`worker.record_wall_time`).
+    assert clock["job_end"] - clock["job_start"] - 5e-4 <= seconds, (seconds, clock)
+    assert seconds <= clock["task_end"] - clock["task_start"] + 5e-4, (seconds, clock)
     assert sweep.main(argv + ["--slurm"]) == 0
     assert ("(1 to run, 1 done); estimate ~" in capsys.readouterr().out)
 

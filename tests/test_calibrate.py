@@ -1,4 +1,4 @@
-"""Calibration (moejax/sim/): the fits recover the parameters that made their timings, the
+"""Calibration (moejax/calibration/): the fits recover the parameters that made their timings, the
 measurements run for real and charge what the cost model charges, a hardware.json round-trips
 through `--config.hardware.file` (overrides on top), a bad file is one line naming it, and the
 command's bad flags are one line each."""
@@ -18,10 +18,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from moejax.cache.from_config import hardware_from
+from moejax.calibration import calibrate, fit, measure, profile
+from moejax.calibration import host_cpu as host_mod
 from moejax.errors import ConfigError
 from moejax.families import preset
-from moejax.sim import calibrate, fit, measure, profile
-from moejax.sim import host as host_mod
 from moejax.testing import config_from_flags
 from moejax.timing import hardware
 from moejax.timing import host as host_lib
@@ -143,7 +143,7 @@ def test_transfers_are_measured_and_fitted():
     for r in rows:
         for how in ("single", "stream"):
             t = r[how]
-            assert 0 < t["min_s"] <= t["median_s"] <= t["max_s"] < 10 and t["reps"] == 3
+            assert 0 < t["min_s"] <= t["median_s"] <= t["max_s"] and t["reps"] == 3
         assert math.isfinite(r["single_gbps"]) and r["single_gbps"] > 0
     got = fit.fit_transfer([r["bytes"] for r in rows], [r["single"]["median_s"] for r in rows])
     assert got.gbps > 0 and got.latency_s >= 0 and math.isfinite(got.rms_rel)
@@ -196,7 +196,7 @@ def _write(path, doc):
 
 
 def _document():
-    return profile.document(MEASURED, {"transfers": []}, "python -m moejax.sim.calibrate",
+    return profile.document(MEASURED, {"transfers": []}, "python -m moejax.calibration",
                             {"platform": "cpu"})
 
 
@@ -258,7 +258,7 @@ def test_the_command_line_says_a_missing_hardware_file_in_one_line(tmp_path):
                          cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert out.returncode == 2, out.stderr
     assert out.stderr.strip() == (f"moejax.main: error: hardware.file={missing!r}: no such file "
-                                  "(python -m moejax.sim.calibrate --workdir=W writes "
+                                  "(python -m moejax.calibration --workdir=W writes "
                                   "W/hardware.json)")
     assert not (tmp_path / "w").exists()
 
@@ -292,7 +292,7 @@ def test_bad_flags_are_one_line_each(tmp_path, capsys, flag, message):
         sys.exit(calibrate.main([f"--workdir={workdir}", flag]))
     assert e.value.code == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith("python -m moejax.sim.calibrate: error: ") and "\n" not in err
+    assert err.startswith("python -m moejax.calibration: error: ") and "\n" not in err
     assert message in err
     assert not workdir.exists()
 

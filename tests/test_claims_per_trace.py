@@ -1,4 +1,4 @@
-"""SpecMD's claims table (moejax/analysis/claims.py) trace by trace, on tiny synthetic sweeps
+"""SpecMD's claims table (studies/specmd/claims.py) trace by trace, on tiny synthetic sweeps
 whose numbers the tests choose: a claim is judged on every metric it states ("refuted on hit
 rate" where collisions win and hits lose); a group's word needs every trace, else "mixed" with
 each word's count, never headed by one side; cells of different conditions are never
@@ -19,8 +19,9 @@ import os
 
 import pytest
 
-from moejax.analysis import claim_cells, claim_rows, claims, claims_output
+from moejax.analysis import claim_cells, claim_rows
 from moejax.results import write_json_atomic
+from studies.specmd import claims
 from tests.sweep_fixtures import synthetic_results
 
 SP80 = "score_percentile(p=80)"
@@ -151,7 +152,7 @@ def test_a_trace_without_a_needed_cell_is_listed_as_missing(tmp_path):
     assert f.missing == {"t_c": "no lru cells"} and sorted(f.per_trace) == ["t_a", "t_b"]
     assert f.suggestion == "reproduced on 2 of 3 traces; missing: t_c"
     assert f.values["least_stale"] == pytest.approx(0.0125)  # the two complete traces
-    out = claims_output.markdown(found, [], claim_cells.load([str(tmp_path)]).rows)
+    out = claims.markdown(found, [], claim_cells.load([str(tmp_path)]).rows)
     assert "|  |  |  | ↳ t_c |  | missing: no lru cells | missing |" in out
     (line,) = [x for x in out.splitlines() if x.startswith("|  |  |  | ↳ t_a |")
                and "collision-miss" not in x and "LS 1.00%" in x and "÷" not in x
@@ -192,7 +193,7 @@ def test_a_structural_zero_is_labelled_and_a_measured_zero_is_not(tmp_path):
     assert list(two.structural) == ["evicted_before_use"] and two.suggestion == ""
     assert two.shown == "collisions 0.00% · hit 50.0% (30.0% + 20.0%) · early evictions 0"
     assert find(found, 7, "order=left_first").structural == {}
-    md = claims_output.markdown(found, [], [])
+    md = claims.markdown(found, [], [])
     assert "| structural: early evictions 0 on every trace (nothing is prefetched" in md
 
 
@@ -217,7 +218,7 @@ def test_least_stale_equal_to_lru_below_one_pass_is_structural_with_its_rule(tmp
     assert r.suggestion == "structural" and f.suggestion == "structural"
     assert r.verdict.rule.startswith("capacity below one pass: 6 slots < 8 experts a pass "
                                      "requests (layers × top-k)")
-    out = claims_output.markdown(run(tmp_path / "a"), [], [])
+    out = claims.markdown(run(tmp_path / "a"), [], [])
     assert "| structural: capacity below one pass: 6 slots < 8 experts" in out
     assert find(run(tmp_path / "b"), 2, "LRU ÷", prefetch="without prefetch").suggestion == "tie"
 
@@ -282,7 +283,7 @@ def test_every_queue_in_the_sweep_is_reported_in_order(tmp_path, capsys):
     assert "| immediate queue ·" not in out
     assert claims.main([f"--sweep_dir={tmp_path}", "--queue=watchdog_busy"]) == 2
     assert capsys.readouterr().err == (
-        "python -m moejax.analysis.claims: error: --queue=watchdog_busy is not in the sweep; "
+        "python -m studies.specmd.claims: error: --queue=watchdog_busy is not in the sweep; "
         "its queues: immediate, watchdog, a_custom_queue, watchdog_idle\n")
 
 
@@ -300,7 +301,7 @@ def test_cells_of_different_precisions_or_bandwidths_are_never_averaged(tmp_path
         assert f.traces == 1
         assert f.values["least_stale"] == (0.010 if f.condition["precision"] == "native"
                                            else 0.030)
-    md = claims_output.markdown(found, [], [])
+    md = claims.markdown(found, [], [])
     assert "· native · 16 GB/s ·" in md and "· int4 · 5 GB/s ·" in md
 
 
@@ -334,7 +335,7 @@ def test_a_synthetic_group_says_so(tmp_path):
     assert f.group == "mixtral/tiny (random weights) · 4 layers × 8 experts, top-2"
     assert f.suggestion == "reproduced (synthetic traces: random weights)"
     assert ("1 synthetic (random weights: architecture only) trace: prose"
-            in claims_output.markdown(found, loaded.summary, loaded.rows))
+            in claims.markdown(found, loaded.summary, loaded.rows))
 
 
 OLMOE = {"model": "olmoe", "layers": list(range(16)), "num_experts": 64, "top_k": 8}
@@ -406,7 +407,7 @@ def test_the_markdown_ends_with_its_command_line(tmp_path, capsys):
     claim1_sweep(tmp_path, {"t_a": (0.010, 0.050)})
     claims.main([f"--sweep_dir={tmp_path}", "--capacity=5%", "--h2d_gbps=5"])
     out = capsys.readouterr().out
-    assert out.endswith(f"Produced by: `python -m moejax.analysis.claims --sweep_dir={tmp_path} "
+    assert out.endswith(f"Produced by: `python -m studies.specmd.claims --sweep_dir={tmp_path} "
                         "--capacity=5% --h2d_gbps=5`\n")
 
 
@@ -473,7 +474,7 @@ def test_an_unchanged_cold_ttft_is_structural_and_a_changed_one_is_not(tmp_path)
 
 
 def test_bad_sweep_directories_are_one_line_errors(tmp_path, capsys):
-    prog = "python -m moejax.analysis.claims: error: "
+    prog = "python -m studies.specmd.claims: error: "
     assert claims.main([f"--sweep_dir={tmp_path}"]) == 2
     assert capsys.readouterr().err.startswith(
         f"{prog}--sweep_dir={tmp_path}: not a sweep directory (it has no cells/ folder")
@@ -536,5 +537,5 @@ def test_an_unwritable_json_path_is_one_line(tmp_path, capsys):
     (tmp_path / "afile").write_text("")
     bad = tmp_path / "afile" / "c.json"
     assert claims.main([f"--sweep_dir={tmp_path}", f"--json={bad}"]) == 2
-    assert capsys.readouterr().err == ("python -m moejax.analysis.claims: error: "
+    assert capsys.readouterr().err == ("python -m studies.specmd.claims: error: "
                                        f"--json={bad}: cannot be written (File exists)\n")

@@ -1,4 +1,4 @@
-"""The claims tool's structural rule (moejax/analysis/claims.py, `structural_rule`): without
+"""The claims tool's structural rule (studies/specmd/rules.py, `structural_rule`): without
 prefetch, when the cache holds fewer slots than the fewest distinct experts a pass requests
 (MoE layers × top-k), §4's Least-Stale order and LRU make the same choices, so their equality
 is labelled "structural", not a finding. Checked here on random traces, both engines, and the
@@ -10,11 +10,11 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from moejax.analysis.claims import structural_rule
 from moejax.cache.from_config import build_cache_for
 from moejax.jobs.schema import base_config
 from moejax.replay.engine import replay
 from moejax.testing import random_scored_trace
+from studies.specmd.rules import structural_rule
 from tests.fuzzing import examples
 
 BYTES = 4096

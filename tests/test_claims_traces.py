@@ -1,4 +1,4 @@
-"""`python -m moejax.analysis.claims --traces=...` as a new user runs it on traces moejax has
+"""`python -m studies.specmd.claims --traces=...` as a new user runs it on traces moejax has
 never seen: no grid config, each trace identified by its own metadata (not its folder or file
 name), the claims' cells run into --workdir, claims.json beside the table.
 
@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from moejax import bundled
-from moejax.analysis import claims
+from studies.specmd import claims
 
 QWEN = "Qwen1.5-MoE-A2.7B · 24 layers × 60 experts, top-4"
 OLMOE = "OLMoE-1B-7B · 16 layers × 64 experts, top-8"
@@ -123,7 +123,7 @@ def test_every_record_names_its_whole_condition(judged):
 
 
 def test_bad_traces_are_one_line_errors(tmp_path, capsys):
-    prog = "python -m moejax.analysis.claims: error: "
+    prog = "python -m studies.specmd.claims: error: "
     assert claims.main(["--traces", str(tmp_path / "none*.jsonl"),
                         f"--workdir={tmp_path / 'w'}"]) == 2
     assert capsys.readouterr().err == (f"{prog}--traces={tmp_path / 'none*.jsonl'}: no such "

@@ -11,11 +11,11 @@ import dataclasses
 import numpy as np
 import pytest
 
+from moejax.calibration.cells import LiveRuns
 from moejax.jobs import clocks
 from moejax.jobs.common import cache_of, configured_decoder, settle
 from moejax.jobs.schema import base_config
 from moejax.model_source import load_model_for
-from moejax.sim.cells import LiveRuns
 
 # Every run here has the default prompt's length and 6 tokens: the steps compiled once serve all.
 PROMPT = np.frombuffer(b"The Python interpreter", np.uint8).astype(np.int32)[None]

@@ -30,7 +30,7 @@ from moejax import bundled, jobs
 from moejax.cache import capacity, summary
 from moejax.cache.expert_cache import CacheShape, ExpertCache
 from moejax.cache.from_config import build_cache_for, check_settings, hardware_from
-from moejax.cache.host_compute import HostPath
+from moejax.cache.host_path import HostPath
 from moejax.errors import ConfigError
 from moejax.families import preset
 from moejax.jobs.schema import base_config
@@ -447,7 +447,7 @@ def _grid_cell(trace: str, precision: str, capacity: float, gbps: float, host: s
        host=st.sampled_from(["desktop_ddr5", "server_ddr5", "this_vm"]),
        request=st.integers(0, 3), decode_steps=st.integers(0, 12))
 # The grid's TTFT counterexample before the planner modelled several waves (+334% over fetch:
-# docs/findings/host_compute.md): a prefill missing more experts than one wave holds.
+# studies/fiddler/findings.md): a prefill missing more experts than one wave holds.
 @example(trace="olmoe_code", precision="int4", capacity=0.01, gbps=32.0, host="this_vm",
          request=0, decode_steps=0)
 def test_latency_aware_guarantee_over_the_grids_conditions(trace, precision, capacity, gbps,
@@ -460,7 +460,7 @@ def test_latency_aware_guarantee_over_the_grids_conditions(trace, precision, cap
     one wave holds) — from the same cache state. Over the request, no later than host_compute
     where the model has no shared expert (OLMoE). Not against fetch over the request: a fetch
     also makes the expert resident (`test_latency_aware_can_lose_to_fetch_by_construction`;
-    the grid's counterexamples are docs/findings/host_compute.md's)."""
+    the grid's counterexamples are studies/fiddler/findings.md's)."""
     cell = _grid_cell(trace, precision, capacity, gbps, host)
     cfg, la, seen = _grid_replay(cell, "latency_aware", request, decode_steps)
     note(f"{len(seen)} decisions; {cell}")
@@ -554,7 +554,7 @@ def test_the_embedded_models_trace(capacity, h2d_gbps, tmp_path):
     property test's condition (no shared expert; the A100 profile's device faster per expert
     than the host); and, measured on these cells, no worse than fetch's either, prefill and
     decode (no bound holds against fetch: some cells of the report's grid lose, by up to
-    5.1% on this model, the residency a host call does not buy; docs/findings/host_compute.md)."""
+    5.1% on this model, the residency a host call does not buy; studies/fiddler/findings.md)."""
     out = {}
     for miss in ("fetch", "host_compute", "latency_aware"):
         config = replay_config(SCORED, miss, capacity=capacity)

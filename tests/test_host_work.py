@@ -1,5 +1,5 @@
 """The host's work in the virtual clock (moejax/timing/host_work.py, moejax/cache/runtime_timing.py,
-moejax/sim/host_fit.py): a profile without it gives the device-only numbers bit for bit, a
+moejax/calibration/host_fit.py): a profile without it gives the device-only numbers bit for bit, a
 virtual time's parts add up to it, the time is monotone in every term where the runtime's
 choices do not depend on time, the fit recovers the terms of a made-up machine from its pass
 times, and the model runs a pass as the live runtime on the wall clock does (speculative
@@ -20,13 +20,13 @@ from hypothesis import strategies as st
 
 from moejax import bundled
 from moejax.cache.from_config import build_cache_for
+from moejax.calibration import cells as cells_lib
+from moejax.calibration import host_fit, matrix
 from moejax.errors import ConfigError
 from moejax.families import preset
 from moejax.jobs import clocks
 from moejax.jobs.schema import base_config
 from moejax.replay.engine import replay
-from moejax.sim import cells as cells_lib
-from moejax.sim import host_fit, matrix
 from moejax.timing import hardware as hw_lib
 from moejax.timing import host_work
 from moejax.traces.importers import import_traces
@@ -304,7 +304,7 @@ def test_the_fit_recovers_the_terms_of_a_made_up_machine(live, tmp_path):
 def test_a_model_with_a_dense_layer_gets_its_step_table():
     """Step tables are per model shape: a dense decoder layer (a model whose first layer has
     no experts) is timed as the runtime dispatches it, beside the MoE layer's steps."""
-    from moejax.sim import steps
+    from moejax.calibration import steps
 
     cfg = dataclasses.replace(preset("olmoe", "tiny"), moe_layers=(1, 2, 3),
                               dense_intermediate_size=64)

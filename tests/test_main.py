@@ -86,11 +86,12 @@ def test_bad_config_values_are_named(field, value, message, tmp_path):
 
 
 @pytest.mark.slow
-def test_main_cli_door(tmp_path):
+def test_main_cli_door(tmp_path, subprocess_env):
     """The command users type: success writes results; a typo in a field fails loudly."""
     cmd = [sys.executable, "-m", "moejax.main", "--config=configs/default.py",
            f"--workdir={tmp_path}", "--config.run.max_new_tokens=3", "--config.log.progress=False"]
-    ok = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    ok = subprocess.run(cmd, cwd=ROOT, env=subprocess_env, capture_output=True, text=True,
+                        timeout=300)
     assert ok.returncode == 0, ok.stderr
     assert len(json.loads((tmp_path / "results.json").read_text())["generated_token_ids"]) == 3
     typo = subprocess.run(cmd + ["--config.run.max_new_token=3"], cwd=ROOT, capture_output=True,

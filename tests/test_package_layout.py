@@ -1,6 +1,8 @@
 """The house in order: no import cycle inside moejax, no private name reached from outside its
-module, a face (`__init__.py` with `__all__`) for every package, and README's layout naming
-every package. Read from the source with `ast`: nothing is imported but what the faces say."""
+module, a face (`__init__.py` with `__all__`) for every package, no two modules of one name,
+nothing importing the `moejax.sim` aliases, and README's layout and DESIGN's tree naming every
+top-level module and package. Read from the source with `ast`: nothing is imported but what the
+faces say."""
 
 from __future__ import annotations
 
@@ -125,7 +127,7 @@ def test_the_cycle_finder_finds_a_cycle():
 
 
 def _python_files():
-    for top in ("moejax", "launch", "benchmarks", "tests", "configs"):
+    for top in ("moejax", "launch", "benchmarks", "tests", "configs", "studies"):
         for dirpath, dirnames, filenames in os.walk(os.path.join(ROOT, top)):
             dirnames[:] = [d for d in dirnames if d not in ("assets", "__pycache__")]
             for f in filenames:
@@ -183,10 +185,27 @@ def test_every_package_has_a_face(package):
         assert hasattr(module, name), f"{package}.__all__ names {name}, which it lacks"
 
 
-def test_the_readme_layout_names_every_package():
+def _top_level() -> list[str]:
+    """What moejax holds at its top: `x.py` for a module, `p/` for a package or a folder of data
+    (`assets/`), as README's layout and DESIGN's tree name them."""
+    out = []
+    for entry in os.listdir(PACKAGE):
+        path = os.path.join(PACKAGE, entry)
+        if os.path.isdir(path) and entry != "__pycache__" and not entry.endswith(".egg-info"):
+            out.append(f"{entry}/")
+        elif entry.endswith(".py") and entry not in ("__init__.py", "__main__.py"):
+            out.append(entry)
+    return sorted(out)
+
+
+def _readme_layout() -> str:
     readme = open(os.path.join(ROOT, "README.md")).read()
     layout = readme[readme.index("## Layout"):]
-    layout = layout[:layout.index("\n## ", 1)] if "\n## " in layout[1:] else layout
+    return layout[:layout.index("\n## ", 1)] if "\n## " in layout[1:] else layout
+
+
+def test_the_readme_layout_names_every_package():
+    layout = _readme_layout()
     packages = sorted({n.split(".")[1] for n in MODULES if n.count(".") == 1
                        and MODULES[n].endswith("__init__.py")})
     missing = [p for p in packages if f"`moejax/{p}/`" not in layout]
@@ -195,9 +214,132 @@ def test_the_readme_layout_names_every_package():
         assert f"`{top}/`" in layout, top
 
 
+def test_the_readme_layout_and_design_tree_name_every_top_level_module():
+    """Every module and package directly under moejax/ has a row of README's layout table (a
+    `what` that is not empty) and a line of DESIGN's tree (`  name  what it holds`)."""
+    rows = {}
+    for line in _readme_layout().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if line.startswith("|") and len(cells) == 2:
+            for name in re.findall(r"`moejax/([^`]+)`", cells[0]):
+                rows[name] = cells[1]
+    design = open(os.path.join(ROOT, "docs", "DESIGN.md")).read()
+    start = design.index("```\nmoejax/\n")
+    tree = design[start:design.index("```", start + 3)]
+    lines = {m.group(1): m.group(2) for m in re.finditer(r"^  (\S+) +(\S.*)$", tree, re.M)}
+    entries = _top_level()
+    assert "calibration/" in entries and "testing.py" in entries  # the walk finds them
+    assert [e for e in entries if not rows.get(e)] == [], "README's layout lacks these"
+    assert [e for e in entries if e not in lines] == [], "DESIGN's tree lacks these"
+    assert [n for n in rows if "/" not in n.rstrip("/") and n not in entries] == [], \
+        "README's layout names what moejax no longer holds"
+    assert [n for n in lines if n not in entries] == [], "DESIGN's tree names what is gone"
+
+
+def test_no_two_modules_share_a_name():
+    """A module's file name says what it holds wherever it is read (a traceback, a grep, an
+    editor's tab): no two modules in moejax/ have the same one (a package's `__init__.py` and
+    `__main__.py` aside)."""
+    seen: dict[str, list[str]] = {}
+    for name, path in MODULES.items():
+        base = os.path.basename(path)
+        if base not in ("__init__.py", "__main__.py"):
+            seen.setdefault(base, []).append(os.path.relpath(path, ROOT))
+    assert {b: p for b, p in seen.items() if len(p) > 1} == {}
+
+
+ALIASES = {"moejax.sim.calibrate": "moejax.calibration.calibrate",
+           "moejax.sim.validate": "moejax.calibration.validate"}
+
+
+def test_nothing_in_moejax_imports_the_sim_aliases():
+    """`moejax.sim` is only the old command names, kept for scripts outside the project: no
+    module of moejax (but the aliases themselves) imports it, and it holds nothing else."""
+    users = [name for name, path in MODULES.items() if not name.startswith("moejax.sim")
+             and any(m == "moejax.sim" or m.startswith("moejax.sim.")
+                     for m in _imports(name, path))]
+    assert users == []
+    assert sorted(n for n in MODULES if n.startswith("moejax.sim")) == sorted(
+        ["moejax.sim", *ALIASES, *(f"{a}.__main__" for a in ALIASES)])
+
+
+@pytest.mark.parametrize("alias", sorted(ALIASES))
+def test_the_old_commands_run_the_new_ones(alias):
+    """`python -m moejax.sim.calibrate` / `.validate` run the calibration's own `main`: the
+    same flags, the same output; `--help` answers from the command line without JAX."""
+    module = importlib.import_module(alias)
+    assert module.main is importlib.import_module(ALIASES[alias]).main
+    out = subprocess.run([sys.executable, "-m", alias, "--help"], capture_output=True,
+                         text=True, cwd=ROOT, timeout=120)
+    assert out.returncode == 0, out.stderr
+    new = "python -m moejax.calibration" + ("" if alias.endswith("calibrate") else ".validate")
+    assert out.stdout.startswith(f"usage: {new} ") and "--workdir" in out.stdout
+
+
+def test_python_m_moejax_calibration_is_the_calibration():
+    out = subprocess.run([sys.executable, "-m", "moejax.calibration", "--help"],
+                         capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("usage: python -m moejax.calibration ")
+    assert "--host-only" in out.stdout
+
+
 def test_launch_is_packaged():
     text = open(os.path.join(ROOT, "pyproject.toml")).read()
     assert re.search(r'include = \[.*"launch\*".*\]', text)
+
+
+# -- studies/: a study's code and data stay out of the library ----------------------------------
+def test_studies_are_not_packaged():
+    """studies/ runs from the repository root (`python -m studies.specmd.claims`), as configs/
+    does; the installed package is moejax (and launch) alone."""
+    text = open(os.path.join(ROOT, "pyproject.toml")).read()
+    include = re.search(r"\[tool\.setuptools\.packages\.find\]\ninclude = \[(.*)\]", text)
+    assert include and "studies" not in include.group(1)
+    assert os.path.isfile(os.path.join(ROOT, "studies", "__init__.py"))
+
+
+def _imports_of(path: str) -> list[str]:
+    """Every module name `path` imports (absolute), and every string `import_module` is given."""
+    out = []
+    for node in ast.walk(ast.parse(open(path).read())):
+        if isinstance(node, ast.Import):
+            out += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            out.append(node.module or "")
+        elif (isinstance(node, ast.Call) and node.args
+              and (getattr(node.func, "attr", None) or getattr(node.func, "id", None))
+              in ("import_module", "__import__")
+              and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)):
+            out.append(node.args[0].value)
+    return out
+
+
+def test_the_library_imports_no_study():
+    """A study imports the library, never the other way: nothing under moejax/ (nor launch/)
+    imports `studies`."""
+    found = [f"{os.path.relpath(path, ROOT)}: {m}" for top in ("moejax", "launch")
+             for path in _python_files() if os.path.relpath(path, ROOT).startswith(top + os.sep)
+             for m in _imports_of(path) if m == "studies" or m.startswith("studies.")]
+    assert found == []
+
+
+# A paper's numbers are a study's data (studies/specmd/paper.py, studies/fiddler/claims.py):
+# SpecMD's LS collision rate, hit rate, drop-in TTFT and factor bands, Fiddler's speedups.
+PAPER_NUMBERS = ("1.6–1.9", "1.6-1.9", "88–92", "88-92", "34.7", "10.7", "2.6–8.6", "58–91",
+                 "1.26", "1.30×", "1.30x")
+
+
+def test_no_module_of_the_library_holds_a_papers_numbers():
+    found = [f"{os.path.relpath(path, ROOT)}:{i}: {n}" for path in _python_files()
+             if os.path.relpath(path, ROOT).startswith("moejax" + os.sep)
+             for i, line in enumerate(open(path, encoding="utf-8"), 1)
+             for n in PAPER_NUMBERS if n in line]
+    assert found == []
+    # The numbers are where the test looks for them (so it can fail).
+    paper = open(os.path.join(ROOT, "studies", "specmd", "paper.py"), encoding="utf-8").read()
+    assert all(n in paper for n in ("1.6–1.9", "88–92", "34.7"))
+    assert "1.26" in open(os.path.join(ROOT, "studies", "fiddler", "claims.py")).read()
 
 
 def test_the_cache_and_replay_load_no_jax():
@@ -209,3 +351,10 @@ def test_the_cache_and_replay_load_no_jax():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, cwd=ROOT)
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+def test_design_describes_the_system_not_its_history():
+    """DESIGN.md is reference: no issue numbers (the history is CHANGELOG.md's)."""
+    design = open(os.path.join(ROOT, "docs", "DESIGN.md")).read()
+    assert re.findall(r"\b[Ii]ssues? \d+", design) == []
+    assert os.path.isfile(os.path.join(ROOT, "CHANGELOG.md"))

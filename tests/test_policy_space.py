@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from moejax.cache.capacity import PoolSpec
 from moejax.cache.expert_cache import PREFETCH_QUEUES, CacheShape, ExpertCache
-from moejax.cache.host_compute import HostPath
+from moejax.cache.host_path import HostPath
 from moejax.errors import ConfigError
 from moejax.families import preset
 from moejax.policies import build, names

@@ -10,6 +10,7 @@ import contextlib
 import json
 import os
 import time
+import types
 
 import pytest
 
@@ -18,6 +19,7 @@ from moejax.cache import summary
 from moejax.cache.metrics import CacheMetrics
 from moejax.errors import ConfigError
 from moejax.jobs import common, generate, perplexity, quality
+from moejax.jobs import replay as replay_job
 from moejax.jobs.schema import base_config
 from moejax.replay import compiled
 from moejax.replay import kernel as K
@@ -104,20 +106,35 @@ def _replay_config(progress: bool = False):
 
 
 def test_replay_rate_leaves_the_kernel_load_out(tmp_path, capsys, monkeypatch):
-    """The kernel's load is timed apart: a load made 0.5 s slower shows in `setup_s` and not in
-    `seconds` or `requests_per_s`, and the printed line says both."""
-    real = compiled.load_kernel
+    """The kernel's load is timed apart: a load that takes LOAD seconds longer on the job's
+    clock (the clock jumps inside it; nothing sleeps) shows in `setup_s` and not in `seconds`
+    or `requests_per_s`, and the printed line says both."""
+    LOAD = 1000.0
+    jump = [0.0]
+    real_clock, real_load = time.perf_counter, compiled.load_kernel
+
+    def clock():
+        return real_clock() + jump[0]
 
     def slow_load(args, kernel=None):
-        time.sleep(0.5)
-        return real(args, kernel) + 0.5
+        t0 = clock()
+        jump[0] += LOAD
+        real_load(args, kernel)
+        return clock() - t0
 
+    # The replay job's clock, which times the replay and its load phase (`KernelPhase`).
+    monkeypatch.setattr(replay_job, "time", types.SimpleNamespace(perf_counter=clock))
     monkeypatch.setattr(compiled, "load_kernel", slow_load)
     work = tmp_path / "w"
+    start = real_clock()
     res = jobs.run(_replay_config(progress=True), str(work))
+    span = real_clock() - start  # the whole job on the real clock, without the jump
     r, requests = res["replay"], res["cache"]["total"]["requests"]
     assert r["engine"] == "compiled", r["engine_reason"]
-    assert r["setup_s"] >= 0.5 and 0 < r["seconds"] < 0.5, r
+    assert r["setup_s"] >= LOAD, r
+    # Had the load been counted in the replay's own time, `seconds` would hold the jump and
+    # exceed the whole job's real span by LOAD.
+    assert 0 < r["seconds"] <= span, (r, span)
     assert r["requests_per_s"] == pytest.approx(requests / r["seconds"])
     assert r["requests_per_s"] > requests / (r["seconds"] + r["setup_s"])
     with open(work / "results.json") as f:
@@ -133,11 +150,16 @@ def test_replay_rate_leaves_the_kernel_load_out(tmp_path, capsys, monkeypatch):
 
 def test_the_kernel_loads_once_for_the_types_it_is_called_with(tmp_path):
     """`load_kernel` makes the very overload the run then calls (no second compile at the
-    call), so the run's own time holds no load; a second replay's load is about nothing."""
+    call), so the run's own time holds no load; a second replay in the process finds the
+    kernel already loaded: no compile and no read of numba's disk cache."""
     jobs.run(_replay_config(), str(tmp_path / "a"))
     assert len(K.run.overloads) == 1
+    stats = K.run.stats
+    hits, misses = sum(stats.cache_hits.values()), sum(stats.cache_misses.values())
     second = jobs.run(_replay_config(), str(tmp_path / "b"))["replay"]
-    assert second["setup_s"] < 0.05 and len(K.run.overloads) == 1
+    assert second["engine"] == "compiled" and second["setup"] == compiled.IN_PROCESS, second
+    assert len(K.run.overloads) == 1
+    assert (sum(stats.cache_hits.values()), sum(stats.cache_misses.values())) == (hits, misses)
     reference = _replay_config()
     reference.cache.replay_engine = "reference"
     ref = jobs.run(reference, str(tmp_path / "c"))["replay"]

@@ -25,7 +25,7 @@ from moejax.jobs.schema import base_config
 from moejax.model_source import in_memory
 from moejax.models.stepped import ResidentExperts, SteppedDecoder
 from moejax.policies import names
-from moejax.quality import drift, metrics
+from moejax.quality import drift, token_comparison
 from moejax.serving.build import build_cached_experts
 from moejax.testing import random_model
 
@@ -90,7 +90,7 @@ def test_exact_configurations_have_no_drift(tiny, eviction, prefetch, slots, que
     np.testing.assert_array_equal(tokens.nll_cached, tokens.nll_reference)
     ref_out, cached_out = greedy_drift(reference, cached, [segments[0][:6]], 8)
     assert cached_out == ref_out and len(ref_out[0]) == 8
-    summary = metrics.summary(tokens, scored_bytes=15)
+    summary = token_comparison.summary(tokens, scored_bytes=15)
     assert summary["kl_mean"] == 0.0 and summary["top1_agreement"] == 1.0
     assert summary["bits_per_byte"] == summary["reference_bits_per_byte"]
 
@@ -107,7 +107,7 @@ def test_drop_and_int2_move_the_output(tiny, change):
 def test_compare_matches_a_hand_computed_kl():
     ref = np.log(np.array([[0.5, 0.25, 0.25], [0.1, 0.8, 0.1]], np.float32))
     cached = np.log(np.array([[0.25, 0.5, 0.25], [0.1, 0.7, 0.2]], np.float32))
-    t = metrics.compare(ref, cached, np.array([0, 2]))
+    t = token_comparison.compare(ref, cached, np.array([0, 2]))
     want = [0.5 * math.log(2) + 0.25 * math.log(0.5),
             0.8 * math.log(0.8 / 0.7) + 0.1 * math.log(0.5)]
     np.testing.assert_allclose(t.kl, want, rtol=1e-5)
@@ -172,12 +172,13 @@ def test_resident_at_int2_against_the_native_reference(tmp_path, text_file):
 
 
 @pytest.mark.slow
-def test_cli_as_a_user_runs_it(tmp_path):
+def test_cli_as_a_user_runs_it(tmp_path, subprocess_env):
     proc = subprocess.run(
         [sys.executable, "-m", "moejax.main", "--config=configs/quality.py",
          "--config.text_file=README.md", "--config.quality.max_tokens=48",
          "--config.quality.drift_prompts=1", "--config.log.progress=False",
-         f"--workdir={tmp_path}"], cwd=REPO, capture_output=True, text=True, timeout=600)
+         f"--workdir={tmp_path}"], cwd=REPO, env=subprocess_env, capture_output=True,
+        text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "top-1 agreement 100.00%" in proc.stdout and "mean 0 nats" in proc.stdout
     r = json.loads((tmp_path / "results.json").read_text())

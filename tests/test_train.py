@@ -30,7 +30,7 @@ def _config(steps: int):
 
 
 @pytest.mark.slow
-def test_train_resume_export(tmp_path):
+def test_train_resume_export(tmp_path, subprocess_env):
     work = str(tmp_path / "train")
     first = jobs.run(_config(6), work)  # config.job = "train" through the one entry point
     assert first["heldout"]["eval/prose_bits_per_byte"] < 8.0
@@ -50,7 +50,7 @@ def test_train_resume_export(tmp_path):
     run = subprocess.run(
         [sys.executable, "-m", "moejax.train", "--config=configs/train_small.py:smoke",
          "--config.train.steps=8", f"--workdir={work}"],
-        cwd=ROOT, capture_output=True, text=True, timeout=600)
+        cwd=ROOT, env=subprocess_env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
     assert "resuming from step 6" in run.stdout
     second = json.load(open(os.path.join(work, "results.json")))

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from moejax.sim import agreement, matrix, validate
+from moejax.calibration import agreement, matrix, validate
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -112,7 +112,7 @@ def test_bad_flags_are_one_line_each(tmp_path, capsys, flags, message):
 def test_a_profile_to_validate_must_exist_and_have_host_work(tmp_path, capsys):
     assert validate.main(["--workdir", str(tmp_path / "w")]) == 2
     err = capsys.readouterr().err.strip()
-    assert "hardware.json: no such file (python -m moejax.sim.calibrate" in err
+    assert "hardware.json: no such file (python -m moejax.calibration" in err
     assert len(err.splitlines()) == 1
     plain = tmp_path / "plain.json"
     plain.write_text(json.dumps({"format": "moejax.hardware/1"}))
@@ -123,12 +123,13 @@ def test_a_profile_to_validate_must_exist_and_have_host_work(tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_calibrate_then_validate_end_to_end(tmp_path):
+def test_calibrate_then_validate_end_to_end(tmp_path, subprocess_env):
     """`calibrate --quick` writes a profile with the host's work fitted; `validate --quick`
     runs its cells against it, writes validation.json and the plot, and leaves its summary in
     the profile, which a run with `--config.hardware.file` then quotes."""
     w = str(tmp_path / "w")
-    env = {**os.environ, "PYTHONPATH": ROOT}
+    # The suite's compilation cache: validate's cells read the steps calibrate compiled.
+    env = {**subprocess_env, "PYTHONPATH": ROOT}
     cal = subprocess.run([sys.executable, "-m", "moejax.sim.calibrate", f"--workdir={w}",
                           "--quick"], capture_output=True, text=True, env=env, cwd=ROOT)
     assert cal.returncode == 0, cal.stderr

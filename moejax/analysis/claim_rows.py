@@ -1,15 +1,16 @@
-"""A claims table's rows: the claims (a stable id each, what the source states, the metrics a
+"""A claims table's rows: a claim (`Claim`: a stable id, what the source states, the metrics a
 verdict reads, the rule in words), and one row's numbers — each trace's, with its verdict and
-capacity, and the group's means over the traces that have every compared cell (`fill`). The
-claims' rules (moejax/analysis/claims.py) describe each row; claims_output.py prints and
-records them."""
+capacity, and the group's means over the traces that have every compared cell (`fill`). A
+study brings its claims and the rules that describe each row (studies/<study>/, e.g.
+studies/specmd/: the paper's numbers are the study's data, never the library's);
+claims_output.py prints and records them."""
 
 from __future__ import annotations
 
 import collections
 import dataclasses
 import math
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Mapping
 
 from moejax.analysis import verdicts as V
 from moejax.analysis.claim_cells import at_capacity, capacity_passes, capacity_text, norm
@@ -32,54 +33,6 @@ class Claim:
     rule: str
 
 
-CLAIMS = {c.number: c for c in (
-    Claim(1, "specmd.least_stale", "Least-Stale's collisions, and what they buy",
-          "collisions, hit rate, warm TTFT or decode time (vs LRU; collisions vs SB too); "
-          "LS's collision rate against 1.6–1.9%",
-          "reproduced: LS has fewer collision misses than LRU (and SB where run), a higher "
-          "hit rate and a shorter warm TTFT (decode time where a trace is one request: a cold "
-          "prefill cannot tell evictions apart) — the "
-          "paper's \"with such gains, we achieve over 88% hit rates with up to 34.7% TTFT "
-          "reduction\"; partly where one of them ties, or its collision rate is above the "
-          "paper's 1.6–1.9% at 5%; refuted on the metric that goes the other way"),
-    Claim(2, "specmd.collision_reduction", "collision reduction vs LRU (and Score-Based)",
-          "LRU ÷ LS collisions against the band; hit rate, warm TTFT or decode time",
-          "the factor LRU ÷ LS (SB ÷ LS) within / exceeds / falls short of the paper's band "
-          "(2.6–8.6× at 5%; up to 85× at 1%: 1–85×; 58–91× vs SB), once LS has fewer "
-          "collisions, a higher hit rate and a shorter warm TTFT (or decode time) — \"the collision "
-          "reduction translates directly to TTFT gains\"; partly where one of them ties; "
-          "else refuted on the metric that goes the other way"),
-    Claim(3, "specmd.hit_rate", "88–92% hit rate at 5% (OLMoE)",
-          "hit rate (ready + late) against 88–92%; the ready share beside it",
-          "OLMoE only: the best causal predictor's hit rate within / exceeds / falls short of "
-          "88–92%; a hit rate whose ready hits are below half its hits says so"),
-    Claim(4, "specmd.dropin", "Least-Stale as a drop-in: TTFT",
-          "warm TTFT change against the paper's per preset (±25%)",
-          "on warm TTFT (requests after the first; a cold prefill finds an empty cache "
-          "whatever the eviction): refuted on TTFT if it does not fall; else the change "
-          "within / exceeds / falls short of the paper's number ±25%"),
-    Claim(5, "specmd.score_prefetch", "score-percentile prefetch beats top-k",
-          "hit rate, stall, prediction precision (vs each top-k)",
-          "reproduced: score-percentile's hit rate higher, stall lower and prediction "
-          "precision lower than each top-k's; refuted on the metric that goes the other way "
-          "(Mixtral: the paper expects top-k competitive)"),
-    Claim(6, "specmd.fld", "FLD only slightly better than LRU",
-          "collisions, hit rate (vs LRU); the reduction of LRU's collisions against 0–50%",
-          "FLD's collision reduction (1 − FLD ÷ LRU) within (0, 50%] (\"slightly\"), exceeds "
-          "(much better), once FLD has fewer collisions and a hit rate not lower (equal is "
-          "enough); tie where both are equal; refuted on the metric that goes the other way"),
-    Claim(7, "moejax.least_stale_order", "Least-Stale's queue order (moejax's finding)",
-          "collisions, hit rate, early evictions per order",
-          "no paper number: the order with the fewest collision misses on each trace (ties "
-          "joined by =)"),
-    Claim(8, "specmd.miss_policies", "miss policies' trade-offs",
-          "decode speed vs fetch (replay measures speed only)",
-          "fetch_priority: decode tok/s change vs fetch within / exceeds / falls short of "
-          "OLMoE's +20–30%; drop(keep=2): reproduced if the fastest miss policy; the others' "
-          "claims are about quality: not testable here"),
-)}
-CLAIM_OF_ID = {c.id: c.number for c in CLAIMS.values()}
-SB_CLAIM_ID = "specmd.collision_reduction_vs_score"
 
 
 @dataclasses.dataclass
@@ -107,7 +60,7 @@ class Finding:
     capacity: str
     prefetch: str = ""  # the condition's prefetch, as text ("without prefetch", "with ...")
     eviction: str = ""  # the eviction the row's number is about, where there is one
-    claim_id: str = ""  # a stable id (CLAIMS; `SB_CLAIM_ID` for claim 2 against SB)
+    claim_id: str = ""  # a stable id (the study's claims', or one a rule names apart)
     # The key of `values` the row's result rests on: where that is structural, so is the row.
     headline: str = ""
     shown: str = ""  # the group's means, as text
@@ -118,7 +71,7 @@ class Finding:
     capacity_key: tuple = ()
     per_trace: dict[str, TraceResult] = dataclasses.field(default_factory=dict)
     missing: dict[str, str] = dataclasses.field(default_factory=dict)  # trace -> what it lacks
-    # Key of `values` -> why it is zero on every trace by construction (`STRUCTURAL`).
+    # Key of `values` -> why it is zero on every trace by construction (`claims.Structural`).
     structural: dict[str, str] = dataclasses.field(default_factory=dict)
 
     @property
@@ -187,6 +140,7 @@ class Group:
     synthetic: bool
     condition: dict  # the named condition (`claim_cells.condition_of`) and `other`
     rows: list[dict]
+    claims: Mapping[int, Claim] = dataclasses.field(default_factory=dict)  # the study's
 
     @property
     def queue(self) -> str:
@@ -195,7 +149,7 @@ class Group:
     def finding(self, claim: int, cap: tuple, measure: str, paper: str, prefetch: str = "",
                 claim_id: str = "", **more) -> Finding:
         return Finding(self.name, claim, measure, paper, self.queue, capacity_text(cap),
-                       prefetch=prefetch, claim_id=claim_id or CLAIMS[claim].id,
+                       prefetch=prefetch, claim_id=claim_id or self.claims[claim].id,
                        condition=dict(self.condition), capacity_key=cap, **more)
 
     def trace_condition(self, cap: tuple, rows: list[dict]) -> dict[str, dict]:

@@ -1,6 +1,7 @@
-"""The claims' findings as a markdown table, CSV, and claims.json: one record per claim ×
+"""A study's findings as a markdown table, CSV, and claims.json: one record per claim ×
 trace × condition, the machine-readable form other tools read (docs/DESIGN.md, "Claims and
-their verdicts")."""
+their verdicts"). The claims (their ids, titles and rules) and the table's title are the
+study's, passed in: nothing here is any paper's."""
 
 from __future__ import annotations
 
@@ -10,9 +11,10 @@ import io
 import json
 import math
 import os
+from typing import Iterable, Mapping
 
 from moejax.analysis import verdicts as V
-from moejax.analysis.claim_rows import CLAIMS, Finding
+from moejax.analysis.claim_rows import Claim, Finding
 from moejax.results import write_json_atomic
 
 # claims.json's condition fields, in this order (`condition` of a record).
@@ -84,13 +86,14 @@ def default_json(sweep_dir: str) -> str:
 
 
 def write_json(found: list[Finding], path: str, command: str,
-               more: list[dict] = ()) -> str:
-    """claims.json at `path` (written whole or not at all): {"command", "claims": the claim
-    ids with what they state, "verdict_words", "records": the findings' (`records`) and
-    `more` (Fiddler's, `host_compute.fiddler_records`, which add "baseline")}."""
-    claims = [{"id": c.id, "number": c.number, "title": c.title, "metrics": c.metrics,
-               "rule": c.rule} for c in CLAIMS.values()]
-    write_json_atomic(path, _finite({"command": command, "claims": claims,
+               more: list[dict] = (), *, claims: Mapping[int, Claim]) -> str:
+    """claims.json at `path` (written whole or not at all): {"command", "claims": the study's
+    claim ids with what they state, "verdict_words", "records": the findings' (`records`) and
+    `more` (another source's records in the same schema, e.g. the Fiddler study's, which add
+    "baseline")}."""
+    stated = [{"id": c.id, "number": c.number, "title": c.title, "metrics": c.metrics,
+               "rule": c.rule} for c in claims.values()]
+    write_json_atomic(path, _finite({"command": command, "claims": stated,
                                      "verdict_words": list(V.WORDS),
                                      "records": records(found) + list(more)}))
     return path
@@ -158,13 +161,13 @@ def _trace_line(r) -> tuple[str, str]:
     return r.shown + cap, " · ".join(x for x in (word, *r.notes) if x)
 
 
-def _table_lines(fs: list[Finding]) -> list[str]:
+def _table_lines(fs: list[Finding], claims: Mapping[int, Claim]) -> list[str]:
     head = ["#", "claim", "condition", "measured", "source", "moejax", "verdict"]
     lines = ["| " + " | ".join(head) + " |", "| " + " | ".join(["---"] * len(head)) + " |"]
     last = None
     for f in fs:
         mean_of = f"mean of {f.traces}: " if f.traces > 1 else ""
-        claim = CLAIMS[f.claim]
+        claim = claims[f.claim]
         cells = [str(f.claim) if f.claim != last else "",
                  f"{claim.title} (`{f.claim_id}`)" if f.claim != last else "",
                  condition(f), f.measure, f.paper, mean_of + f.shown, verdict_text(f)]
@@ -186,8 +189,12 @@ def _group_line(name: str, traces: list[str], synthetic: bool) -> str:
 
 
 def markdown(found: list[Finding], summary: list[str], rows: list[dict],
-             command: str = "") -> str:
-    lines = ["# SpecMD's claims vs moejax", ""]
+             command: str = "", *, claims: Mapping[int, Claim], title: str,
+             notes: Iterable[str] = ()) -> str:
+    """The table: `title` (the study's heading), the sweeps' `summary`, one section per trace
+    group in `claims`' order, the claims and their rules, the verdict words, then the study's
+    `notes` (paragraphs) and the command that produced it."""
+    lines = [f"# {title}", ""]
     lines += [f"* {s}" for s in summary]
     lines += ["", "Each claim is judged on every metric its source states; a trace's verdict "
               "is their conjunction (\"refuted on hit rate\" names the metric that goes the "
@@ -206,23 +213,22 @@ def markdown(found: list[Finding], summary: list[str], rows: list[dict],
     for r in rows:
         traces[r["group"]].add(r["trace"])
         synthetic[r["group"]] |= bool(r.get("synthetic"))
-    order = {c: i for i, c in enumerate(CLAIMS)}
+    order = {c: i for i, c in enumerate(claims)}
     for g, fs in by_group.items():
         lines += [f"## {g}", "", _group_line(g, sorted(traces[g]), synthetic[g]), ""]
         fs = sorted(fs, key=lambda f: order[f.claim])  # stable: conditions keep their order
-        lines += [*_table_lines(fs), ""]
+        lines += [*_table_lines(fs, claims), ""]
     if not found:
         lines += ["No finished cells.", ""]
     lines += ["## The claims and their rules", ""]
     lines += [f"* {c.number} `{c.id}` — {c.title}: reads {c.metrics}. {c.rule}."
-              for c in CLAIMS.values()]
+              for c in claims.values()]
     lines += ["", f"Verdict words (docs/DESIGN.md): {', '.join(V.WORDS)}; \"mixed\" across "
               f"traces. Ties: rates within {V.RATE_NOISE_SE:g} binomial standard errors over "
-              "the trace's requests, modelled times within a relative 1e-9.",
-              "", "Miss policies: replay measures speed only. The quality cost of dropping or "
-              "substituting an expert (or serving a lower precision) changes the model's "
-              "output, which a replayed trace cannot see: those claims are not measured here.",
-              ""]
+              "the trace's requests, modelled times within a relative 1e-9."]
+    for note in notes:
+        lines += ["", note]
+    lines += [""]
     if command:
         lines += [f"Produced by: `{command}`", ""]
     return "\n".join(lines)

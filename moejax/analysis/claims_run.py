@@ -1,20 +1,18 @@
-"""`claims --traces`: the claims' cells on any set of traces, without a grid config.
+"""`--traces`: a study's cells on any set of traces, without a grid config — the runner the
+claims tool (`claims.main`) calls; the cells are the study's (`Plan.cells_for`, e.g.
+studies/specmd/cells.py).
 
-    python -m moejax.analysis.claims --traces='runs/*.jsonl' other.npz --workdir=W
+    python -m studies.specmd.claims --traces='runs/*.jsonl' other.npz --workdir=W
         [--capacity=0.05] [--precision=int4] [--h2d_gbps=5] [--hardware=a100_specmd]
         [--request_cut=none --request_cut=128/32] [--model=family/preset]
 
 Each file is imported (any format `moejax.traces.importers` reads) and identified by its own
-metadata: the model it names, its MoE layers, experts and top-k. A capacity is SpecMD's, a
-share of the whole model's bytes, so a trace that records no expert bytes (a capture) needs
-the model: the moejax preset whose layers, experts and top-k are the trace's (one real model
-per shape), else `--model`. The cells (`cells_for`) are what the claims read, at the paper's
-settings unless the flags say otherwise: capacity `--capacity` and 1% (claim 2), both
-prefetch queues, int4, 5 GB/s on SpecMD's A100 profile, each request cut apart (`none`: the
-trace as recorded, decode only for a capture); evictions LRU, FLD, Least-Stale's three orders
-(and score-based where the trace has gate scores), each without prefetch and with the
-trace's predictors (score-percentile and top-k on scored traces; temporal, a noisy oracle
-and the oracle on id-only ones), and on scored traces the drop-in and miss-policy cells.
+metadata: the model it names, its MoE layers, experts and top-k. A capacity is a share of the
+whole model's bytes, so a trace that records no expert bytes (a capture) needs the model: the
+moejax preset whose layers, experts and top-k are the trace's (one real model per shape), else
+`--model`. The study's `cells_for` gives every cell's overrides for one trace and request cut,
+at the study's settings (`Plan.defaults`) unless the flags say otherwise; each request cut is
+its own condition (`none`: the trace as recorded, decode only for a capture).
 
 Cells run in this process into `W/cells/<name>/` (a sweep's layout: `launch.sweep`'s tools and
 `--sweep_dir=W` read it); a finished cell is kept and not re-run, so an interrupted run
@@ -25,37 +23,43 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import glob
 import hashlib
 import json
 import os
 import sys
 import time
+from typing import Callable, Mapping
 
 from moejax.cli import UsageError
 
-SP80 = "score_percentile(p=80)"
-EVICTIONS = ("lru", "fld", "least_stale", "least_stale(order=left_first)",
-             "least_stale(order=cyclic)")
-SCORED_PREFETCHES = ("none", SP80, "topk(overfetch=1.0)", "topk(overfetch=1.5)", "oracle")
-ID_PREFETCHES = ("none", "temporal", "noisy_oracle(precision=0.6)", "oracle")
-DROPIN_PRESETS = ("specmd_1", "specmd_2", "specmd_3", "specmd_4")
-MISSES = ("fetch", "drop(keep=2)", "substitute(tol=0.05)", "fetch_priority", "fetch_lowest_bit")
-QUEUES = ("immediate", "watchdog")
-DEFAULTS = {"precision": "int4", "h2d_gbps": 5.0, "hardware": "a100_specmd",
-            "capacity": 0.05, "request_cut": ("none",)}
 PLAN = "claims_plan.json"  # in the workdir: the cells it holds and what they were made for
-# Small models' small shares still hold every top-k (the grids' floor, `cache.min_slots`).
-MIN_SLOTS = 4
+
+# A study's cells of one trace: (path, `describe(path)`, capacities (shares of the model),
+# request cut (R, P), settings {precision, hardware, h2d_gbps}, model overrides) -> every
+# cell's overrides.
+CellsFor = Callable[[str, dict, list, tuple, dict, dict], list]
 
 
-def add_arguments(ap: argparse.ArgumentParser) -> None:
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """What a study runs on `--traces`: its cells (`cells_for`) and its settings' defaults
+    (`defaults`: precision, hardware, h2d_gbps, capacity (a share of the model), request_cut
+    (a tuple of texts), and `also_capacities`: shares run beside --capacity)."""
+
+    cells_for: CellsFor
+    defaults: Mapping
+
+
+def add_arguments(ap: argparse.ArgumentParser, defaults: Mapping) -> None:
+    """The `--traces` options, their help naming the study's `defaults`."""
     run = ap.add_argument_group("with --traces")
     run.add_argument("--workdir", help="where the cells run (required with --traces)")
     run.add_argument("--precision", default=None,
-                     help=f"expert precision of every cell (default {DEFAULTS['precision']})")
+                     help=f"expert precision of every cell (default {defaults['precision']})")
     run.add_argument("--hardware", default=None,
-                     help=f"hardware preset (default {DEFAULTS['hardware']}: SpecMD's)")
+                     help=f"hardware preset (default {defaults['hardware']})")
     run.add_argument("--request_cut", action="append", default=None, metavar="none|R/P",
                      help="how the trace is cut into requests: none (as recorded) or R/P "
                           "(requests of R tokens, the first P a prefill); repeat for several "
@@ -140,54 +144,29 @@ def describe(path: str) -> dict:
             "expert_bytes": first.meta.get("expert_bytes")}
 
 
-def cells_for(path: str, info: dict, caps: list[float], cut: tuple[int, int],
-              settings: dict, model: dict) -> list[dict]:
-    """The overrides of every cell the claims read on trace `path` under one request cut."""
-    base = {"trace": path, "cache.precision": settings["precision"],
-            "hardware.preset": settings["hardware"], "hardware.h2d_gbps": settings["h2d_gbps"],
-            "trace_request_tokens": cut[0], "trace_prefill_tokens": cut[1],
-            "cache.min_slots": MIN_SLOTS, **model}
-    scored = info["scored"]
-    evictions = EVICTIONS + (("score",) if scored else ())
-    prefetches = SCORED_PREFETCHES if scored else ID_PREFETCHES
-    out = []
-    for cap in caps:
-        for queue in QUEUES:
-            cell = {**base, "cache.capacity_frac": cap, "cache.prefetch_queue": queue}
-            out += [{**cell, "policies.eviction": e, "policies.prefetch": p}
-                    for e in evictions for p in prefetches]
-            if scored:
-                for preset in DROPIN_PRESETS:
-                    out += [{**cell, "policies.preset": preset},
-                            {**cell, "policies.preset": preset,
-                             "policies.eviction": "least_stale"}]
-                out += [{**cell, "policies.eviction": "least_stale", "policies.prefetch": SP80,
-                         "policies.miss": m} for m in MISSES]
-    return out
-
-
 def cell_name(overrides: dict) -> str:
     text = json.dumps(overrides, sort_keys=True)
     stem = os.path.splitext(os.path.basename(str(overrides["trace"])))[0]
     return f"{stem}-{hashlib.sha256(text.encode()).hexdigest()[:12]}"
 
 
-def plan(a: argparse.Namespace) -> dict[str, dict]:
+def plan(a: argparse.Namespace, study: Plan) -> dict[str, dict]:
     """Cell name -> overrides, for every trace, capacity and request cut."""
-    settings = {k: getattr(a, k, None) if getattr(a, k, None) is not None else DEFAULTS[k]
+    defaults = study.defaults
+    settings = {k: getattr(a, k, None) if getattr(a, k, None) is not None else defaults[k]
                 for k in ("precision", "hardware", "h2d_gbps")}
-    cap = a.capacity if a.capacity is not None else (0, DEFAULTS["capacity"])
+    cap = a.capacity if a.capacity is not None else (0, defaults["capacity"])
     if cap[0] != 0:
         raise UsageError("--capacity with --traces takes a share of the model (0.05 or 5%), "
                          "not a slot count")
-    caps = sorted({0.01, float(cap[1])})
-    cuts = [parse_cut(c) for c in (a.request_cut or DEFAULTS["request_cut"])]
+    caps = sorted({*defaults.get("also_capacities", ()), float(cap[1])})
+    cuts = [parse_cut(c) for c in (a.request_cut or defaults["request_cut"])]
     out = {}
     for path in expand(a.traces):
         info = describe(path)
         model = {} if info["expert_bytes"] else model_for(path, info["shape"], a.model)
         for cut in cuts:
-            for o in cells_for(path, info, caps, cut, settings, model):
+            for o in study.cells_for(path, info, caps, cut, settings, model):
                 out[cell_name(o)] = o
     return out
 
@@ -206,13 +185,14 @@ def _check_workdir(workdir: str, cells: dict[str, dict]) -> None:
                          "new or empty directory")
 
 
-def run(a: argparse.Namespace) -> str:
-    """Runs the plan's unfinished cells into `a.workdir`; returns it (a sweep directory)."""
+def run(a: argparse.Namespace, study: Plan) -> str:
+    """Runs the study's plan's unfinished cells into `a.workdir`; returns it (a sweep
+    directory)."""
     from moejax.results import write_json_atomic
 
     if not a.workdir:
         raise UsageError("--traces needs --workdir=W (where its cells run)")
-    cells = plan(a)
+    cells = plan(a, study)
     _check_workdir(a.workdir, cells)
     os.makedirs(os.path.join(a.workdir, "cells"), exist_ok=True)
     write_json_atomic(os.path.join(a.workdir, PLAN), {"cells": cells})

@@ -1,6 +1,6 @@
 """Eviction policies side by side on a finished sweep: hit rate (ready + late) and
 collision-miss rate per trace and capacity, for one prefetch policy and bandwidth — the
-figures behind docs/findings/specmd_claims.md's grid findings; or, with `--dropin`, SpecMD's drop-in tables
+figures behind studies/specmd/findings.md's grid findings; or, with `--dropin`, SpecMD's drop-in tables
 (each `policies.preset` run with its own eviction vs with `policies.eviction=least_stale`, all
 else equal; the same tables as report.md's).
 

@@ -1,6 +1,7 @@
-"""The host-compute grid's answers (`configs/grid_host.py`), as markdown tables.
-
-    python -m moejax.analysis.host_compute --sweep_dir=grid_host
+"""Reading a host-compute sweep (such as the Fiddler study's grid, studies/fiddler/): its
+cells (`Cell`), the comparisons and the tables, in markdown. The study's claims and their
+numbers are studies/fiddler/claims.py's; its command prints these tables and its own
+(`python -m studies.fiddler.claims --sweep_dir=D`).
 
 Two modelled times per cell, both on the virtual clock (replay): the decode time per token
 (`decode_s / decode_tokens`, ms) and the TTFT (the prefill of each request, ms; the mean over
@@ -17,32 +18,20 @@ that differ in any of these are never averaged:
 2. `latency_aware` against the better of `fetch` and `host_compute` (both without prefetch,
    as latency_aware runs): every condition where it is above the better one by more than
    `TIE`, listed with the three times and which of the two it lost to.
-3. Fiddler's claims (ICLR 2025, Mixtral-8x7B, single batch): decode 1.26x and prefill 1.30x
-   faster than existing offloading systems. Fiddler's per-expert choice is `latency_aware`;
-   its speedup (the baseline's time / latency_aware's) is held to the source's number ±25%
-   (`verdicts.point`) against each baseline apart (`BASELINES`): a llama.cpp-style layer split
-   (the best N of `cache.host_compute_layers`), offloading with lossless fetch, and SpecMD's
-   best caching configuration (not Fiddler's baseline: it includes the lossy cascade). The
-   words are within / exceeds / falls short (`moejax/analysis/verdicts.py`).
-   `fiddler_records` gives them in the claims.json schema.
 
-A --sweep_dir that is not a sweep, holds a results.json that does not parse, or has no cell
-computing on the host, is named with exit status 2.
+`tables` gives both, with the host profiles the cells ran; a sweep with no cell computing on
+the host is refused (`host_cells`).
 """
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import json
 import os
-import sys
 
 from moejax.analysis import verdicts
-from moejax.analysis.sweep_cells import mean, report_main
+from moejax.analysis.sweep_cells import mean
 from moejax.cli import UsageError
-
-PROG = "python -m moejax.analysis.host_compute"
 
 CACHING = ("fetch", "fetch_priority")
 HOST_POLICIES = ("host_compute", "latency_aware")
@@ -53,22 +42,6 @@ TIE = verdicts.TIME_TIE
 MEASURES = {"decode": "decode ms/token", "ttft": "TTFT ms (mean over requests)"}
 # The time a verdict names where latency_aware is slower than the baseline.
 SPEED = {"decode": "decode time", "ttft": "TTFT"}
-# Fiddler's claims (issue 25's reading of the paper; the ids are claims.json's): measure, the
-# speedup the source states, and what it states it of.
-FIDDLER_CLAIMS = {"fiddler.decode": ("decode", 1.26, "single-batch decode"),
-                  "fiddler.prefill": ("ttft", 1.30, "prefill")}
-# The baselines Fiddler's claims are held against, each apart (`baseline_cell`).
-BASELINES = {
-    "layer_split": "llama.cpp-style layer split: fetch with cache.host_compute_layers=N on the "
-                   "same host, the fastest N of the grid's (N = 0, plain fetch, included)",
-    "lossless_fetch": "offloading with lossless fetch: fetch at the cell's precision, with or "
-                      "without the trace's prefetcher, the faster",
-    "best_caching": "SpecMD's best caching configuration (fetch or the lossy fetch_priority "
-                    "cascade, with or without prefetch): not Fiddler's baseline",
-}
-CLAIMED = "latency_aware"
-
-
 @dataclasses.dataclass(frozen=True)
 class Cell:
     """One finished cell, as the tables read it."""
@@ -198,7 +171,9 @@ def verdict(time: float, reference: float) -> str:
     return "beats" if time < reference else "loses"
 
 
-def _fastest(found: list[Cell], measure: str) -> Cell | None:
+def fastest(found: list[Cell], measure: str) -> Cell | None:
+    """The cell of `found` with the lowest time of `measure` (the first by label among equal
+    ones); None when none has a time."""
     found = [c for c in found if c.time(measure) is not None]
     return min(found, key=lambda c: (c.time(measure), c.label)) if found else None
 
@@ -206,24 +181,8 @@ def _fastest(found: list[Cell], measure: str) -> Cell | None:
 def best_caching(cells: list[Cell], condition: tuple, measure: str) -> Cell | None:
     """SpecMD's best caching configuration at `condition`: the caching cell (no layer on the
     host) with the lowest time of `measure` (the first by label among equal ones)."""
-    return _fastest([c for c in cells if c.miss in CACHING and not c.split
+    return fastest([c for c in cells if c.miss in CACHING and not c.split
                      and c.condition == condition], measure)
-
-
-def baseline_cell(cells: list[Cell], kind: str, cell: Cell, measure: str) -> Cell | None:
-    """The baseline `kind` (of BASELINES) for the host-compute cell `cell`: the fastest cell of
-    that kind at its condition (and, for the layer split, its host); None when there is none
-    — for the layer split, when no cell of N > 0 ran on that host there."""
-    if kind == "best_caching":
-        return best_caching(cells, cell.condition, measure)
-    if kind == "lossless_fetch":
-        return _fastest([c for c in cells if c.miss == "fetch" and not c.split
-                         and c.condition == cell.condition], measure)
-    if kind == "layer_split":
-        found = [c for c in cells if c.miss == "fetch" and c.prefetch == "none"
-                 and c.condition == cell.condition and (not c.split or c.host == cell.host)]
-        return _fastest(found, measure) if any(c.split for c in found) else None
-    raise ValueError(f"baseline {kind!r}: expected one of {sorted(BASELINES)}")
 
 
 def against_best(cells: list[Cell], measure: str) -> list[tuple[Cell, Cell, float, str]]:
@@ -263,53 +222,6 @@ def latency_aware_exceptions(cells: list[Cell], measure: str
     return compared, out
 
 
-@dataclasses.dataclass(frozen=True)
-class FiddlerRow:
-    """One claim at one host-compute condition against one baseline."""
-
-    claim: str  # of FIDDLER_CLAIMS
-    baseline: str  # of BASELINES
-    cell: Cell  # latency_aware's
-    reference: Cell | None  # the baseline's cell (None: no such cell at this condition)
-    speedup: float | None  # reference's time / latency_aware's
-    verdict: verdicts.Verdict
-
-
-def fiddler_band(claim: str) -> verdicts.Band:
-    measure, value, what = FIDDLER_CLAIMS[claim]
-    return verdicts.point("speedup", value, lower_is_better=False,
-                          text=f"{value:g}× (Fiddler, {what})")
-
-
-def fiddler_rows(cells: list[Cell]) -> list[FiddlerRow]:
-    """Every latency_aware cell with a time, each claim, each baseline: the speedup and its
-    verdict — "faster than the baseline" is stated (a slower latency_aware is refuted on the
-    time, an equal one a tie), then the speedup is held to the claim's band (`fiddler_band`;
-    `verdicts.judge`, numeric: within / exceeds / falls short)."""
-    out = []
-    for claim, (measure, _, _) in FIDDLER_CLAIMS.items():
-        band = fiddler_band(claim)
-        for c in cells:
-            if c.miss != CLAIMED or c.time(measure) is None:
-                continue
-            for kind in BASELINES:
-                ref = baseline_cell(cells, kind, c, measure)
-                speedup = None if ref is None else ref.time(measure) / c.time(measure)
-                faster = () if ref is None else (verdicts.Check(
-                    SPEED[measure], c.time(measure), ref.time(measure), True),)
-                v = verdicts.judge(faster, band=band, value=speedup, numeric=True)
-                if ref is None:
-                    v = dataclasses.replace(v, rule=f"no {kind} cell at this condition"
-                                            + (" and host" if kind == "layer_split" else ""))
-                else:
-                    v = dataclasses.replace(v, rule=f"{band.metric} = {ref.label} "
-                                            f"{ref.time(measure):.6g} ms / {CLAIMED} "
-                                            f"{c.time(measure):.6g} ms; {v.rule} (band "
-                                            f"{band.low:.4g}–{band.high:.4g}×)")
-                out.append(FiddlerRow(claim, kind, c, ref, speedup, v))
-    return out
-
-
 def condition_record(c: Cell) -> dict:
     """A claims.json condition of a host-compute cell."""
     passes = c.capacity_passes
@@ -321,37 +233,13 @@ def condition_record(c: Cell) -> dict:
             "host": c.host}
 
 
-def fiddler_records(rows: list[dict], sweep_dir: str | None = None) -> list[dict]:
-    """Fiddler's claims in claims.json's schema: one record per claim (`fiddler.decode`,
-    `fiddler.prefill`) x trace x condition x baseline, from a sweep's `cell_row` rows (its
-    results.json read for the trace fields a row lacks when `sweep_dir` is given:
-    `trace_fields`). Each: {"claim", "baseline" (of BASELINES), "trace" (results.json
-    `trace.name`), "condition" (`condition_record`), "metrics" {"claimed_ms", "baseline_ms",
-    "speedup", "baseline_cell" (its label), "measure", "band"}, "verdict", "failing_metric",
-    "rule"}."""
-    out = []
-    for r in fiddler_rows(cells_of(rows, sweep_dir)):
-        measure = FIDDLER_CLAIMS[r.claim][0]
-        band = fiddler_band(r.claim)
-        out.append({
-            "claim": r.claim, "baseline": r.baseline, "trace": r.cell.trace,
-            "condition": condition_record(r.cell),
-            "metrics": {"measure": MEASURES[measure], "claimed_ms": r.cell.time(measure),
-                        "baseline_ms": None if r.reference is None else r.reference.time(measure),
-                        "baseline_cell": None if r.reference is None else r.reference.label,
-                        "speedup": r.speedup, "band": [band.low, band.high]},
-            "verdict": r.verdict.word, "failing_metric": r.verdict.failing_metric,
-            "rule": r.verdict.rule})
-    return out
-
-
 # -- tables ----------------------------------------------------------------------------------
 def _hosts(cells: list[Cell]) -> list[str]:
     found = {c.host for c in cells if c.host}
     return [h for h in HOST_ORDER if h in found] + sorted(found - set(HOST_ORDER))
 
 
-def _groups(cells: list[Cell]) -> list[tuple[str, str]]:
+def groups(cells: list[Cell]) -> list[tuple[str, str]]:
     """(trace, precision) pairs, captures first, int4 before native."""
     found = {(c.trace, c.precision) for c in cells}
     return sorted(found, key=lambda g: (
@@ -359,17 +247,17 @@ def _groups(cells: list[Cell]) -> list[tuple[str, str]]:
         g[0].endswith(("_0", "_1")), g[0]))
 
 
-def _cond(capacity: float, gbps: float, host: str | None = None) -> str:
+def cond_text(capacity: float, gbps: float, host: str | None = None) -> str:
     return f"{100 * capacity:g}% / {gbps:g} GB/s" + (f" / {host}" if host else "")
 
 
-def _ms(x: float | None) -> str:
+def ms_text(x: float | None) -> str:
     if x is None:
         return "–"
     return f"{x:.3g}" if x < 100 else f"{x:.0f}"
 
 
-def _fixed(cells: list[Cell]) -> str:
+def fixed_text(cells: list[Cell]) -> str:
     """The condition fields a table holds fixed, as a line (several values: listed)."""
     def one(key, fmt=str):
         vals = sorted({getattr(c, key) for c in cells}, key=lambda v: (v is None, str(v)))
@@ -384,7 +272,7 @@ def best_tables(cells: list[Cell], measure: str) -> list[str]:
     compared = against_best(cells, measure)
     hosts = _hosts(cells)
     lines = []
-    for trace, precision in _groups(cells):
+    for trace, precision in groups(cells):
         rows = [x for x in compared if (x[0].trace, x[0].precision) == (trace, precision)]
         if not rows:
             continue
@@ -393,17 +281,17 @@ def best_tables(cells: list[Cell], measure: str) -> list[str]:
             f"{p} {h}" for h in hosts for p in HOST_POLICIES]
         lines += [f"### {trace} ({precision}): {MEASURES[measure]}; host compute's time "
                   f"(speedup over the best caching configuration)", "",
-                  f"{_fixed([x[0] for x in rows])}.", "",
+                  f"{fixed_text([x[0] for x in rows])}.", "",
                   "| " + " | ".join(head) + " |",
                   "| --- | --- |" + " ---: |" * (len(head) - 2)]
         for cap, gbps in conds:
             at = [x for x in rows if (x[0].capacity, x[0].gbps) == (cap, gbps)]
             ref = at[0][1]
-            out = [_cond(cap, gbps), f"{_ms(ref.time(measure))} ({ref.label})"]
+            out = [cond_text(cap, gbps), f"{ms_text(ref.time(measure))} ({ref.label})"]
             for h in hosts:
                 for p in HOST_POLICIES:
                     hit = [x for x in at if x[0].host == h and x[0].miss == p]
-                    out.append(f"{_ms(hit[0][0].time(measure))} (×{hit[0][2]:.2f})"
+                    out.append(f"{ms_text(hit[0][0].time(measure))} (×{hit[0][2]:.2f})"
                                if hit else "–")
             lines.append("| " + " | ".join(out) + " |")
         lines.append("")
@@ -413,8 +301,8 @@ def best_tables(cells: list[Cell], measure: str) -> list[str]:
             lost = [x for x in mine if x[3] == "loses"]
             lines.append(f"- {p}: beats it in {len(won)} of {len(mine)} conditions, loses in "
                          f"{len(lost)}" + (": " + "; ".join(
-                             f"{_cond(x[0].capacity, x[0].gbps, x[0].host)} "
-                             f"({_ms(x[0].time(measure))} against {_ms(x[1].time(measure))})"
+                             f"{cond_text(x[0].capacity, x[0].gbps, x[0].host)} "
+                             f"({ms_text(x[0].time(measure))} against {ms_text(x[1].time(measure))})"
                              for x in lost) if lost else ""))
         lines.append("")
     return lines
@@ -427,7 +315,7 @@ def summary_table(cells: list[Cell]) -> list[str]:
         f"{p} {m}" for m in MEASURES for p in HOST_POLICIES) + " |",
         "| --- | --- |" + " ---: |" * (2 * len(MEASURES))]
     results = {m: against_best(cells, m) for m in MEASURES}
-    for trace, precision in _groups(cells):
+    for trace, precision in groups(cells):
         out = []
         for m in MEASURES:
             for p in HOST_POLICIES:
@@ -451,77 +339,16 @@ def latency_aware_lines(cells: list[Cell]) -> list[str]:
         for c, tf, th in sorted(exceptions, key=lambda e: (e[0].condition, e[0].host)):
             better = min(tf, th)
             lost_to = "fetch" if tf <= th else "host_compute"
-            lines.append(f"  - {c.trace} ({c.precision}), {_cond(c.capacity, c.gbps, c.host)}: "
-                         f"{_ms(c.time(measure))} against fetch {_ms(tf)}, host_compute "
-                         f"{_ms(th)} (+{100 * (c.time(measure) / better - 1):.2f}% over "
+            lines.append(f"  - {c.trace} ({c.precision}), {cond_text(c.capacity, c.gbps, c.host)}: "
+                         f"{ms_text(c.time(measure))} against fetch {ms_text(tf)}, host_compute "
+                         f"{ms_text(th)} (+{100 * (c.time(measure) / better - 1):.2f}% over "
                          f"{lost_to})")
     return lines + [""]
 
 
-def _passes(c: Cell) -> str:
+def passes_text(c: Cell) -> str:
     p = c.capacity_passes
     return f"{c.slots} slots" + ("" if p is None else f", {p:.2g} passes")
-
-
-def fiddler_summary(rows: list[FiddlerRow]) -> list[str]:
-    """Per claim, baseline, trace, precision and host: how many conditions have each word
-    (counts of conditions, never an average over them)."""
-    lines = []
-    for claim, (measure, value, what) in FIDDLER_CLAIMS.items():
-        band = fiddler_band(claim)
-        lines += [f"### {claim}: {what} {value:g}× — speedup band {band.low:.4g}–"
-                  f"{band.high:.4g}× ({band.text})", "",
-                  "| trace | precision | host | " + " | ".join(BASELINES) + " |",
-                  "| --- | --- | --- |" + " --- |" * len(BASELINES)]
-        mine = [r for r in rows if r.claim == claim]
-        keys = sorted({(r.cell.trace, r.cell.precision, r.cell.host) for r in mine},
-                      key=lambda k: (_groups([r.cell for r in mine]).index(k[:2]),
-                                     HOST_ORDER.index(k[2]) if k[2] in HOST_ORDER else 9, k[2]))
-        for trace, precision, host in keys:
-            out = []
-            for kind in BASELINES:
-                at = [r for r in mine if r.baseline == kind and
-                      (r.cell.trace, r.cell.precision, r.cell.host) == (trace, precision, host)]
-                counts = collections.Counter(r.verdict.word for r in at)
-                order = sorted(counts, key=verdicts.word_order)
-                out.append(", ".join(f"{w} {counts[w]}" for w in order) + f" of {len(at)}")
-            lines.append(f"| {trace} | {precision} | {host} | " + " | ".join(out) + " |")
-        lines.append("")
-    return lines
-
-
-def fiddler_detail(rows: list[FiddlerRow]) -> list[str]:
-    """Every condition: latency_aware's time, each baseline's (which cell), the speedup and
-    its word."""
-    lines = []
-    for claim, (measure, value, _) in FIDDLER_CLAIMS.items():
-        mine = [r for r in rows if r.claim == claim]
-        for trace, precision in _groups([r.cell for r in mine]):
-            at = [r for r in mine if (r.cell.trace, r.cell.precision) == (trace, precision)]
-            lines += [f"### {claim} ({value:g}×): {trace} ({precision}), {MEASURES[measure]}",
-                      "", f"{_fixed([r.cell for r in at])}. Each baseline: its time (cell), "
-                      "speedup, word.", "",
-                      "| capacity / link / host | cache | latency_aware | " +
-                      " | ".join(BASELINES) + " |",
-                      "| --- | --- | ---: |" + " --- |" * len(BASELINES)]
-            cells = sorted({r.cell for r in at}, key=lambda c: (
-                c.capacity, c.gbps, HOST_ORDER.index(c.host) if c.host in HOST_ORDER else 9))
-            for c in cells:
-                out = [_cond(c.capacity, c.gbps, c.host), _passes(c), _ms(c.time(measure))]
-                for kind in BASELINES:
-                    r = next(r for r in at if r.cell == c and r.baseline == kind)
-                    out.append("–" if r.reference is None else
-                               f"{_ms(r.reference.time(measure))} ({_short(r.reference)}) "
-                               f"×{r.speedup:.2f} {r.verdict.word}")
-                lines.append("| " + " | ".join(out) + " |")
-            lines.append("")
-    return lines
-
-
-def _short(c: Cell) -> str:
-    if c.split:
-        return f"N={c.split}"
-    return c.label
 
 
 def host_profiles(sweep_dir: str, rows: list[dict]) -> list[str]:
@@ -548,34 +375,26 @@ def host_profiles(sweep_dir: str, rows: list[dict]) -> list[str]:
     return lines + [""]
 
 
-def main(argv: list[str] | None = None) -> int:
-    return report_main(PROG, __doc__, _main, argv)
-
-
-def _main(sweep_dir: str, rows: list[dict]) -> None:
+def host_cells(sweep_dir: str, rows: list[dict]) -> list[Cell]:
+    """The sweep's cells (`cells_of`); a sweep with none computing on the host is refused."""
     cells = cells_of(rows, sweep_dir)
     if not any(c.miss in HOST_POLICIES for c in cells):
         raise UsageError(f"--sweep_dir={sweep_dir}: none of its {len(rows)} finished cells "
                          f"computed on the host (policies.miss=host_compute or latency_aware): "
                          f"these tables are of configs/grid_host.py's sweep")
-    none = ["(no cell of this comparison here)", ""]
-    fiddler = fiddler_rows(cells)
-    print("\n".join([
-        "## The hosts (as the cells ran them)", "", *host_profiles(sweep_dir, rows),
-        "## Host compute against SpecMD's best caching configuration", "",
-        "Conditions won, per trace and precision (of capacity x link x host):", "",
-        *summary_table(cells),
-        *(best_tables(cells, "decode") or none), *(best_tables(cells, "ttft") or none),
-        "## latency_aware against the better of fetch and host_compute", "",
-        *latency_aware_lines(cells),
-        "## Fiddler's claims, against each baseline apart", "",
-        *[f"- `{k}`: {v}" for k, v in BASELINES.items()], "",
-        "Words: latency_aware must be faster than the baseline (slower: refuted on the time; "
-        "equal: a tie), then its speedup (the baseline's time / its own) is held to the "
-        "source's number ±25%, per condition; the counts are of conditions (capacity x "
-        "link), never an average over them.", "",
-        *(fiddler_summary(fiddler) or none), *(fiddler_detail(fiddler) or none)]))
+    return cells
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+NONE = ["(no cell of this comparison here)", ""]
+
+
+def tables(sweep_dir: str, rows: list[dict], cells: list[Cell]) -> list[str]:
+    """The host profiles the cells ran, host compute against the best caching configuration,
+    and latency_aware against the better of fetch and host_compute, as markdown lines."""
+    return ["## The hosts (as the cells ran them)", "", *host_profiles(sweep_dir, rows),
+            "## Host compute against SpecMD's best caching configuration", "",
+            "Conditions won, per trace and precision (of capacity x link x host):", "",
+            *summary_table(cells),
+            *(best_tables(cells, "decode") or NONE), *(best_tables(cells, "ttft") or NONE),
+            "## latency_aware against the better of fetch and host_compute", "",
+            *latency_aware_lines(cells)]

@@ -93,7 +93,7 @@ class Band:
     low: float
     high: float
     lower_is_better: bool
-    text: str  # as the source states it: "2.6–8.6×", "≈1.26× (±25%)"
+    text: str  # as the source states it: "2–3×", "≈2× (±25%)"
 
     def word(self, value: float | None) -> str | None:
         """within / exceeds (better than the band) / falls short; None when unknown."""

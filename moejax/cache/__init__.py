@@ -3,7 +3,7 @@
 `ExpertCache` (`expert_cache.py`) runs the four policies layer by layer, for the live runtime
 (`moejax.serving`) and for trace replay (`moejax.replay`) alike; `metrics.py` counts what
 DESIGN.md defines; `capacity.py` turns a byte budget into per-precision slot pools;
-`host_tier.py` is the bounded host tier in front of storage; `host_compute.py` the host path
+`host_tier.py` is the bounded host tier in front of storage; `host_path.py` the host path
 of experts computed on the host and the planner a miss policy reads to choose it;
 `hotlist.py` the placement a trace's request counts give; `from_config.py` builds a cache from a job config; `summary.py`
 prints its table, writes its TensorBoard series and its results.json section.
@@ -45,7 +45,7 @@ from moejax.cache.from_config import (
     seed_cache,
     storage_from,
 )
-from moejax.cache.host_compute import HostPath, HostSpan, LayerPlan, LayerPlanner
+from moejax.cache.host_path import HostPath, HostSpan, LayerPlan, LayerPlanner
 from moejax.cache.host_tier import HostTier
 from moejax.cache.metrics import (
     BYTES,

@@ -33,7 +33,7 @@ prefetch goes only if the host tier can hold its expert, and predictions without
 Placement: `full_layers` reserves slots for whole layers (always hits, never shown to the
 eviction policy), and `seed` fills free slots before the first pass.
 
-Host compute (`moejax/cache/host_compute.py`): experts the miss policy names
+Host compute (`moejax/cache/host_path.py`): experts the miss policy names
 (`MissDecision.host`) and every expert of the first `host_compute_layers` MoE layers (the miss
 policy is not asked there: every selected expert runs, on the host) are computed on the host:
 no slot, no transfer, no eviction, never prefetched or seeded. Their path starts when the
@@ -51,7 +51,7 @@ from typing import Iterator, Protocol
 import numpy as np
 
 from moejax.cache.capacity import PoolSpec
-from moejax.cache.host_compute import HostPath, HostSpan, LayerPlanner
+from moejax.cache.host_path import HostPath, HostSpan, LayerPlanner
 from moejax.cache.host_tier import HostTier
 from moejax.cache.metrics import CacheMetrics, PassTiming, WaveOutcome
 from moejax.cache.runtime_timing import RuntimeTiming

@@ -26,7 +26,7 @@ import ml_collections
 from moejax import cli
 from moejax.cache import capacity as capacity_lib
 from moejax.cache.expert_cache import CacheShape, ExpertCache, slots_for
-from moejax.cache.host_compute import HostPath
+from moejax.cache.host_path import HostPath
 from moejax.cache.host_tier import HostTier
 from moejax.cache.runtime_timing import RuntimeTiming
 from moejax.errors import ConfigError
@@ -46,7 +46,7 @@ CLOCKS = ("auto", "virtual", "wall")
 
 
 def hardware_from(config: ml_collections.ConfigDict) -> hw_lib.Hardware:
-    """The `hardware.file` profile (a hardware.json of `python -m moejax.sim.calibrate`) when
+    """The `hardware.file` profile (a hardware.json of `python -m moejax.calibration`) when
     given, else the `hardware.preset` profile, with the group's overrides: a field left None
     keeps the profile's value, any given value (0 included) replaces it and is validated. A
     preset given beside a file does not apply (`check_settings` warns)."""
@@ -304,7 +304,7 @@ def _not_applying(config: ml_collections.ConfigDict, live: bool | None,
     if given(config, "clock.host_work") and host_work_from(
             _with_host_work(config)) is None:
         out.append(("clock.host_work", "no hardware.file with a host_work section "
-                    "(python -m moejax.sim.calibrate writes one): the device-only model runs"))
+                    "(python -m moejax.calibration writes one): the device-only model runs"))
     if config.hardware.get("file", "") and given(config, "hardware.preset"):
         out.append(("hardware.preset",
                     f"hardware.file={config.hardware.file!r} gives the profile"))

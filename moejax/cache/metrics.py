@@ -42,7 +42,7 @@ and `products_share_by_precision`, `h2d_bytes_by_precision` (demand + prefetch);
   its bytes demand bytes), not a collision miss, and not an eviction;
 * served below wanted: a hit on a copy at a lower precision than the one wanted (no upgrade).
 
-Host compute (`moejax/cache/host_compute.py`; `policies.miss=host_compute|latency_aware`,
+Host compute (`moejax/cache/host_path.py`; `policies.miss=host_compute|latency_aware`,
 `cache.host_compute_layers`), per layer and in total, 0 when nothing ran on the host:
 * `host_computed`: requests computed on the host — per pass and layer, each distinct expert
   whose contributions the host computed (as misses are counted). Such a request was neither

@@ -75,7 +75,7 @@ class RuntimeTiming:
         self._booked = (0, 0)  # the cache's demand and prefetch loads counted so far
         self._loads = [0, 0]  # loads to dispatch with the next experts step (demand, prefetch)
         # How many times each scalar term was charged in each pass (what a fit of the terms
-        # to live runs reads: `moejax.sim.host_fit`), and in the pass being run.
+        # to live runs reads: `moejax.calibration.host_fit`), and in the pass being run.
         self.pass_counts: list[dict[str, int]] = []
         self._counted = dict.fromkeys(TERMS, 0)
 

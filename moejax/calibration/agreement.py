@@ -1,5 +1,5 @@
 """How well the virtual clock predicted live cells: what a reviewer asks of a simulator (numpy
-and matplotlib only; the cells are `moejax.sim.cells.run_entries`' rows).
+and matplotlib only; the cells are `moejax.calibration.cells.run_entries`' rows).
 
 * **Errors**: per cell, signed `(virtual - wall) / wall` of TTFT and of decode time; over the
   cells, the median, 90th percentile and largest |error| (`summary`).

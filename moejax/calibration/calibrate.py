@@ -1,7 +1,7 @@
 """Calibration: measures the machine it runs on, writes a hardware profile of it, and says how
 far the virtual clock is from this machine's wall clock.
 
-    python -m moejax.sim.calibrate --workdir=W [--quick] [--host-only]
+    python -m moejax.calibration --workdir=W [--quick] [--host-only]
 
 1. host->device latency and bandwidth by transfer size (`jax.device_put` of `pinned_host` arrays
    to `device` memory, 4 KiB to 64 MiB), alternated repetitions, min / median / max, and the fit
@@ -11,21 +11,21 @@ far the virtual clock is from this machine's wall clock.
    `peak_tflops`, `hbm_gbps` and `launch_s` this machine shows;
 3. `W/hardware.json`: that profile (`calibrated:<hostname>`) with every table, the command, the
    date, JAX's version and the device — a run uses it with `--config.hardware.file=W/hardware.json`;
-4. the host CPU (`moejax.sim.host`): one expert computed on the host for 1, 2, 4, ... tokens
-   (a plain kernel and the live runtime's host step), the memory bandwidth, matmul FLOP/s and
+4. the host CPU (`moejax.calibration.host_cpu`): one expert computed on the host for 1, 2, 4, ...
+   tokens (a plain kernel and the live runtime's host step), the memory bandwidth, matmul FLOP/s and
    per-call overhead, and the host model fitted to them: hardware.json's `host` section, which
    replaces `host.preset` in a run with `--config.hardware.file` (`--host-only` measures this
    part alone, in seconds, into W/hardware.json: merged into a calibration already there);
 5. the live runtime's host work (DESIGN.md "The host's work in the virtual clock"): the step
-   tables of every model a calibration or validation runs (`moejax.sim.steps`: each compiled
-   step as the runtime dispatches it, by token count), then live cells (`moejax.sim.matrix`'s
-   calibration cells: capacities 5%, 25%, 100% with and without prefetch, a warm full cache
-   speculating and not, int4) on the wall clock (transfers held to the profile's bandwidth),
-   and the host's terms fitted to their passes (`moejax.sim.host_fit`): hardware.json's
-   `host_work` section;
+   tables of every model a calibration or validation runs (`moejax.calibration.steps`: each compiled
+   step as the runtime dispatches it, by token count), then live cells
+   (`moejax.calibration.matrix`'s calibration cells: capacities 5%, 25%, 100% with and without
+   prefetch, a warm full cache speculating and not, int4) on the wall clock (transfers held to the
+   profile's bandwidth), and the host's terms fitted to their passes
+   (`moejax.calibration.host_fit`): hardware.json's `host_work` section;
 6. the cells' TTFT and decode time on both clocks with the fitted profile and each cell's
-   error (in-sample: `python -m moejax.sim.validate` checks other cells), printed as one table
-   and written to `W/calibration.json`.
+   error (in-sample: `python -m moejax.calibration.validate` checks other cells), printed as one
+   table and written to `W/calibration.json`.
 
 The cells run the routing structure of OLMoE-1B-7B and Qwen1.5-MoE-A2.7B driven by their
 prose captures (`policies.routing='trace(path=T)'`, the first `--prefill_tokens` rows one
@@ -49,7 +49,7 @@ from moejax.cli import UsageError, guarded
 from moejax.errors import ConfigError
 from moejax.results import write_json_atomic
 
-PROG = "python -m moejax.sim.calibrate"
+PROG = "python -m moejax.calibration"
 MODELS = ("olmoe", "embedded")
 
 
@@ -88,7 +88,7 @@ class Plan:
 def plan_for(platform: str, quick: bool, **given) -> Plan:
     """The plan on `platform` ("gpu", "cpu", ...), `--quick` or not, with `given` (not None)
     replacing its defaults."""
-    from moejax.sim import measure
+    from moejax.calibration import measure
 
     given = {k: v for k, v in given.items() if v is not None}
     gpu = platform == "gpu"
@@ -134,7 +134,7 @@ def cells_base(plan: Plan, hardware_file: str):
     """The config every cell starts from: the model and its requests, the profile in
     `hardware_file` (and `plan.h2d_gbps` over it), no progress bars or TensorBoard
     (`matrix.base_config` of the plan's first group)."""
-    from moejax.sim import matrix
+    from moejax.calibration import matrix
 
     if plan.model not in MODELS:
         raise UsageError(f"--model={plan.model!r} is not one of {MODELS}")
@@ -146,8 +146,8 @@ def cells_base(plan: Plan, hardware_file: str):
 def cells_model(plan: Plan, base):
     """The cells' model: OLMoE-1B-7B at `plan.width` with its experts drawn on the device
     (`cells.drawn_model`: at its real size too), or the one `base` names (the embedded)."""
+    from moejax.calibration import cells as cells_lib
     from moejax.model_source import load_model_for
-    from moejax.sim import cells as cells_lib
 
     if plan.model == "olmoe":
         return cells_lib.drawn_model("olmoe", "olmoe-1b-7b", plan.width)
@@ -165,8 +165,8 @@ def cell_prefetch(plan: Plan) -> str:
 def measure_machine(plan: Plan, out=print) -> tuple:
     """Steps 1-2: the measurements and their fits. Returns `(profile, measured)`: the
     `Hardware` they give and the tables and fits for hardware.json."""
+    from moejax.calibration import fit, measure, profile
     from moejax.families import preset
-    from moejax.sim import fit, measure, profile
 
     device = measure.device_description()
     out(f"calibrating {device['device_kind']} ({device['platform']}, JAX {device['jax']}): "
@@ -245,9 +245,9 @@ def calibrate(workdir: str, plan: Plan, command: str, out=print) -> dict:
     """Steps 1-6 into `workdir` (claimed by the caller). Returns what calibration.json holds:
     the profile, its file, and the cells' rows."""
     from moejax.cache.from_config import hardware_from
+    from moejax.calibration import cells as cells_lib
+    from moejax.calibration import host_fit, matrix, measure, profile
     from moejax.jobs.common import progress
-    from moejax.sim import cells as cells_lib
-    from moejax.sim import host_fit, matrix, measure, profile
     from moejax.timing import hardware as hw_lib
 
     hw, measured = measure_machine(plan, out)
@@ -293,8 +293,8 @@ def calibrate(workdir: str, plan: Plan, command: str, out=print) -> dict:
             "the wall clock (this machine; the cache's transfers held to the profile's "
             "host->device bandwidth); virtual: the same run's routing replayed on the virtual "
             "clock with the profile and the host's work fitted to these very cells (in-sample: "
-            "`python -m moejax.sim.validate` checks it on others); error = (virtual - wall) / "
-            "wall")
+            "`python -m moejax.calibration.validate` checks it on others); error = "
+            "(virtual - wall) / wall")
         out(host_fit.table(record))
         out(cells_lib.table(rows))
     else:
@@ -311,7 +311,7 @@ def fit_groups(plan: Plan) -> list:
     OLMoE-1B-7B at the plan's width and `plan.extra_captures` their families' (or the embedded
     model alone, `--model=embedded`), and the embedded model after the default prompt
     (`plan.with_embedded`)."""
-    from moejax.sim import matrix
+    from moejax.calibration import matrix
 
     groups = []
     if plan.model == "olmoe":
@@ -334,12 +334,12 @@ def fit_description(plan: Plan, groups: list) -> str:
 
 
 def measure_steps(plan: Plan, groups: list, name: str, out=print) -> dict:
-    """Step 5: the step tables (`moejax.sim.steps`) of every model the cells and a validation
-    run — the captures' families at the plan's width, the embedded model — as hardware.json's
-    `host_work` section (its scalar terms fitted next)."""
+    """Step 5: the step tables (`moejax.calibration.steps`) of every model the cells and a
+    validation run — the captures' families at the plan's width, the embedded model — as
+    hardware.json's `host_work` section (its scalar terms fitted next)."""
+    from moejax.calibration import matrix, steps
     from moejax.families import preset
     from moejax.model_source import embedded_config
-    from moejax.sim import matrix, steps
     from moejax.timing.host_work import model_key
 
     configs = {}
@@ -358,12 +358,12 @@ def measure_steps(plan: Plan, groups: list, name: str, out=print) -> dict:
 
 
 def measure_host(quick: bool, out=print) -> dict:
-    """Step 4: hardware.json's `host` section (`moejax.sim.host`), its table printed."""
-    from moejax.sim import host, profile
+    """Step 4: hardware.json's `host` section (`moejax.calibration.host_cpu`), its table printed."""
+    from moejax.calibration import host_cpu, profile
 
-    plan = host.host_plan(quick)
-    section = host.section(plan, host.measure_host(plan), profile.calibrated_name())
-    out(host.table(section))
+    plan = host_cpu.host_plan(quick)
+    section = host_cpu.section(plan, host_cpu.measure_host(plan), profile.calibrated_name())
+    out(host_cpu.table(section))
     return section
 
 
@@ -374,7 +374,7 @@ def calibrate_host(workdir: str, quick: bool, command: str, out=print) -> dict:
     import json
     import socket
 
-    from moejax.sim import measure, profile
+    from moejax.calibration import measure, profile
     from moejax.timing import hardware as hw_lib
 
     path = os.path.join(workdir, "hardware.json")

@@ -29,14 +29,14 @@ import numpy as np
 from flax import nnx
 
 from moejax.cache.from_config import hardware_from
+from moejax.calibration.fit import relative_error
+from moejax.calibration.host_fit import Sample
 from moejax.families import preset
 from moejax.jobs import clocks
 from moejax.jobs import generate as generate_job
 from moejax.jobs.common import cache_of, configured_decoder, settle
 from moejax.model_source import LoadedModel, in_memory
 from moejax.models.decoder import MoEDecoder
-from moejax.sim.fit import relative_error
-from moejax.sim.host_fit import Sample
 from moejax.traces import driven
 
 
@@ -184,7 +184,7 @@ def run_entries(entries: list[Entry], reps: int = 3, progress=None,
     """Each entry (a cell, its config on the wall clock, its model): `reps` live runs, the
     entries alternated run by run (forward, then backward), and the virtual clock's prediction
     of each run; one row per entry (see the module docstring).
-    `samples`: a list that gets each entry's `moejax.sim.host_fit.Sample` (its routing and
+    `samples`: a list that gets each entry's `moejax.calibration.host_fit.Sample` (its routing and
     the median wall time of each of its passes), for a fit of the host's terms."""
     if reps < 1:
         raise ValueError(f"reps={reps} must be >= 1")

@@ -1,7 +1,7 @@
 """The host CPU measured: what one call computing a missed expert on the host takes here, and
 the host latency model (`moejax.timing.host`) fitted to it.
 
-    python -m moejax.sim.calibrate --workdir=W --host-only [--quick]
+    python -m moejax.calibration --workdir=W --host-only [--quick]
 
 On the CPU backend (`jax.devices("cpu")`: the host, on any machine), over one MoE layer's
 host table of `experts` experts (OLMoE-1B-7B's shape by default: hidden 2048, expert width
@@ -37,10 +37,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from moejax.calibration import fit
+from moejax.calibration.measure import timed
 from moejax.models.experts import expert_outputs
 from moejax.models.layers import activation
-from moejax.sim import fit
-from moejax.sim.measure import timed
 from moejax.timing.host import HostCPU
 
 

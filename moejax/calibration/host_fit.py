@@ -19,10 +19,10 @@ import os
 
 import ml_collections
 
+from moejax.calibration import fit as fit_lib
 from moejax.jobs import clocks
 from moejax.model_source import LoadedModel
 from moejax.results import write_json_atomic
-from moejax.sim import fit as fit_lib
 from moejax.traces.format import Trace
 
 # The terms fitted to live passes (every one of `host_work.TERMS`).

@@ -20,7 +20,7 @@ import os
 import ml_collections
 
 from moejax import bundled
-from moejax.sim.cells import Cell, Entry
+from moejax.calibration.cells import Cell, Entry
 
 # The embedded model's prompts: the calibration's (the default config's), and the validation's.
 CALIBRATION_PROMPT = "The Python interpreter"
@@ -91,8 +91,8 @@ def base_config(group: Group, hardware_file: str, tokens: int, prefill_tokens: i
 def loader(width: int):
     """A function giving each group's model, each shape built once: a capture's family preset
     at `width` with experts drawn (`cells.drawn_model`), or the embedded model."""
+    from moejax.calibration.cells import drawn_model
     from moejax.model_source import load_model_for
-    from moejax.sim.cells import drawn_model
 
     built: dict = {}
 

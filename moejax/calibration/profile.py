@@ -15,7 +15,7 @@ The profile is what the virtual clock runs on (`moejax.timing.hardware.Hardware`
 The file is `{"format", "hardware": <the profile>, "measured": <every table and fit>,
 "command", "date", "hostname", "device", "host"}`; `moejax.timing.hardware.from_file` reads its
 `hardware` object (`--config.hardware.file=W/hardware.json`), `moejax.timing.host.from_file`
-its `host` section (`{"profile": <a HostCPU>, "measured": ...}`, `moejax.sim.host`).
+its `host` section (`{"profile": <a HostCPU>, "measured": ...}`, `moejax.calibration.host_cpu`).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from __future__ import annotations
 import datetime
 import socket
 
-from moejax.sim.fit import RooflineFit, TransferFit
+from moejax.calibration.fit import RooflineFit, TransferFit
 from moejax.timing import hardware as hw_lib
 from moejax.timing.hardware import Hardware
 

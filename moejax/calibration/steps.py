@@ -23,6 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from moejax.calibration.measure import one_layer
 from moejax.model_config import ModelConfig
 from moejax.model_source import in_memory
 from moejax.models.decoder import MoEDecoder
@@ -36,7 +37,6 @@ from moejax.models.stepped import (
     logits_next_step,
 )
 from moejax.serving.slot_pool import SlotPool
-from moejax.sim.measure import one_layer
 from moejax.timing.host_work import StepTable, model_key
 
 # Token counts a table spans by default: a decode step to a long prompt's prefill.

@@ -1,17 +1,17 @@
 """Validation: the virtual clock, with the host's work calibrated on this machine, against live
 runs it was not fitted to.
 
-    python -m moejax.sim.calibrate --workdir=W       # first: W/hardware.json
-    python -m moejax.sim.validate --workdir=W [--quick] [--reps=3] [--groups=olmoe_code,...]
+    python -m moejax.calibration --workdir=W       # first: W/hardware.json
+    python -m moejax.calibration.validate --workdir=W [--quick] [--reps=3] [--groups=olmoe_code,...]
 
-Each cell of the matrix (`moejax.sim.matrix.validation_matrix`: other captures than the
+Each cell of the matrix (`moejax.calibration.matrix.validation_matrix`: other captures than the
 calibration's, the embedded model after another prompt, capacity x eviction x prefetch x
 precision, the disk tier, host compute) runs live on the wall clock with W/hardware.json's
 profile (transfers held to its bandwidth) `--reps` times, the cells alternated run by run;
 beside each, the virtual clock's prediction of the same run (its routing replayed with the
 profile and its host work, `clocks.virtual`). It prints the cells, the summary (median, 90th
 percentile, largest |error| of TTFT and decode), Kendall's tau per condition and whether each
-predicted winner holds (`moejax.sim.agreement`), and writes W/validation.json, the plot
+predicted winner holds (`moejax.calibration.agreement`), and writes W/validation.json, the plot
 W/validation.png, and the summary into W/hardware.json (`validation`), which every virtual
 time a run with `--config.hardware.file` prints then quotes.
 """
@@ -28,7 +28,7 @@ from moejax import workdir as workdir_lib
 from moejax.cli import UsageError, guarded
 from moejax.results import write_json_atomic
 
-PROG = "python -m moejax.sim.validate"
+PROG = "python -m moejax.calibration.validate"
 
 
 def run_validation(workdir: str, hardware_file: str, *, quick: bool, reps: int, tokens: int,
@@ -37,16 +37,16 @@ def run_validation(workdir: str, hardware_file: str, *, quick: bool, reps: int, 
     """The validation into `workdir` (module docstring); returns validation.json's content.
     `matrix_cells`: [(group, cells)] instead of the matrix (`benchmarks/gpu_check.py`'s part
     of it at the real size)."""
+    from moejax.calibration import agreement, host_fit, matrix, profile
+    from moejax.calibration import cells as cells_lib
+    from moejax.calibration import fit as fit_lib
     from moejax.jobs.common import progress
-    from moejax.sim import agreement, host_fit, matrix, profile
-    from moejax.sim import cells as cells_lib
-    from moejax.sim import fit as fit_lib
     from moejax.timing import host_work as host_work_lib
 
     work = host_work_lib.from_file(hardware_file)
     if work is None:
         raise UsageError(f"--hardware_file={hardware_file}: it has no host_work section "
-                         f"(python -m moejax.sim.calibrate --workdir=W writes one)")
+                         f"(python -m moejax.calibration --workdir=W writes one)")
     cells = matrix_cells or matrix.validation_matrix(quick)
     if groups:
         known = [g.name for g, _ in cells]
@@ -157,7 +157,7 @@ def run(args: argparse.Namespace, command: str) -> int:
     hardware_file = os.path.abspath(args.hardware_file or os.path.join(args.workdir,
                                                                          "hardware.json"))
     if not os.path.isfile(hardware_file):
-        raise UsageError(f"{hardware_file}: no such file (python -m moejax.sim.calibrate "
+        raise UsageError(f"{hardware_file}: no such file (python -m moejax.calibration "
                          f"--workdir={args.workdir} writes it)")
     import jax
 

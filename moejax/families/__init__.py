@@ -1,7 +1,7 @@
 """The model families moejax converts and runs (OLMoE, Mixtral, Qwen1.5/Qwen2-MoE, Phi-3.5-MoE):
 each maps a Hugging Face config to a `ModelConfig` and has presets of published (and tiny)
 dimensions. `get_family(name)`, `family_for_hf(hf_config)`, `preset(family, name, width=0)` (a
-preset at another width: `model.width`, `base.at_width`)."""
+preset at another width: `model.width`, `family.at_width`)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 
 from moejax.errors import ConfigError
 from moejax.families import mixtral, olmoe, phimoe, qwen_moe
-from moejax.families.base import WIDTH_STEP, Family, at_width
+from moejax.families.family import WIDTH_STEP, Family, at_width
 from moejax.model_config import ModelConfig
 
 __all__ = ["FAMILIES", "WIDTH_STEP", "Family", "config_from_hf", "family_for_hf", "get_family",
@@ -40,7 +40,7 @@ def config_from_hf(hf: dict[str, Any]) -> ModelConfig:
 
 def preset(family: str, name: str, width: int = 0) -> ModelConfig:
     """A `ModelConfig` from a family's published (or tiny) dimensions; `width` N > 0: the same
-    preset with hidden and MLP widths N (`base.at_width`, the rule; a positive multiple of
+    preset with hidden and MLP widths N (`family.at_width`, the rule; a positive multiple of
     `WIDTH_STEP`)."""
     fam = get_family(family)
     if name not in fam.presets:

@@ -1,6 +1,6 @@
 """Mixtral (mistralai/Mixtral-8x7B): softmax top-k renormalised over the chosen experts."""
 
-from moejax.families.base import Family, common_fields, hf_int, rope_from_hf, uniform_window
+from moejax.families.family import Family, common_fields, hf_int, rope_from_hf, uniform_window
 from moejax.model_config import ModelConfig
 
 

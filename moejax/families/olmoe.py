@@ -1,6 +1,6 @@
 """OLMoE (allenai/OLMoE-1B-7B): q/k RMSNorm, softmax top-k, no renormalisation by default."""
 
-from moejax.families.base import Family, common_fields, hf_int, rope_from_hf
+from moejax.families.family import Family, common_fields, hf_int, rope_from_hf
 from moejax.model_config import ModelConfig
 
 

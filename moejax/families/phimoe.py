@@ -1,7 +1,7 @@
 """Phi-3.5-MoE: sparsemixer top-2 routing, LayerNorm with bias, attention and lm-head biases,
 longrope scaling."""
 
-from moejax.families.base import Family, common_fields, hf_int, rope_from_hf, uniform_window
+from moejax.families.family import Family, common_fields, hf_int, rope_from_hf, uniform_window
 from moejax.model_config import ModelConfig
 
 

@@ -1,7 +1,7 @@
 """Qwen1.5-MoE / Qwen2-MoE: q/k/v biases, a sigmoid-gated shared expert, dense layers between
 MoE layers (`mlp_only_layers`, `decoder_sparse_step`), optional top-k renormalisation."""
 
-from moejax.families.base import Family, common_fields, hf_int, rope_from_hf
+from moejax.families.family import Family, common_fields, hf_int, rope_from_hf
 from moejax.model_config import ModelConfig
 
 

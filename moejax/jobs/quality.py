@@ -12,8 +12,8 @@ see the same tokens:
 2. **Teacher forcing**: the text (or each task example's inputs + targets) in segments of
    `quality.segment_tokens`, each a fresh sequence, every token after a segment's first scored
    by both: KL(reference ‖ cached), top-1 agreement, and bits per byte of each
-   (`moejax/quality/metrics.py`). `teacher_forcing="decode"` feeds one token per forward, as a
-   served model consumes generated tokens (the cache sees the traffic of decoding);
+   (`moejax/quality/token_comparison.py`). `teacher_forcing="decode"` feeds one token per forward,
+   as a served model consumes generated tokens (the cache sees the traffic of decoding);
    `"prefill"` feeds a segment in one forward (faster; the cache sees prefill traffic, with
    layers served in waves). Either way standard routing + plain fetch at native precision
    gives KL exactly 0 and agreement 1 at every capacity (DESIGN.md invariant 1: the cached
@@ -51,7 +51,7 @@ from moejax.metrics_writer import MetricsWriter
 from moejax.model_source import LoadedModel, load_model_for
 from moejax.models.stepped import ResidentExperts, SteppedDecoder
 from moejax.quality import drift as drift_lib
-from moejax.quality import metrics
+from moejax.quality import token_comparison
 from moejax.results import write_json_atomic
 
 TEACHER_FORCING = ("decode", "prefill")
@@ -156,17 +156,17 @@ def greedy_drift(reference: SteppedDecoder, cached: SteppedDecoder, prompts: lis
 
 def teacher_forced(reference: SteppedDecoder, cached: SteppedDecoder,
                    segments: list[np.ndarray], mode: str, on_segment=None
-                   ) -> tuple[metrics.TokenComparison, np.ndarray]:
+                   ) -> tuple[token_comparison.TokenComparison, np.ndarray]:
     """Every segment through both from a fresh sequence; the per-token comparison of tokens
     1.. of each, and the segment index of each scored token."""
     parts, segment_of = [], []
     for i, seg in enumerate(segments):
-        parts.append(metrics.compare(_teacher_forced_logits(reference, seg, mode),
+        parts.append(token_comparison.compare(_teacher_forced_logits(reference, seg, mode),
                                      _teacher_forced_logits(cached, seg, mode), seg[1:]))
         segment_of.append(np.full(len(seg) - 1, i, np.int32))
         if on_segment is not None:
             on_segment(len(seg) - 1)
-    return (metrics.concat(parts),
+    return (token_comparison.concat(parts),
             np.concatenate(segment_of) if segment_of else np.zeros(0, np.int32))
 
 
@@ -181,7 +181,8 @@ def _speed(cache) -> dict | None:
             "stall_s": t["prefill_stall_s"] + t["decode_stall_s"], "clock": cache.clock.kind}
 
 
-def _save_tokens(path: str, tokens: metrics.TokenComparison, segment_of: np.ndarray) -> None:
+def _save_tokens(path: str, tokens: token_comparison.TokenComparison,
+                 segment_of: np.ndarray) -> None:
     tmp = path + ".tmp.npz"
     np.savez(tmp, targets=tokens.targets, kl=tokens.kl, agree=tokens.agree,
              nll_reference=tokens.nll_reference, nll_cached=tokens.nll_cached,
@@ -223,7 +224,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
                                             bar.update if bar is not None else None)
     teacher_s = time.perf_counter() - t0
 
-    token_summary = metrics.summary(tokens, sum(scored_bytes(loaded.tokenizer, s)
+    token_summary = token_comparison.summary(tokens, sum(scored_bytes(loaded.tokenizer, s)
                                                 for s in segments))
     quality = {
         **token_summary,

@@ -148,7 +148,7 @@ def base_config() -> ml_collections.ConfigDict:
 
     c.hardware = ml_collections.ConfigDict()
     c.hardware.preset = "a100_specmd"  # a100_specmd, h100_pcie, h200, cpu
-    # A hardware.json written by `python -m moejax.sim.calibrate --workdir=W`: its measured
+    # A hardware.json written by `python -m moejax.calibration --workdir=W`: its measured
     # profile replaces the preset's (the overrides below still apply). "" (not given): preset.
     c.hardware.file = ""
     # Overrides of the preset (moejax/timing/hardware.py): None (not given) keeps the preset's
@@ -178,7 +178,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.clock = ml_collections.ConfigDict()
     c.clock.kind = "auto"  # auto (virtual off-GPU, wall on GPU), virtual, wall
     # Where hardware.file has the host's work (`host_work`, written by `python -m
-    # moejax.sim.calibrate`), the virtual clock charges it: the live runtime's steps, gate
+    # moejax.calibration.calibrate`), the virtual clock charges it: the live runtime's steps, gate
     # round trips and decisions (moejax/cache/runtime_timing.py). False: the device-only model.
     c.clock.host_work = True
 

@@ -147,7 +147,7 @@ class MissDecision:
     precision: dict[int, str] | None = None
     # Missing experts computed on the host from its copy (at the plain precision) instead of
     # fetched: their contributions stay `active` (they run), but take no slot and no transfer
-    # (`moejax/cache/host_compute.py`). Only a policy that declares `computes_on_host` names any.
+    # (`moejax/cache/host_path.py`). Only a policy that declares `computes_on_host` names any.
     host: frozenset[int] = frozenset()
 
 
@@ -162,7 +162,7 @@ class MissPolicy(Policy):
       slots all held by the wave), fetch at the next lower level that has room instead of
       splitting the wave (SpecMD's "fallback levels ... under capacity constraints");
     * `computes_on_host`: may name experts to compute on the host (`MissDecision.host`); the
-      cache then needs a host model (`moejax/cache/host_compute.py`) and hands the policy its
+      cache then needs a host model (`moejax/cache/host_path.py`) and hands the policy its
       layer planner (`set_planner`) before the first pass."""
 
     kind = "miss"
@@ -172,7 +172,7 @@ class MissPolicy(Policy):
     computes_on_host: ClassVar[bool] = False
 
     def set_planner(self, planner) -> None:
-        """The cache's `moejax.cache.host_compute.LayerPlanner`, handed once to a policy that
+        """The cache's `moejax.cache.host_path.LayerPlanner`, handed once to a policy that
         `computes_on_host`: its `plan(layer, ids, active)` is the running layer's modelled end
         for any choice of host experts."""
 

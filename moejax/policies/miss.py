@@ -25,7 +25,7 @@ each, `moejax/cache/capacity.py`):
   top-`keep` one in the drop band is fetched at the lowest level.
 
 Host compute (Fiddler; `computes_on_host`, `MissDecision.host`; the host's model and the
-planner are the cache's, `moejax/cache/host_compute.py`):
+planner are the cache's, `moejax/cache/host_path.py`):
 * `host_compute`: every missing expert is computed on the host from its host-resident weights;
   nothing is loaded into a slot for it;
 * `latency_aware(admit_after=0)`: per layer, fetch or compute on the host, whichever plan the
@@ -309,7 +309,7 @@ def _all_active(cache: dict, shape: tuple) -> np.ndarray:
 class HostCompute(MissPolicy):
     """Every missing expert is computed on the host from its host-resident weights (at the
     cache's plain precision), its tokens' hidden states sent down and its contributions sent
-    back (`moejax/cache/host_compute.py`); nothing is loaded into a slot for it. Resident and
+    back (`moejax/cache/host_path.py`); nothing is loaded into a slot for it. Resident and
     in-flight experts run on the device as with `fetch`, and prefetches still load slots."""
 
     name = "host_compute"
@@ -331,7 +331,7 @@ class HostCompute(MissPolicy):
 class LatencyAware(MissPolicy):
     """Fiddler's choice, per layer: fetch a missing expert or compute it on the host, whichever
     the model says ends the layer sooner (the cache's planner,
-    `moejax.cache.host_compute.LayerPlanner`: the transfers already in flight on the copy
+    `moejax.cache.host_path.LayerPlanner`: the transfers already in flight on the copy
     engines and the link, the expert's bytes, the tokens routed to it, the host).
 
     The plans tried: for each `j` from 0 (every miss fetched) to all (every miss on the host),

@@ -38,7 +38,7 @@ OPTIONS = {
                        lambda q: f"prefetch_queue={q!r}"),
     "host": (lambda h: h is None, lambda h: "a host tier"),
     "full_layers": (lambda n: n == 0, lambda n: f"full-layer placement (full_layers={n})"),
-    # Host compute (moejax/cache/host_compute.py): the kernel computes nothing on the host.
+    # Host compute (moejax/cache/host_path.py): the kernel computes nothing on the host.
     "host_compute_layers": (lambda n: n == 0,
                             lambda n: f"host compute of whole layers (host_compute_layers={n})"),
     "host_path": (lambda h: h is None, lambda h: "a host compute model (moejax/cache/"

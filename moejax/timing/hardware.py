@@ -18,7 +18,7 @@ overriding `h2d_gbps` alone changes the host->device bandwidth of every preset; 
 `link_gbps` as well to model a link wider (or narrower) than one engine.
 
 A measured profile is a file (`hardware.file`): the `hardware` object of the hardware.json that
-`python -m moejax.sim.calibrate --workdir=W` writes, read by `from_file` with the same
+`python -m moejax.calibration --workdir=W` writes, read by `from_file` with the same
 overrides on top and the same checks, each error naming the file.
 """
 
@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from moejax.timing.presets import (
+from moejax.timing.profiles import (
     AT_LEAST_ONE,
     NON_NEGATIVE,
     POSITIVE,
@@ -103,7 +103,7 @@ def get(name: str, **overrides) -> Hardware:
 
 # The fields a profile in a file must have (`link_gbps` may be null: one engine's worth).
 FILE_FIELDS = tuple(f.name for f in dataclasses.fields(Hardware))
-# What `python -m moejax.sim.calibrate` names its hardware.json files' layout.
+# What `python -m moejax.calibration` names its hardware.json files' layout.
 FILE_FORMAT = "moejax.hardware/1"
 
 

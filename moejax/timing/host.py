@@ -16,7 +16,7 @@ are called one after another, each on every thread (as a CPU matmul library runs
 the host's compute for a layer is the sum of its experts' `expert_s`: several experts at once
 would share the same memory bandwidth, and one call of 1 token already waits on it.
 
-The activations move with the calls (`moejax/cache/host_compute.py` books them):
+The activations move with the calls (`moejax/cache/host_path.py` books them):
 
     down_s = h2d_latency_s + tokens_down * hidden * dtype_bytes / d2h_bw
     back_s = h2d_latency_s + host_pairs * hidden * 4 / link_bw
@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from moejax.timing.presets import (
+from moejax.timing.profiles import (
     AT_LEAST_ONE,
     NON_NEGATIVE,
     POSITIVE,
@@ -103,11 +103,11 @@ PRESETS: dict[str, HostCPU] = {
                            call_overhead_s=30e-6),
     # Of the order of the 2-core virtual machine moejax is developed on (numpy: a 200 MB sum
     # read 16 GB/s; a float32 2048^2 matmul ran 0.13 TFLOP/s), rounded down: not a
-    # calibration (`python -m moejax.sim.calibrate` measures a machine). Call overhead:
+    # calibration (`python -m moejax.calibration` measures a machine). Call overhead:
     # assumed 50 us.
     "cpu": HostCPU("cpu", mem_gbps=15.0, tflops=0.1, threads=2, call_overhead_s=50e-6),
     # This machine (the 2-core VM moejax is developed on: "Intel(R) Xeon(R) Processor", 2
-    # threads), measured 2026-12-01 with `python -m moejax.sim.calibrate --workdir=W
+    # threads), measured 2026-12-01 with `python -m moejax.calibration --workdir=W
     # --host-only` (OLMoE-1B-7B's expert: hidden 2048 x width 1024, bfloat16, 12.58 MB; load
     # average ~3.5 from other work on the machine, so a quiet VM runs faster): one expert's
     # read 3.16 GB/s, a 512-token matmul 0.39 TFLOP/s, an empty jitted call 92 us. `this_vm`
@@ -132,7 +132,7 @@ FILE_FIELDS = ("name", *OVERRIDABLE)
 
 def from_file(path: str, **overrides) -> HostCPU | None:
     """The profile in the `host` section of the hardware.json at `path` (`{"profile": <every
-    field of HostCPU>, ...}`, written by `python -m moejax.sim.calibrate`), with `overrides`
+    field of HostCPU>, ...}`, written by `python -m moejax.calibration`), with `overrides`
     applied as `get` applies them to a preset (None keeps the file's value). None when the
     file has no `host` section. A missing, unreadable or non-JSON file, a section that is not
     a profile, a missing or unknown field and a value out of range are `ConfigError`s naming

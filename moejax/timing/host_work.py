@@ -2,7 +2,7 @@
 and the transfers, measured on the machine a profile was calibrated on (DESIGN.md "The host's
 work in the virtual clock").
 
-A `HostWork` is hardware.json's `host_work` section (`python -m moejax.sim.calibrate` writes
+A `HostWork` is hardware.json's `host_work` section (`python -m moejax.calibration` writes
 it, `from_file` reads it). Its terms, each in seconds:
 
 * `steps`: per model shape (`model_key`: a step's time is the model's), each compiled step
@@ -29,7 +29,7 @@ import dataclasses
 import numbers
 
 from moejax.errors import ConfigError
-from moejax.timing.presets import read_json
+from moejax.timing.profiles import read_json
 
 SECTION = "host_work"
 # Step kinds a table may hold: the runtime's compiled steps. An experts step is measured per
@@ -109,7 +109,7 @@ class HostWork:
     load_batch_s: float = 0.0
     prefetch_s: float = 0.0
     # How far this clock was from the live runtime when last validated (the hardware.json's
-    # `validation`, written by `python -m moejax.sim.validate`), None when it never was.
+    # `validation`, written by `python -m moejax.calibration.validate`), None when it never was.
     validated: dict | None = dataclasses.field(default=None, compare=False)
 
     def tables(self, cfg) -> dict:

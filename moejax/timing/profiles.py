@@ -64,7 +64,7 @@ def read_json(path: str, where: str):
         with open(path) as f:
             text = f.read()
     except FileNotFoundError:
-        raise ConfigError(f"{where}: no such file (python -m moejax.sim.calibrate "
+        raise ConfigError(f"{where}: no such file (python -m moejax.calibration "
                           "--workdir=W writes W/hardware.json)") from None
     except IsADirectoryError:
         raise ConfigError(f"{where} is a directory; name its hardware.json") from None
@@ -85,7 +85,7 @@ def measured_profile(cls: type[Profile], profile, group: str, fields: tuple[str,
     out of range are `ConfigError`s starting with `where`; a given override's own error names
     the override."""
     if not isinstance(profile, dict):
-        raise ConfigError(f"{where} has no {what} object (python -m moejax.sim.calibrate "
+        raise ConfigError(f"{where} has no {what} object (python -m moejax.calibration "
                           f"writes one with the fields {list(fields)})")
     missing = [k for k in fields if k not in profile]
     if missing:

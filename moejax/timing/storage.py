@@ -23,7 +23,7 @@ import numbers
 
 from moejax.errors import ConfigError
 from moejax.timing.clock import Channels
-from moejax.timing.presets import with_overrides
+from moejax.timing.profiles import with_overrides
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,0 +1,2 @@
+"""The disk tier's questions (the dossier): storage → host → device. README.md: the question,
+the commands, the findings."""
