@@ -307,6 +307,22 @@ class _SlowReader:
         return self.pool.submit(read)
 
 
+def _generate_from_a_slow_disk(tiny, config):
+    """The tiny model's tokens through `config`'s cache, its experts read from the packed
+    checkpoint by a slow disk (20 ms a read): (the expert source, its host store). The tokens
+    are checked against the resident model's."""
+    model, paths, prompt, ref = tiny
+    m = base_config().model
+    m.checkpoint = paths["packed"]
+    source = build_cached_experts(config, load_model(m, read_experts=False))
+    store = source.host_store
+    store.reader = _SlowReader(store.reader, 0.02)
+    out = SteppedDecoder(model, source, max_len=MAX_LEN, lookahead=2).generate(
+        prompt, NEW, keep_logits=True)
+    assert out.generated_ids == ref.generated_ids
+    return source, store
+
+
 @settings(max_examples=examples(6), deadline=None)
 @given(eviction=st.sampled_from(names("eviction", live=True)),
        host_eviction=st.sampled_from(["lru", "fifo", "least_stale", "lfu", "fld"]),
@@ -319,19 +335,11 @@ def test_the_host_bound_holds_every_buffer_under_any_policy_mix(
     queued load still reads — stays within the tier's bound, with reads in flight (a slow
     disk: 20 ms a read); the tokens are the resident model's. (That a wave's reads are in
     flight together: the test below, on a case built to read wave after wave.)"""
-    model, paths, prompt, ref = tiny
     if full_layers and slots < 16 + 4:
         slots = 22  # a reserved layer (16 experts) and room for one more layer's top-k
     config = _config(host, slots, eviction, host_eviction, prefetch, split=2)
     config.cache.full_layers = full_layers
-    m = base_config().model
-    m.checkpoint = paths["packed"]
-    source = build_cached_experts(config, load_model(m, read_experts=False))
-    store = source.host_store
-    store.reader = _SlowReader(store.reader, 0.02)
-    out = SteppedDecoder(model, source, max_len=MAX_LEN, lookahead=2).generate(
-        prompt, NEW, keep_logits=True)
-    assert out.generated_ids == ref.generated_ids
+    source, store = _generate_from_a_slow_disk(tiny, config)
     tier = source.cache.host
     report = tier.to_dict()
     assert store.peak_held <= tier.capacity
@@ -344,16 +352,8 @@ def test_the_reads_of_a_wave_of_misses_are_in_flight_together(tiny):
     """Four slots for 4 layers x 16 experts (top-4), no prefetch, a host tier of one layer: a
     wave's experts are mostly demand misses read from storage, and a slow disk (20 ms a
     read) keeps each read running while the wave's next ones are submitted."""
-    model, paths, prompt, ref = tiny
-    config = _config(0.25, 4, "lru", "lru", "none", split=2)
-    m = base_config().model
-    m.checkpoint = paths["packed"]
-    source = build_cached_experts(config, load_model(m, read_experts=False))
-    store = source.host_store
-    store.reader = _SlowReader(store.reader, 0.02)
-    out = SteppedDecoder(model, source, max_len=MAX_LEN, lookahead=2).generate(
-        prompt, NEW, keep_logits=True)
-    assert out.generated_ids == ref.generated_ids
+    source, store = _generate_from_a_slow_disk(
+        tiny, _config(0.25, 4, "lru", "lru", "none", split=2))
     total = source.cache.host.to_dict()["total"]
     # The case is what it was built to be: most storage reads are demand misses, many of them.
     assert total["demand_misses"] > total["storage_reads"] / 2 > 4, total
