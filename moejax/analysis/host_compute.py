@@ -28,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import sys
 
 from moejax.analysis import verdicts
 from moejax.analysis.sweep_cells import mean
@@ -398,3 +399,9 @@ def tables(sweep_dir: str, rows: list[dict], cells: list[Cell]) -> list[str]:
             *(best_tables(cells, "decode") or NONE), *(best_tables(cells, "ttft") or NONE),
             "## latency_aware against the better of fetch and host_compute", "",
             *latency_aware_lines(cells)]
+
+
+if __name__ == "__main__":
+    sys.exit("moejax.analysis.host_compute is a library module: the host-compute tables and "
+             "Fiddler's claims are python -m studies.fiddler.claims --sweep_dir=D "
+             "(studies/fiddler/README.md)")
