@@ -44,7 +44,7 @@ SWEEP_CONFIG = textwrap.dedent('''
         ],
         # distinct slot counts: each cell compiles (~2 s), so the sweep is slow enough to kill
         "kill": [{"cache.capacity_frac": f, "policies.eviction": "lru"}
-                 for f in (0.3, 0.4, 0.55)],
+                 for f in (0.3, 0.4, 0.55, 0.7)],
         # configs that check, cells that fail as they run (below; a config that does not check
         # is refused at launch: tests/test_bad_input_sweep.py)
         "fail": [
@@ -240,19 +240,19 @@ def test_killed_sweep_resumes_complete_and_uncorrupted(env, config_file, tmp_pat
         os.killpg(proc.pid, signal.SIGKILL)  # the launcher and its workers
         proc.wait()
     partial = results(sweep_dir)  # every results.json left behind parses
-    assert 1 <= len(partial) < 3, "the kill should land between the first and the last cell"
+    assert 1 <= len(partial) < 4, "the kill should land between the first and the last cell"
 
     rerun = launch(env, f"{config_file}:kill", sweep_dir, "--workers=1")
     assert rerun.returncode == 0, rerun.stdout + rerun.stderr
-    assert f"{len(partial)} finished before, {3 - len(partial)} ran now" in rerun.stdout
+    assert f"{len(partial)} finished before, {4 - len(partial)} ran now" in rerun.stdout
     done = results(sweep_dir)
-    assert len(done) == 3
+    assert len(done) == 4
     assert all(len(r["generated_token_ids"]) == 2 for r in done.values())
     for name, r in done.items():
         if name in partial:  # not run again
             assert r == partial[name]
     slots = {r["cache"]["slots"] for r in done.values()}
-    assert len(slots) == 3  # each cell ran with its own capacity
+    assert len(slots) == 4  # each cell ran with its own capacity
     leftovers = [f for n in done for f in os.listdir(os.path.join(cells_dir, n))
                  if f.startswith(".tmp-") or f == ".running"]
     assert not leftovers
