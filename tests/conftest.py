@@ -5,10 +5,10 @@ Two loops:
 * the whole suite — the README's test command and CI: `python -m pytest -q -rs -n 2 --dist
   loadfile` (pytest-xdist: one test module per worker, each worker its own process with its
   own JAX; README's "run the whole test suite" says how long it takes, measured);
-* the quick loop while working: `python -m pytest -q -m "not slow"` (about 1.5 minutes on 2
-  cores the first time, under a minute once the compilation cache below is warm). It leaves out the tests marked `slow`: runs of the command line in a subprocess,
-  sweeps through the process pool, training, the transformers parity cases, complete jobs
-  end to end (generate with warm-up, profile, replays of the real captures, a live run then
+* the quick loop while working: `python -m pytest -q -m "not slow" -n 2 --dist loadfile`
+  (README says how long it takes, measured). It leaves out the tests marked `slow`: runs of
+  the command line in a subprocess, sweeps through the process pool, training, the
+  transformers parity cases, complete jobs end to end (generate with warm-up, profile, replays of the real captures, a live run then
   its replay), and scoring whole evaluation texts with the embedded model. The unit and
   property tests of every part stay in it.
 
