@@ -8,8 +8,9 @@ Two loops:
 * the quick loop while working: `python -m pytest -q -m "not slow" -n 2 --dist loadfile`
   (README says how long it takes, measured). It leaves out the tests marked `slow`: runs of
   the command line in a subprocess, sweeps through the process pool, training, the
-  transformers parity cases, complete jobs end to end (generate with warm-up, profile, replays of the real captures, a live run then
-  its replay), and scoring whole evaluation texts with the embedded model. The unit and
+  transformers parity cases, complete jobs end to end (generate with warm-up, profile,
+  replays of the real captures, a live run then its replay), and scoring whole evaluation
+  texts with the embedded model. The unit and
   property tests of every part stay in it.
 
 Nothing here skips: the test extra installs everything the tests import, and the data they
