@@ -44,7 +44,7 @@ import jax
 import numpy as np
 
 from moejax import bundled
-from moejax.cache.expert_cache import CacheShape, ExpertCache
+from moejax.cache import CacheOptions, CacheShape, ExpertCache
 from moejax.checkpoint import to_host
 from moejax.jobs.schema import base_config
 from moejax.model_source import load_model
@@ -70,7 +70,7 @@ def bookkeeping(eviction: str, prefetch: str, steps: int = 256) -> float:
                renormalize=False)
     cache = ExpertCache(shape, build("eviction", eviction, **ctx), build("prefetch", prefetch, **ctx),
                         build("miss", "fetch", **ctx), build("routing", "standard", **ctx),
-                        VirtualClock(hardware.get("a100_specmd")))
+                        CacheOptions(VirtualClock(hardware.get("a100_specmd"))))
     gates = []
     for s in range(len(ids)):
         row = []

@@ -32,7 +32,8 @@ import sys
 import threading
 from typing import Callable, NoReturn
 
-from moejax.errors import CheckpointError, ConfigError
+from moejax import errors
+from moejax.errors import CheckpointError, ConfigError, UsageError
 
 USAGE, FAILED, INTERRUPTED = 2, 1, 130
 
@@ -55,10 +56,6 @@ EXTRAS = {"seqio": "eval", "tensorflow": "eval", "tensorflow_datasets": "eval",
 DEPENDENCIES = {"jax", "jaxlib", "flax", "orbax", "tensorstore", "numpy", "ml_dtypes", "absl",
                 "ml_collections", "tokenizers", "tqdm", "optax", "tensorboardX", "matplotlib",
                 "qwix", "numba"}
-
-
-class UsageError(ConfigError):
-    """What was typed or pointed at is wrong (exit status 2)."""
 
 
 class Interrupted(KeyboardInterrupt):
@@ -87,6 +84,9 @@ def program() -> str:
 def warn(message: str) -> None:
     """One warning line on stderr, `prog: warning: message` (the errors' format)."""
     print(f"{program()}: warning: {message}", file=sys.stderr)
+
+
+errors.set_warning_printer(warn)  # library warnings in this entry point's format
 
 
 def fail(prog: str, message: str, status: int = USAGE) -> NoReturn:

@@ -33,7 +33,7 @@ import sys
 import time
 from typing import Iterator
 
-from moejax.cli import UsageError
+from moejax.errors import UsageError
 
 LOCK_NAME = ".moejax.lock"
 FLAG = "--workdir"

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from moejax.cache.expert_cache import CacheShape, ExpertCache, slots_for
+from moejax.cache import CacheOptions, CacheShape, ExpertCache, slots_for
 from moejax.errors import ConfigError
 from moejax.policies import build
 from moejax.seam import LayerGate
@@ -34,8 +34,8 @@ def make_cache(slots, eviction="lru", prefetch="none", miss="fetch", routing="st
                renormalize=True)
     return ExpertCache(shape, build("eviction", eviction, **ctx),
                        build("prefetch", prefetch, **ctx), build("miss", miss, **ctx),
-                       build("routing", routing, **ctx), VirtualClock(hw), cost=None, sink=None,
-                       **cache_args)
+                       build("routing", routing, **ctx),
+                       CacheOptions(VirtualClock(hw), cost=None, sink=None, **cache_args))
 
 
 def make_gate(layer, ids, next_layer=None, next_scores=None):

@@ -27,7 +27,7 @@ from hypothesis import given, note, reject, settings
 from hypothesis import strategies as st
 
 from moejax import bundled, jobs
-from moejax.cache import PREFETCH_QUEUES, ExpertCache
+from moejax.cache import PREFETCH_QUEUES, CacheOptions, ExpertCache
 from moejax.cache.from_config import build_cache_for
 from moejax.errors import ConfigError
 from moejax.families import preset
@@ -292,14 +292,17 @@ def test_a_subclass_of_the_cache_runs_on_the_reference():
     class Checked(ExpertCache):
         pass
 
-    cache = Checked(plain.shape, *plain.policies(), plain.clock)
+    cache = Checked(plain.shape, *plain.policies(), CacheOptions(plain.clock))
     decision = replay(cache, [trace])
     assert decision.engine == "reference" and "subclass" in decision.reason
 
 
 def test_an_option_the_kernel_does_not_declare_runs_on_the_reference():
     trace, cache = _capture_cache()
-    cache.options["a_new_option"] = 1  # as if ExpertCache had grown an argument
+    # As if CacheOptions had grown a field the kernel does not know.
+    grown = dataclasses.make_dataclass("GrownOptions", [("a_new_option", int, 1)],
+                                       bases=(CacheOptions,), frozen=True)
+    cache.options = grown(**cache.options.fields())
     decision = coverage.decide(cache)
     assert decision.engine == "reference"
     assert "a_new_option=1 is not declared" in decision.reason

@@ -27,8 +27,7 @@ from hypothesis import example, given, note, settings
 from hypothesis import strategies as st
 
 from moejax import bundled, jobs
-from moejax.cache import capacity, summary
-from moejax.cache.expert_cache import CacheShape, ExpertCache
+from moejax.cache import CacheOptions, CacheShape, ExpertCache, capacity, summary
 from moejax.cache.from_config import build_cache_for, check_settings, hardware_from
 from moejax.cache.host_path import HostPath
 from moejax.errors import ConfigError
@@ -64,8 +63,8 @@ def toy_cache(miss="host_compute", slots=4, prefetch="none", sink=None, cost=Non
                renormalize=True)
     return ExpertCache(shape, build("eviction", "lru", **ctx), build("prefetch", prefetch, **ctx),
                        build("miss", miss, **ctx), build("routing", "standard", **ctx),
-                       VirtualClock(HW), cost, sink=sink, host_path=HostPath(HOST, HW, CFG, B),
-                       **kw)
+                       CacheOptions(VirtualClock(HW), cost, sink=sink,
+                                    host_path=HostPath(HOST, HW, CFG, B), **kw))
 
 
 def gate(layer, ids):
@@ -256,9 +255,9 @@ def _olmoe_cache(miss="latency_aware", slots=64):
                num_slots=slots, seed=0, renormalize=False)
     return ExpertCache(shape, build("eviction", "lru", **ctx), build("prefetch", "none", **ctx),
                        build("miss", miss, **ctx), build("routing", "standard", **ctx),
-                       VirtualClock(HW), CostModel(cfg, HW),
-                       host_path=HostPath(host_lib.get("desktop_ddr5"), HW, cfg,
-                                          cfg.expert_bytes))
+                       CacheOptions(VirtualClock(HW), CostModel(cfg, HW),
+                                    host_path=HostPath(host_lib.get("desktop_ddr5"), HW, cfg,
+                                                       cfg.expert_bytes)))
 
 
 def test_prefill_and_decode_choose_differently():
@@ -335,8 +334,8 @@ def _replayed(miss, trace, cfg, slots, hw, host, prefetch="none", queue="immedia
                num_slots=slots, seed=0, renormalize=False)
     cache = ExpertCache(shape, build("eviction", "lru", **ctx), build("prefetch", prefetch, **ctx),
                         build("miss", miss, **ctx), build("routing", "standard", **ctx),
-                        VirtualClock(hw), CostModel(cfg, hw), prefetch_queue=queue,
-                        host_path=HostPath(host, hw, cfg, cfg.expert_bytes))
+                        CacheOptions(VirtualClock(hw), CostModel(cfg, hw), prefetch_queue=queue,
+                                     host_path=HostPath(host, hw, cfg, cfg.expert_bytes)))
     seen = _plans_checked(cache) if miss.startswith("latency_aware") else None
     waves = []
     for p in range(trace.num_passes):
@@ -488,8 +487,9 @@ def test_latency_aware_can_lose_to_fetch_by_construction():
         ctx = dict(num_layers=1, num_experts=E, top_k=1, num_slots=1, seed=0, renormalize=True)
         cache = ExpertCache(shape, build("eviction", "lru", **ctx),
                             build("prefetch", "none", **ctx), build("miss", miss, **ctx),
-                            build("routing", "standard", **ctx), VirtualClock(HW), None,
-                            host_path=HostPath(HOST, HW, CFG, 1_250_000))
+                            build("routing", "standard", **ctx),
+                            CacheOptions(VirtualClock(HW), None,
+                                         host_path=HostPath(HOST, HW, CFG, 1_250_000)))
         for p in range(steps):
             run_pass(cache, "decode", [gate(0, ids[p])])
         times[miss] = cache.metrics.timing()["decode_s"]

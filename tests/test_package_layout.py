@@ -342,12 +342,13 @@ def test_no_module_of_the_library_holds_a_papers_numbers():
     assert "1.26" in open(os.path.join(ROOT, "studies", "fiddler", "claims.py")).read()
 
 
-def test_the_cache_and_replay_load_no_jax():
+def test_the_cache_and_replay_load_no_jax_and_no_command_line():
     """The cache engine and both replay engines are numpy (and numba): importing them loads
-    neither JAX nor Flax, so a replay on any CPU starts without them."""
+    neither JAX nor Flax, so a replay on any CPU starts without them; nor the command line's
+    formatting (`moejax.cli`): library code raises and warns through `moejax.errors`."""
     code = ("import sys, moejax.cache, moejax.replay, moejax.policies, moejax.timing, "
             "moejax.traces, moejax.quant; "
-            "print(sorted({'jax', 'flax', 'qwix'} & set(sys.modules)))")
+            "print(sorted({'jax', 'flax', 'qwix', 'moejax.cli'} & set(sys.modules)))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, cwd=ROOT)
     assert out.stdout.strip() == "[]", out.stdout + out.stderr

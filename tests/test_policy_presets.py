@@ -105,7 +105,7 @@ def test_sweep_overrides_follow_the_same_rule():
 
 
 def test_the_cache_builds_the_resolved_policies():
-    from moejax.cache.expert_cache import CacheShape
+    from moejax.cache import CacheShape
     from moejax.cache.from_config import build_policies
 
     shape = CacheShape((0, 1), 2, 8, 2, 1000, 6)

@@ -19,8 +19,7 @@ import pytest
 from hypothesis import given, reject, settings
 from hypothesis import strategies as st
 
-from moejax.cache.capacity import PoolSpec
-from moejax.cache.expert_cache import PREFETCH_QUEUES, CacheShape, ExpertCache
+from moejax.cache import PREFETCH_QUEUES, CacheOptions, CacheShape, ExpertCache, PoolSpec
 from moejax.cache.host_path import HostPath
 from moejax.errors import ConfigError
 from moejax.families import preset
@@ -112,8 +111,9 @@ def test_every_policy_combination_keeps_the_invariants(eviction, prefetch, miss,
     cache = _CheckingCache(shape, build("eviction", eviction, **ctx),
                            build("prefetch", prefetch, **ctx), miss_policy,
                            build("routing", routing, **ctx),
-                           VirtualClock(hardware.get("a100_specmd")), pin_scope=pin_scope,
-                           prefetch_queue=queue, host_path=_host_path(miss_policy))
+                           CacheOptions(VirtualClock(hardware.get("a100_specmd")),
+                                        pin_scope=pin_scope, prefetch_queue=queue,
+                                        host_path=_host_path(miss_policy)))
     assert replay(cache, [trace]).engine == "reference"
     assert cache.passes_checked == trace.num_passes
     t = cache.metrics.totals()
@@ -146,8 +146,9 @@ def test_capabilities_match_what_the_policy_reads():
             policies[kind] = build(kind, name, **ctx)
             cache = ExpertCache(_shape(policies["miss"], 3, 6, 2, [5] * 4),
                                 policies["eviction"], policies["prefetch"], policies["miss"],
-                                policies["routing"], VirtualClock(hardware.get("a100_specmd")),
-                                host_path=_host_path(policies["miss"]))
+                                policies["routing"],
+                                CacheOptions(VirtualClock(hardware.get("a100_specmd")),
+                                             host_path=_host_path(policies["miss"])))
             for p in range(trace.num_passes):
                 cache.begin_pass("decode", 1, p + 1)
                 for gate in layer_gates(trace, p):

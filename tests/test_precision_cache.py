@@ -17,8 +17,7 @@ from hypothesis import strategies as st
 
 from moejax import jobs
 from moejax.bundled import SCORED_TRACES_DIR, capture_path
-from moejax.cache import capacity
-from moejax.cache.expert_cache import ExpertCache
+from moejax.cache import CacheOptions, ExpertCache, capacity
 from moejax.cache.from_config import build_cache_for
 from moejax.cache.summary import table
 from moejax.errors import ConfigError
@@ -343,7 +342,8 @@ def test_the_byte_budget_holds_at_every_wave(miss, eviction, prefetch, pin_scope
     except ConfigError as e:
         assume("below what one decode layer needs" not in str(e))
         raise
-    cache = _Checked(plain.shape, *plain.policies(), plain.clock, pin_scope=pin_scope)
+    cache = _Checked(plain.shape, *plain.policies(),
+                     CacheOptions(plain.clock, pin_scope=pin_scope))
     assert replay(cache, [trace]).engine == "reference"
     assert cache.waves_checked == sum(cache.metrics.per_layer["waves"])
     t = cache.metrics.totals()

@@ -15,7 +15,7 @@ from typing import Callable, Iterable, Mapping
 from moejax.analysis import verdicts as V
 from moejax.analysis.claim_cells import at_capacity, capacity_passes, capacity_text, norm
 from moejax.analysis.sweep_cells import mean
-from moejax.cli import UsageError
+from moejax.errors import UsageError
 
 NOT_IN_SWEEP = "not in this sweep"
 WITHOUT_PREFETCH = "without prefetch"

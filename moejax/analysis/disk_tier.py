@@ -23,7 +23,7 @@ import re
 import sys
 
 from moejax.analysis.sweep_cells import mean, report_main
-from moejax.cli import UsageError
+from moejax.errors import UsageError
 
 PROG = "python -m moejax.analysis.disk_tier"
 

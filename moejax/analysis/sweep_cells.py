@@ -250,7 +250,7 @@ CORRUPT_HINT = ("does not parse as JSON: re-run the sweep (launch.sweep re-runs 
 def check_sweep_dir(sweep_dir: str, flag: str = "--sweep_dir") -> None:
     """`sweep_dir` is a sweep directory (a directory with cells/), or a usage error naming
     `flag`. The analysis tools check this before they read or write anything."""
-    from moejax.cli import UsageError
+    from moejax.errors import UsageError
 
     where = f"{flag}={sweep_dir}"
     if not os.path.exists(sweep_dir):
@@ -266,7 +266,7 @@ def open_sweep(sweep_dir: str, flag: str = "--sweep_dir") -> Sweep:
     """`scan` for a command line: the directory checked (`check_sweep_dir`), and a
     results.json that does not parse a usage error naming it (the numbers of a sweep with
     such a cell would be published without it)."""
-    from moejax.cli import UsageError
+    from moejax.errors import UsageError
 
     check_sweep_dir(sweep_dir, flag)
     sweep = scan(sweep_dir)

@@ -1,8 +1,12 @@
 """The expert cache, numpy only: which experts occupy the device slots and why.
 
 `ExpertCache` (`expert_cache.py`) runs the four policies layer by layer, for the live runtime
-(`moejax.serving`) and for trace replay (`moejax.replay`) alike; `metrics.py` counts what
-DESIGN.md defines; `capacity.py` turns a byte budget into per-precision slot pools;
+(`moejax.serving`) and for trace replay (`moejax.replay`) alike, built from its shape, its
+policies and one `CacheOptions` (`cache_options.py`); a layer runs as a pipeline of stages,
+each its own module: `waves.py` (requests into waves), `admission.py` (hits, demand fetches, immediate
+prefetch), `watchdog_queue.py`, `precision_pools.py`, `host_stage.py` (host compute) and
+`placement.py` (full layers, seed). `metrics.py` counts what DESIGN.md defines; `capacity.py`
+holds the cache's shape and turns a byte budget into per-precision slot pools;
 `host_tier.py` is the bounded host tier in front of storage; `host_path.py` the host path
 of experts computed on the host and the planner a miss policy reads to choose it;
 `hotlist.py` the placement a trace's request counts give; `from_config.py` builds a cache from a job config; `summary.py`
@@ -10,22 +14,18 @@ prints its table, writes its TensorBoard series and its results.json section.
 """
 
 from moejax.cache import hotlist, summary
+from moejax.cache.cache_options import PIN_SCOPES, PREFETCH_QUEUES, CacheOptions
 from moejax.cache.capacity import (
     CAPACITY_OF,
     Budget,
+    CacheShape,
     PoolSpec,
     parse_shares,
     pools_for,
     precision_bytes_of,
-)
-from moejax.cache.expert_cache import (
-    PIN_SCOPES,
-    PREFETCH_QUEUES,
-    CacheShape,
-    ExpertCache,
-    SlotSink,
     slots_for,
 )
+from moejax.cache.expert_cache import ExpertCache, SlotSink
 from moejax.cache.from_config import (
     CLOCKS,
     WARM_STARTS,
@@ -62,7 +62,7 @@ from moejax.cache.metrics import (
 __all__ = [
     "BYTES", "CAPACITY_OF", "CLOCKS", "COUNTERS", "HOST_BYTES", "HOST_COUNTERS", "HOST_SECONDS",
     "PIN_SCOPES", "PREFETCH_QUEUES", "SECONDS", "WARM_STARTS", "Budget", "CacheMetrics",
-    "CacheShape", "ExpertCache", "HostPath", "HostSpan", "HostTier", "LayerPlan", "LayerPlanner",
+    "CacheOptions", "CacheShape", "ExpertCache", "HostPath", "HostSpan", "HostTier", "LayerPlan", "LayerPlanner",
     "PassTiming", "PoolSpec", "SlotSink", "WaveOutcome", "build_cache", "build_cache_for",
     "build_host_tier", "build_policies", "clock_kind", "computes_on_host", "given_precision",
     "hardware_from", "host_cpu_from", "host_tier_enabled", "hotlist", "model_bytes_of",

@@ -1,4 +1,4 @@
-"""The cache's byte budget and its per-precision slot pools.
+"""The cache's dimensions (`CacheShape`), its byte budget and its per-precision slot pools.
 
 * **Capacity** `C` in bytes (`cache.capacity_frac`, `cache.capacity_of`):
   `capacity_of="experts"` (the default): a fraction of all routed experts' bytes at native
@@ -179,3 +179,84 @@ def pools_for(*, in_use: tuple[str, ...], precision_bytes: dict[str, int], total
     used = sum(q.num_slots * q.expert_bytes for q in pools)
     return Budget(tuple(pools), max(capacity, float(used)) if min_slots else capacity,
                   capacity_of, native_total, model_bytes)
+
+
+@dataclasses.dataclass(frozen=True)
+class CacheShape:
+    """The cache's dimensions. `expert_bytes` is one expert at the plain precision (the first
+    pool's), `num_slots` all slots; `pools` (one native pool of every slot when not given) the
+    per-precision pools, high to low, their slots consecutive. `capacity` (the byte budget and
+    what it is a fraction of) and `precision_bytes` (bytes of one expert at each precision the
+    source has) are what results.json reports; None / () when the shape was given directly."""
+
+    layers: tuple[int, ...]  # MoE layer indices in pass order
+    num_layers: int  # all decoder layers (dense ones included), for the cost model
+    num_experts: int
+    top_k: int
+    expert_bytes: int
+    num_slots: int
+    pools: tuple[PoolSpec, ...] = ()
+    capacity: object = None  # Budget
+    precision_bytes: tuple[tuple[str, int], ...] = ()
+
+    def __post_init__(self):
+        if not self.pools:
+            object.__setattr__(self, "pools", (PoolSpec("native", self.expert_bytes,
+                                                        self.num_slots, 0),))
+        offset = 0
+        for p in self.pools:
+            if p.offset != offset or p.num_slots < 1:
+                raise ValueError(f"pools {self.pools} are not consecutive non-empty slot ranges")
+            offset += p.num_slots
+        if offset != self.num_slots or self.pools[0].expert_bytes != self.expert_bytes:
+            raise ValueError(f"pools {self.pools} disagree with num_slots={self.num_slots} / "
+                             f"expert_bytes={self.expert_bytes} (the first pool's)")
+
+    @classmethod
+    def with_pools(cls, layers, num_layers: int, num_experts: int, top_k: int,
+                   pools: tuple[PoolSpec, ...], capacity=None,
+                   precision_bytes: dict[str, int] | None = None) -> "CacheShape":
+        return cls(tuple(layers), num_layers, num_experts, top_k, pools[0].expert_bytes,
+                   sum(p.num_slots for p in pools), tuple(pools), capacity,
+                   tuple((precision_bytes or {}).items()))
+
+    @property
+    def total_experts(self) -> int:
+        return self.num_experts * len(self.layers)
+
+    @property
+    def precision(self) -> str:
+        """The plain precision: what a plain fetch and a prefetch move (the first pool's)."""
+        return self.pools[0].precision
+
+    @property
+    def precisions(self) -> tuple[str, ...]:
+        return tuple(p.precision for p in self.pools)
+
+    @property
+    def capacity_bytes(self) -> float:
+        """The byte budget the pools share (their slots' bytes when not given)."""
+        if self.capacity is not None:
+            return self.capacity.capacity_bytes
+        return float(sum(p.num_slots * p.expert_bytes for p in self.pools))
+
+
+def slots_for(shape_experts: int, top_k: int, expert_bytes: int, capacity_frac: float | None,
+              slots: int | None) -> int:
+    """Slot count of one native pool from `cache.capacity_frac` (of all routed-expert bytes) or
+    `cache.slots` (`pools_for` sizes the precision pools in general)."""
+    if (capacity_frac is None) == (slots is None):
+        raise ConfigError("set exactly one of cache.capacity_frac and cache.slots")
+    if slots is not None:
+        n = int(slots)
+        what = f"cache.slots={slots}"
+    else:
+        if not 0 < capacity_frac <= 1:
+            raise ConfigError(f"cache.capacity_frac={capacity_frac} must be in (0, 1]")
+        n = int(math.floor(capacity_frac * shape_experts + 1e-9))  # no slot lost to rounding
+        what = (f"cache.capacity_frac={capacity_frac} ({n} slots of {expert_bytes} bytes out of "
+                f"{shape_experts} experts)")
+    if n < top_k:
+        raise ConfigError(f"{what} is below what one decode layer needs: top-k = {top_k} "
+                          f"experts at once")
+    return min(n, shape_experts)

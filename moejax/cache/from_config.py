@@ -23,9 +23,11 @@ import weakref
 
 import ml_collections
 
-from moejax import cli
+from moejax import errors
 from moejax.cache import capacity as capacity_lib
-from moejax.cache.expert_cache import CacheShape, ExpertCache, slots_for
+from moejax.cache.cache_options import CacheOptions
+from moejax.cache.capacity import CacheShape, slots_for
+from moejax.cache.expert_cache import ExpertCache
 from moejax.cache.host_path import HostPath
 from moejax.cache.host_tier import HostTier
 from moejax.cache.runtime_timing import RuntimeTiming
@@ -350,7 +352,7 @@ def warn_once(config: ml_collections.ConfigDict, message: str) -> None:
         entry = _WARNED[id(config)] = (weakref.ref(config), set())
     if message not in entry[1]:
         entry[1].add(message)
-        cli.warn(message)
+        errors.warn(message)
 
 
 def warned(config: ml_collections.ConfigDict) -> list[str]:
@@ -481,19 +483,17 @@ def build_cache(config: ml_collections.ConfigDict, shape: CacheShape,
                                trace_driven=trace_driven(config) if driven is None else driven,
                                speculate=bool(config.cache.get("speculate", True)))
     host = build_host_tier(config, shape, shape.expert_bytes, renormalize)
-    full_layers = config.cache.get("full_layers", 0)
-    if isinstance(full_layers, bool) or not isinstance(full_layers, int) or full_layers < 0:
-        raise ConfigError(f"cache.full_layers={full_layers!r} must be an integer >= 0")
     host_compute_layers = config.cache.get("host_compute_layers", 0)
     host_path = None  # (without a model the cache says what host compute needs)
     if (miss.computes_on_host or host_compute_layers) and model_cfg is not None:
         host_path = HostPath(host_cpu_from(config), hw, model_cfg, shape.expert_bytes)
-    cache = ExpertCache(shape, eviction, prefetch, miss, routing, clock, cost,
-                        lookahead_scores=max(1, prefetch.lookahead) if model_cfg else 0,
-                        pin_scope=config.cache.pin_scope,
-                        prefetch_queue=config.cache.get("prefetch_queue", "immediate"),
-                        host=host, full_layers=full_layers, host_path=host_path,
-                        host_compute_layers=host_compute_layers, timing=timing)
+    options = CacheOptions(
+        clock, cost, lookahead_scores=max(1, prefetch.lookahead) if model_cfg else 0,
+        pin_scope=config.cache.pin_scope,
+        prefetch_queue=config.cache.get("prefetch_queue", "immediate"), host=host,
+        full_layers=config.cache.get("full_layers", 0), host_path=host_path,
+        host_compute_layers=host_compute_layers, timing=timing)
+    cache = ExpertCache(shape, eviction, prefetch, miss, routing, options)
     cache.seeding = seed_cache(config, cache)
     return cache
 

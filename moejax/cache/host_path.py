@@ -169,10 +169,10 @@ class LayerPlan:
         hits = len(self.ready)
         self.missing = [e for e in self.requests if e not in self.ready]
         self.fetch_room = max(0, min(len(self.missing), cache.wave_slots - hits))
-        # A reserved full layer is resident whole: one wave, whatever its size (`_waves`).
+        # A reserved full layer is resident whole: one wave, whatever its size (`waves.py`).
         fixed = bool(cache.fixed) and (layer, 0) in cache.fixed
         self.wave_slots = max(len(self.requests) if fixed else cache.wave_slots, 1)
-        # Several pools plan their waves by pool (`ExpertCache._plan_wave`): not modelled.
+        # Several pools plan their waves by pool (`PrecisionPools.plan_wave`): not modelled.
         self.multi_pool = cache.multi
 
     def fits(self, fetched: int) -> bool:
@@ -183,7 +183,7 @@ class LayerPlan:
         clock, path, now = self.clock, self.path, self.now
         engine_free, link_free = list(clock.engine_free), clock.link_free
         device = [e for e in self.requests if e not in host]
-        if len(device) > self.wave_slots:  # several waves: resident first, as `_waves` cuts
+        if len(device) > self.wave_slots:  # several waves: resident first, as `waves.single_pool` cuts
             device = ([e for e in device if e in self.ready]
                       + [e for e in device if e not in self.ready])
         end = now

@@ -2,7 +2,7 @@
 
 With `cache.host_capacity_frac < 1` (or `cache.host_bytes`) experts live on storage and the
 host holds at most `capacity` of them. The device tier's fetches go through it
-(`ExpertCache._admit`): an expert whose bytes are in host memory is transferred at once (a
+(`ExpertCache.admit`): an expert whose bytes are in host memory is transferred at once (a
 host hit), one still being read is transferred when its read lands (a late host hit), and
 any other is read from storage first (a host miss), the host's eviction policy
 (`cache.host_eviction`, any policy of the registry that does not need the future) choosing a

@@ -22,8 +22,7 @@ import ml_collections
 import numpy as np
 
 from moejax import cli
-from moejax.cache import summary
-from moejax.cache.expert_cache import ExpertCache
+from moejax.cache import ExpertCache, summary
 from moejax.errors import ConfigError
 from moejax.metrics_writer import MetricsWriter
 from moejax.model_source import LoadedModel

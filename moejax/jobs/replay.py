@@ -29,8 +29,7 @@ import time
 
 import ml_collections
 
-from moejax.cache import summary
-from moejax.cache.capacity import precision_bytes_of
+from moejax.cache import precision_bytes_of, summary
 from moejax.cache.from_config import build_cache_for, clock_kind
 from moejax.errors import ConfigError
 from moejax.families import FAMILIES, preset

@@ -271,7 +271,7 @@ def run(cache: ExpertCache, traces, context_start: list[int] | None = None,
     quota = np.asarray(getattr(cache.eviction, "quota", [0] * n_layers), np.int64)
     clock = cache.clock
     I, F = K.layout(policy, shape.num_slots, n_experts, n_layers,
-                    K.QUEUES[cache.options["prefetch_queue"]],
+                    K.QUEUES[cache.options.prefetch_queue],
                     cache.pin_scope == "layer", len(clock.engine_free), quota, starts,
                     uses_off, uses, _walks(form, n_layers),
                     (float(shape.expert_bytes), clock.latency_s, clock.engine_bps,

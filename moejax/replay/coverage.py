@@ -3,8 +3,8 @@
 The compiled kernel (`kernel.py`) is a second implementation of `ExpertCache` and of some
 policies. It runs a cache only when every part of it is declared here or by the policy itself,
 and fails closed: anything not declared — a policy class or argument value without a kernel
-form (`Policy.kernel_form`, `moejax/policies/declare.py`), a constructor option of
-`ExpertCache` this module does not list, a subclass of `ExpertCache`, a cache that was already
+form (`Policy.kernel_form`, `moejax/policies/declare.py`), a field of
+`CacheOptions` this module does not list, a subclass of `ExpertCache`, a cache that was already
 used — runs on the reference engine, which is the live runtime's own code. `decide` returns the
 engine and the reason, which results.json records (`replay.engine`, `replay.engine_reason`).
 """
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from moejax.cache import ExpertCache
+from moejax.cache import CacheOptions, ExpertCache
 from moejax.replay import kernel
 from moejax.timing import CostModel, VirtualClock
 
@@ -23,12 +23,11 @@ POLICIES = ("eviction", "prefetch", "miss", "routing")
 # The kernel form each policy kind must have (eviction: one the kernel has a code for).
 FORMS = {"eviction": tuple(kernel.EVICTIONS), "prefetch": ("predictions",),
          "miss": ("fetch",), "routing": ("standard",)}
-# What the kernel implements of the other options of `ExpertCache.__init__`: a test of the
-# value, and what a value that fails it is. An option missing here (a new one) is not
-# covered, whatever its value.
+# What the kernel implements of the fields of `CacheOptions` (moejax/cache/cache_options.py): a test
+# of the value, and what a value that fails it is. A field missing here (a new one) is not
+# covered, whatever its value; so is a cache's shape with several pools.
+SHAPE = (lambda s: len(s.pools) == 1, lambda s: f"several precision pools {list(s.precisions)}")
 OPTIONS = {
-    "shape": (lambda s: len(s.pools) == 1,
-              lambda s: f"several precision pools {list(s.precisions)}"),
     "clock": (lambda c: type(c) is VirtualClock, lambda c: f"a {type(c).__name__}"),
     "cost": (lambda c: c is None or type(c) is CostModel, lambda c: f"a {type(c).__name__}"),
     "sink": (lambda s: s is None, lambda s: "a slot sink (a live runtime)"),
@@ -42,7 +41,7 @@ OPTIONS = {
     "host_compute_layers": (lambda n: n == 0,
                             lambda n: f"host compute of whole layers (host_compute_layers={n})"),
     "host_path": (lambda h: h is None, lambda h: "a host compute model (moejax/cache/"
-                  "host_compute.py)"),
+                  "host_path.py)"),
     # The host's work (moejax/cache/runtime_timing.py): the kernel charges the device's steps.
     "timing": (lambda t: t is None, lambda t: "the live runtime's host work modelled "
                "(hardware.json's host_work)"),
@@ -73,7 +72,7 @@ def uncovered(cache: ExpertCache) -> str | None:
         return (f"{type(cache).__name__} is a subclass of ExpertCache, whose changes the kernel "
                 "does not know")
     options = getattr(cache, "options", None)
-    if options is None:
+    if not isinstance(options, CacheOptions):
         return "the cache does not record its options"
     for kind in POLICIES:
         policy = getattr(cache, kind)
@@ -81,9 +80,10 @@ def uncovered(cache: ExpertCache) -> str | None:
         if form not in FORMS[kind]:
             return (f"{_policy_text(policy)} has no compiled form"
                     + (f" (its form {form!r} is not the kernel's)" if form else ""))
-    for name, value in options.items():
-        if name in POLICIES:
-            continue
+    test, describe = SHAPE
+    if not test(cache.shape):
+        return f"{describe(cache.shape)}: the compiled engine has none"
+    for name, value in options.fields().items():
         # What the cache holds now where it keeps the option under its own name (a live
         # runtime sets `sink` after construction), else the value it was built with.
         value = getattr(cache, name, value)

@@ -474,7 +474,7 @@ def _predicted(I, tpos, experts, e0, e1, new_id):
 
 @jit
 def _prefetch(I, F, pred, pins, n_pins, pl, pos, now, p, next_set):
-    """`ExpertCache._prefetch`, immediate queue: what one call selected (and the running wave)
+    """`admission.prefetch_now`, immediate queue: what one call selected (and the running wave)
     is never its own victim; the first prediction without a slot ends the call."""
     grp_off, grp_target, grp_start, experts = pred
     I[STAMP] += 1
@@ -500,7 +500,7 @@ def _prefetch(I, F, pred, pins, n_pins, pl, pos, now, p, next_set):
 
 @jit
 def _enqueue(I, F, pred, pins, n_pins, pl, pos, now, p, next_set):
-    """`ExpertCache._enqueue`: predictions join the watchdog's FIFO, then it runs."""
+    """`WatchdogQueue.enqueue`: predictions join the watchdog's FIFO, then it runs."""
     grp_off, grp_target, grp_start, experts = pred
     queue = I[N_LISTS] - 1
     for g in range(grp_off[pl], grp_off[pl + 1]):
@@ -519,7 +519,7 @@ def _enqueue(I, F, pred, pins, n_pins, pl, pos, now, p, next_set):
 
 @jit
 def _watchdog(I, F, pins, n_pins, now, strict, p, running_pos):
-    """`ExpertCache._watchdog`: issues queued prefetches, head first, while a slot can be had
+    """`WatchdogQueue.issue`: issues queued prefetches, head first, while a slot can be had
     sparing `pins` and this pass's prefetches whose target has not run: at `now`, or under
     `watchdog_idle` once a copy engine is free by `now` (before it when `strict`)."""
     idle = I[QUEUE] == WATCHDOG_IDLE
@@ -651,7 +651,7 @@ def run(I, F, keys, mult, pass_tokens, pass_pairs, pred, compute, cost):
                 F[_c(I, R_ROUTED, pos)] += routed
                 I[_p(I, PSET, pos)] = -1
             n = b - a
-            # More experts than slots: waves, resident experts first (ExpertCache._requests).
+            # More experts than slots: waves, resident experts first (`waves.py`).
             m = 0
             if n > n_slots:
                 for resident in (True, False):
