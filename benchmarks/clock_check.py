@@ -32,7 +32,7 @@ def command(hardware_file: str, trace: str, capacity: float, workdir: str) -> li
     return [sys.executable, "-m", "moejax.main", "--config=configs/default.py",
             f"--config.policies.routing=trace(path={path!r})", "--config.model.family=olmoe",
             "--config.model.preset=olmoe-1b-7b", "--config.model.width=32",
-            "--config.run.max_new_tokens=48", "--config.trace_prefill_tokens=16",
+            "--config.run.max_new_tokens=48", "--config.replay.prefill_tokens=16",
             "--config.policies.prefetch=none", "--config.clock.kind=wall",
             f"--config.hardware.file={hardware_file}",
             f"--config.cache.capacity_frac={capacity}", "--config.log.tensorboard=False",

@@ -1,6 +1,6 @@
 """Cold reads that are cold: this machine's disk measured with `O_DIRECT` on bytes never read
 since boot, against re-reads of the same bytes and against bytes written just now — the
-figures `THIS_DISK` (configs/grid_disk.py) gives the virtual clock.
+figures `THIS_DISK` (studies/dossier/grid_disk.py) gives the virtual clock.
 
     python benchmarks/cold_read.py [--dir=DIR] [--reps=5] [--record_mib=6.75]
 

@@ -97,7 +97,7 @@ def live(path, precision, host, eviction, prefetch, tokens, work) -> dict:
 
 def replayed(path, precision, host, eviction, prefetch, tokens, trace, disk, work) -> dict:
     c = cell_config(path, precision, host, eviction, prefetch, tokens)
-    c.job, c.trace, c.clock.kind, c.hardware.preset = "replay", trace, "virtual", "cpu"
+    c.job, c.replay.trace, c.clock.kind, c.hardware.preset = "replay", trace, "virtual", "cpu"
     c.model.checkpoint = ""
     c.storage.read_gbps, c.storage.read_latency_s = disk["read_gbps"], disk["read_latency_s"]
     c.storage.queue_depth = disk["queue_depth"]

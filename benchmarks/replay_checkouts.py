@@ -33,9 +33,13 @@ except ImportError:  # a checkout from before the package layout of issue 20
     from moejax.job_config import base_config
 eviction, prefetch, miss, queue, engine = sys.argv[1:6]
 c = base_config()
-c.job, c.trace, c.clock.kind = "replay", bundled.capture_path("olmoe_prose"), "virtual"
+c.job, c.clock.kind = "replay", "virtual"
+if "replay" in c:  # the replay job's own section
+    c.replay.trace, c.replay.engine = bundled.capture_path("olmoe_prose"), engine
+else:  # a checkout from before its fields moved there
+    c.trace, c.cache.replay_engine = bundled.capture_path("olmoe_prose"), engine
 c.model.family, c.model.preset = "olmoe", "olmoe-1b-7b"
-c.cache.capacity_frac, c.cache.prefetch_queue, c.cache.replay_engine = 0.05, queue, engine
+c.cache.capacity_frac, c.cache.prefetch_queue = 0.05, queue
 c.policies.eviction, c.policies.prefetch, c.policies.miss = eviction, prefetch, miss
 c.log.progress = c.log.tensorboard = False
 with tempfile.TemporaryDirectory() as work:

@@ -1,4 +1,4 @@
-"""The capture grid (`configs/grid_specmd.py:traces=captures`, 768 cells) on both replay
+"""The capture grid (`studies/specmd/grid_specmd.py:traces=captures`, 768 cells) on both replay
 engines: wall time of each sweep, and whether every cell's cache results are the same.
 
     python benchmarks/replay_grid_engines.py [--workers=2] [--out=/tmp/grid_engines]
@@ -27,7 +27,7 @@ def sweep(out: str, engine: str, workers: int) -> float:
     shutil.rmtree(where, ignore_errors=True)
     start = time.perf_counter()
     subprocess.run([sys.executable, "-m", "launch.sweep",
-                    f"--config=configs/grid_specmd.py:traces=captures,engine={engine}",
+                    f"--config=studies/specmd/grid_specmd.py:traces=captures,engine={engine}",
                     f"--sweep_dir={where}", f"--workers={workers}"], check=True,
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return time.perf_counter() - start

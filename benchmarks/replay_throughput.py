@@ -1,6 +1,6 @@
 """Replay throughput: requests per second through the cache, per policy, on the real OLMoE
 decode capture (512 steps x 16 layers x top-8 = 65 536 requests) at 5% capacity, on both
-replay engines (`cache.replay_engine`: the policy objects, and the compiled engine where it
+replay engines (`replay.engine`: the policy objects, and the compiled engine where it
 applies), in one process; the two must give the same cache results.
 
     python benchmarks/replay_throughput.py
@@ -33,10 +33,10 @@ CASES = [("lru", "none", "immediate"), ("fifo", "none", "immediate"),
 
 def _run(eviction: str, prefetch: str, queue: str, engine: str) -> dict:
     c = base_config()
-    c.job, c.trace, c.clock.kind = "replay", TRACE, "virtual"
+    c.job, c.replay.trace, c.clock.kind = "replay", TRACE, "virtual"
     c.model.family, c.model.preset = "olmoe", "olmoe-1b-7b"
     c.cache.capacity_frac = 0.05
-    c.cache.prefetch_queue, c.cache.replay_engine = queue, engine
+    c.cache.prefetch_queue, c.replay.engine = queue, engine
     c.policies.eviction, c.policies.prefetch = eviction, prefetch
     c.log.progress = c.log.tensorboard = False
     prefetch_policies.NOISY_MEMO.clear()  # each run draws noisy_oracle's predictions itself

@@ -22,7 +22,7 @@ import statistics
 import time
 
 from moejax import bundled
-from moejax.cache.from_config import build_cache_for
+from moejax.cache import build_cache_for
 from moejax.jobs.schema import base_config
 from moejax.replay.engine import replay
 from moejax.seam import requests_in_rank_order

@@ -5,7 +5,7 @@ A100 profile at 5 GB/s) with the defaults, against the readings and rules they r
     python benchmarks/specmd_rules.py [--traces=olmoe_prose,olmoe_code,...] [--out=FILE.md]
 
 Each row is one replay job; its command line is `python -m moejax.main
---config=configs/replay.py --config.trace=<capture> --config.model.family=<family>
+--config=configs/replay.py --config.replay.trace=<capture> --config.model.family=<family>
 --config.model.preset=<preset> --config.cache.capacity_frac=0.05
 --config.cache.capacity_of=model --config.cache.precision=int4 --config.hardware.preset=a100_specmd`
 plus the flags in its `flags` column. Hits are SpecMD's (ready + late), shown with the parts.
@@ -21,7 +21,7 @@ import tempfile
 from moejax import bundled, jobs
 from moejax.jobs.schema import base_config
 
-REQUESTS = {"trace_request_tokens": 128, "trace_prefill_tokens": 32}
+REQUESTS = {"replay.request_tokens": 128, "replay.prefill_tokens": 32}
 # (check, what the issue asks, [(label, overrides)]): each check compares its rows.
 CHECKS = [
     ("a", "Least-Stale + oracle through the watchdog has at least the hits of no prefetch", [
@@ -55,7 +55,7 @@ CHECKS = [
 def run(path: str, overrides: dict) -> dict:
     family, preset = bundled.capture_model(path)
     c = base_config()
-    c.job, c.clock.kind, c.trace = "replay", "virtual", path
+    c.job, c.clock.kind, c.replay.trace = "replay", "virtual", path
     c.model.family, c.model.preset = family, preset
     c.cache.capacity_frac, c.cache.capacity_of, c.cache.precision = 0.05, "model", "int4"
     c.hardware.preset = "a100_specmd"

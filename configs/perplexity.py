@@ -1,8 +1,9 @@
 """Bits per byte (and per token) of the default model, or of a converted checkpoint, on a file.
 
-python -m moejax.main --config=configs/perplexity.py --config.text_file=PATH --workdir=/tmp/ppl
-python -m moejax.main --config=configs/perplexity.py --config.text_file=PATH --workdir=W \
-    --config.model.checkpoint=CKPT
+python -m moejax.main --config=configs/perplexity.py --config.perplexity.text_file=PATH \
+    --workdir=/tmp/ppl
+python -m moejax.main --config=configs/perplexity.py --config.perplexity.text_file=PATH \
+    --workdir=W --config.model.checkpoint=CKPT [--config.perplexity.window=512]
 """
 
 from moejax.jobs.schema import base_config

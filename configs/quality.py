@@ -2,10 +2,10 @@
 model with every expert resident at native precision, on the same tokens (KL, top-1
 agreement, bits per byte of both, greedy drift) — moejax/jobs/quality.py.
 
-python -m moejax.main --config=configs/quality.py --config.text_file=README.md --workdir=W
-python -m moejax.main --config=configs/quality.py --config.text_file=README.md --workdir=W \
+python -m moejax.main --config=configs/quality.py --config.quality.text_file=README.md --workdir=W
+python -m moejax.main --config=configs/quality.py --config.quality.text_file=README.md --workdir=W \
     --config.policies.miss='drop(keep=1)'
-python -m moejax.main --config=configs/quality.py --config.text_file=README.md --workdir=W \
+python -m moejax.main --config=configs/quality.py --config.quality.text_file=README.md --workdir=W \
     --config.cache.precision=int2
 python -m moejax.main --config=configs/quality.py --config.eval.task=gsm8k \
     --config.eval.max_examples=8 --workdir=W

@@ -1,6 +1,6 @@
 """Replays a routing trace through the expert cache (no model runs).
 
-python -m moejax.main --config=configs/replay.py --config.trace=PATH --config.cache.slots=N \
+python -m moejax.main --config=configs/replay.py --config.replay.trace=PATH --config.cache.slots=N \
     --config.policies.eviction=lru --config.policies.prefetch=none --config.policies.miss=fetch \
     --workdir=W
 

@@ -5,7 +5,9 @@
 For checking that a change to moejax (a refactor, another engine, a new machine) leaves every
 number a sweep reports unchanged. Each finished cell of A is compared, field by field, with the
 cell of B that has the same overrides (read from each sweep's sweep.json, paths relative to the
-root it ran from; by directory name when there is no sweep.json). What may differ between two identical runs is left out: the wall
+root it ran from; by directory name when there is no sweep.json; a sweep written before fields
+moved into their job's section, `trace` now `replay.trace`, by the current names, overrides and
+results.json's `config` alike). What may differ between two identical runs is left out: the wall
 clock of the replay (`replay.seconds`, `replay.requests_per_s`, `replay.setup_s`, by default)
 and, in paths, the
 checkout each sweep ran from (`--root_a` / `--root_b`, the repository roots, are replaced by
@@ -24,6 +26,7 @@ import sys
 from moejax import cli
 from moejax.analysis.sweep_cells import CORRUPT_HINT, check_sweep_dir
 from moejax.cli import UsageError, guarded
+from moejax.jobs.schema import MOVED, current_config
 
 PROG = "python -m launch.diff"
 DEFAULT_IGNORE = ("replay.seconds", "replay.requests_per_s", "replay.setup_s")
@@ -50,7 +53,7 @@ def _cells(sweep_dir: str, root: str) -> dict[str, dict]:
         listed = _load_json(manifest)
         try:
             for cell in listed["cells"]:
-                keys[cell["name"]] = json.dumps(_normalise(cell["overrides"], root),
+                keys[cell["name"]] = json.dumps(_normalise(_current(cell["overrides"]), root),
                                                 sort_keys=True)
         except (KeyError, TypeError):
             raise UsageError(f"{manifest}: not a sweep.json of launch.sweep (each of its "
@@ -59,8 +62,21 @@ def _cells(sweep_dir: str, root: str) -> dict[str, dict]:
     for name in sorted(os.listdir(cells_dir)):
         path = os.path.join(cells_dir, name, "results.json")
         if os.path.isfile(path):
-            out[keys.get(name, name)] = _load_json(path)
+            results = _load_json(path)
+            if isinstance(results, dict) and isinstance(results.get("config"), dict):
+                results["config"] = current_config(results["config"])
+            out[keys.get(name, name)] = results
     return out
+
+
+def _current(overrides: dict) -> dict:
+    """A cell's overrides by the fields' current names: a sweep written before fields moved
+    into their job's section (`schema.MOVED`: `trace` is `replay.trace`) pairs with its cell
+    of a sweep written since."""
+    if not isinstance(overrides, dict):
+        return overrides
+    return {MOVED[k] if k in MOVED and " " not in MOVED[k] else k: v
+            for k, v in overrides.items()}
 
 
 def _normalise(value, root: str):

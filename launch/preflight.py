@@ -8,7 +8,7 @@ the sweep has started. What only the model or the run can tell (a checkpoint tha
 load, a slot count above the model's experts) still fails in its cell.
 
 About 1-2.5 ms a cell on a 2-core machine, with JAX imported once: `python -m launch.sweep
---config=configs/grid_specmd.py --sweep_dir=D --dry_run` (4,692 cells) takes 5.4-12 s, against
+--config=studies/specmd/grid_specmd.py --sweep_dir=D --dry_run` (4,692 cells) takes 5.4-12 s, against
 0.3 s without the check; the launcher says so before the check starts (`expected_seconds`).
 The checks run in one spawned process (`check_in_subprocess`), so
 that the launching process stays free of JAX, as it always was."""
@@ -24,7 +24,7 @@ from launch import worker
 
 # What checking n cells takes, roughly (`expected_seconds`, said before the check starts):
 # starting the process and importing JAX, then each cell. Measured on a 2-core machine: 2.3 s
-# and ~2 ms a cell (4,692 cells of configs/grid_specmd.py in 11.7 s; 5.4 s in an earlier
+# and ~2 ms a cell (4,692 cells of studies/specmd/grid_specmd.py in 11.7 s; 5.4 s in an earlier
 # measurement).
 START_S = 2.5
 PER_CELL_S = 0.002

@@ -592,7 +592,7 @@ def _config_frame(e: BaseException, config: str) -> str:
 
 def load_cells(spec: str, config: str, arg: str | None) -> list[cells_lib.Cell]:
     """The config's cells. A config file that is missing or does not load, and a sweep(add)
-    that rejects its argument (`configs/grid_specmd.py:traces=bogus`) or adds a malformed
+    that rejects its argument (`studies/specmd/grid_specmd.py:traces=bogus`) or adds a malformed
     cell, are usage errors naming `--config`."""
     if os.path.isdir(config):
         raise UsageError(f"--config={spec}: {config} is a directory, not a config file")

@@ -63,11 +63,18 @@ class OverrideError(ValueError):
 
 def apply_overrides(config, overrides: dict[str, Any]) -> None:
     """Sets each dotted field on a locked ConfigDict: an undeclared field or a value of the
-    wrong type is an error naming the field (as `--config.FIELD=VALUE` would be)."""
+    wrong type is an error naming the field (as `--config.FIELD=VALUE` would be); a field that
+    moved into its job's section (`trace`, `moejax.jobs.schema.MOVED`) names where it went."""
     import ml_collections
+
+    from moejax.jobs.declared import moved_to
+    from moejax.jobs.schema import MOVED
 
     config.lock()
     for key, value in overrides.items():
+        new = moved_to(key, MOVED)
+        if new is not None:
+            raise OverrideError(f"{key} moved to {new}")
         node, parts = config, key.split(".")
         for i, part in enumerate(parts):
             where = ".".join(parts[:i]) or "the config"

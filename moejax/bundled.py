@@ -63,11 +63,11 @@ def capture_model(path: str) -> tuple[str, str]:
 
 
 def capture_overrides(path: str) -> dict:
-    """How the replay grids (`configs/grid_*.py`) replay capture `path`: on the model it was
+    """How the replay grids (`studies/*/grid_*.py`) replay capture `path`: on the model it was
     recorded from, its decode steps as requests of 128 tokens, each with a 32-token prefill."""
     family, preset = capture_model(path)
-    return {"model.family": family, "model.preset": preset, "trace_request_tokens": 128,
-            "trace_prefill_tokens": 32}
+    return {"model.family": family, "model.preset": preset, "replay.request_tokens": 128,
+            "replay.prefill_tokens": 32}
 
 
 def heldout_path(name: str) -> str:

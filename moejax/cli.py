@@ -455,10 +455,31 @@ def _flag_parser(chain: list[BaseException]):
     return None
 
 
+# Config fields that moved into their job's section: the old dotted name -> the new one as a
+# config names it (`moejax.jobs.schema.MOVED`), set by the door that defines `--config`
+# (`moejax.main`: this module imports no job), so a flag naming an old field names the new.
+MOVED_FIELDS: dict[str, str] = {}
+
+
+def set_moved_fields(moved: dict[str, str]) -> None:
+    MOVED_FIELDS.clear()
+    MOVED_FIELDS.update(moved)
+
+
+def as_flags(text: str, flag: str) -> str:
+    """`text` with each dotted field name in it as the flag that sets it (`flag`
+    `--config`): `replay.trace` -> `--config.replay.trace`."""
+    return re.sub(r"\b([a-z_]+(?:\.[a-z_0-9]+)+)", lambda m: f"{flag}.{m.group(1)}", text)
+
+
 def _undeclared_field_message(field: str, chain: list[BaseException]) -> str:
     """`--config.run.max_new_token: the config declares no such field; did you mean
     max_new_tokens?` (config_flags raises a KeyError / AttributeError of the first missing
-    name, with ConfigDict's "Did you mean")."""
+    name, with ConfigDict's "Did you mean"); a field that moved into its job's section
+    (`MOVED_FIELDS`): `--config.trace: moved to --config.replay.trace`."""
+    flag, _, path = field.partition(".")
+    if path in MOVED_FIELDS:
+        return f"--{field}: moved to {as_flags(MOVED_FIELDS[path], f'--{flag}')}"
     missing, suggestion = None, None
     for e in chain:
         text = str(e.args[0]) if e.args else ""

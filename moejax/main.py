@@ -3,7 +3,8 @@
 Runs one job, the config's `job`: {jobs}.
 Config files ({configs}):
 {config_files}
-  grid_*.py files are sweeps: python -m launch.sweep --config=configs/grid_NAME.py --sweep_dir=D
+  Sweeps (grids) are studies' configs: python -m launch.sweep --config=studies/S/grid_NAME.py
+  --sweep_dir=D (studies/README.md lists them)
 Fields: every field is declared, with its type and default, in moejax/jobs/schema.py;
   --fields lists them all (and, for a field only some jobs read, which). Override any with
   --config.SECTION.FIELD=VALUE; an undeclared field, a value of the wrong type, or a setting
@@ -51,7 +52,7 @@ def main(argv):
         from moejax.jobs.declared import listing
         from moejax.jobs.schema import READ_BY, base_config
 
-        print(f"{'field':34} {'type':6} default  [the only jobs that read it]")
+        print(f"{'field':38} {'type':6} default  [the only jobs that read it]")
         print("\n".join(listing(base_config(), READ_BY)))
         return
     if _CONFIG.value is None:
@@ -62,13 +63,14 @@ def main(argv):
     from moejax.jobs.schema import NOT_GIVEN
 
     check_typed(sys.argv[1:], _CONFIG.value, NOT_GIVEN)
-    workdir = _WORKDIR.value or workdir_lib.fresh(_config_argument())
-    if not _WORKDIR.value:
-        print(f"workdir: {workdir}", file=sys.stderr)
     if not flags.FLAGS["verbosity"].present:  # orbax/XLA INFO chatter: --verbosity=0 shows it
         logging.set_verbosity(logging.WARNING)
     from moejax import jobs
 
+    workdir = _WORKDIR.value or workdir_lib.fresh(_config_argument())
+    if not _WORKDIR.value:
+        jobs.check(_CONFIG.value)  # a mistake is its one line, before a workdir is named
+        print(f"workdir: {workdir}", file=sys.stderr)
     jobs.run(_CONFIG.value, workdir)
 
 
@@ -86,7 +88,27 @@ def _kept() -> str:
 
 __doc__ = _help_text()
 
-if __name__ == "__main__":
+
+def _say_moved_fields() -> None:
+    """A flag naming a field that moved into its job's section (`--config.trace`) names the
+    new one (`moejax.cli` parses the flags and imports no job: it is given the table)."""
+    from moejax.cli import set_moved_fields
+    from moejax.jobs.schema import MOVED
+
+    set_moved_fields(MOVED)
+
+
+_say_moved_fields()
+
+
+def start(prog: str = "moejax.main") -> None:
+    """Runs this door as `prog` through the one error path (`moejax.cli.run_absl`): a mistake
+    in what was typed is one line and status 2 (`python -m moejax.main`, `python -m
+    moejax.train`)."""
     from moejax.cli import run_absl
 
-    run_absl("moejax.main", main, kept=_kept)
+    run_absl(prog, main, kept=_kept)
+
+
+if __name__ == "__main__":
+    start()

@@ -169,7 +169,7 @@ def load_model(m: ml_collections.ConfigDict, seed: int = 0,
 def load_model_for(config: ml_collections.ConfigDict) -> LoadedModel:
     """The job's model (`config.model`); with a host tier (`cache.host_capacity_frac` below
     1, or `cache.host_bytes`) its experts are not read at start."""
-    from moejax.cache.from_config import host_tier_enabled
+    from moejax.cache import host_tier_enabled
 
     disk_tier = config.cache.enabled and host_tier_enabled(config)
     return load_model(config.model, config.seed, read_experts=not disk_tier)

@@ -363,7 +363,7 @@ def test_cut_trace_on_the_command_line(tmp_path):
     cut = _write(tmp_path / "cut.npz", open(TRACE, "rb").read()[:1000])
     w = tmp_path / "w"
     done = _command("moejax.main", f"--config={ROOT}/configs/replay.py", f"--workdir={w}",
-                    f"--config.trace={cut}")
+                    f"--config.replay.trace={cut}")
     line = _one_line_error(done, "moejax.main", 2)
     assert line == (f"moejax.main: error: {cut}: not a complete .npz trace (cut short?): "
                     "File is not a zip file"), line

@@ -38,7 +38,7 @@ from studies.specmd import claims
 from tests.sweep_fixtures import synthetic_results
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-GRID_SPECMD = os.path.join(ROOT, "configs", "grid_specmd.py")
+GRID_SPECMD = os.path.join(ROOT, "studies", "specmd", "grid_specmd.py")
 
 # A sweep of N cells of the schema's config: only the launcher's side is exercised (it builds
 # and checks every cell's config, in a process of its own).

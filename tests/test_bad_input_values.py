@@ -33,7 +33,7 @@ CTX = dict(num_layers=4, num_experts=8, top_k=2, num_slots=8, seed=0, renormaliz
 
 def _replay(**fields):
     c = base_config()
-    c.job, c.trace, c.model.preset, c.clock.kind = "replay", TRACE, "", "virtual"
+    c.job, c.replay.trace, c.model.preset, c.clock.kind = "replay", TRACE, "", "virtual"
     c.log.progress = c.log.tensorboard = False
     c.policies.prefetch = "none"
     return with_fields(c, **fields)
@@ -318,7 +318,7 @@ def _main(*flags: str, workdir: str) -> subprocess.CompletedProcess:
 ])
 def test_the_command_line_says_the_field_and_exits_2(flag, message, tmp_path):
     workdir = tmp_path / "run"
-    done = _main("--config=configs/replay.py", f"--config.trace={TRACE}",
+    done = _main("--config=configs/replay.py", f"--config.replay.trace={TRACE}",
                  "--config.cache.capacity_frac=0.25", flag, workdir=str(workdir))
     assert done.returncode == 2, done.stderr
     assert "Traceback" not in done.stderr + done.stdout

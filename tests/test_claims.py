@@ -30,7 +30,7 @@ GROUP = "embedded · 8 layers × 32 experts, top-4"
 
 
 def _cell(trace, eviction="", prefetch="", **more) -> dict:
-    o = {"trace": trace, "cache.slots": SLOTS}
+    o = {"replay.trace": trace, "cache.slots": SLOTS}
     if eviction:
         o["policies.eviction"] = eviction
     if prefetch:
@@ -69,7 +69,7 @@ _UNSET = {"cache.prefetch_queue": "immediate", "policies.eviction": "", "policie
 
 def _results(sweep, **want) -> list[dict]:
     """results.json of the cells with exactly these policies and queue (not given: unset,
-    queue immediate), of any trace unless `trace` is given, read directly."""
+    queue immediate), of any trace unless `replay.trace` is given, read directly."""
     want = {**_UNSET, **want}
     out = []
     for name, o in CELLS.items():
@@ -125,7 +125,7 @@ def test_claim1_collision_rates_are_the_means_over_traces(sweep, found):
         assert f.values[e] == pytest.approx(_mean(rs, "collision_miss_rate"))
         # Each trace's own number: that trace's one cell.
         for t in TRACES:
-            (r,) = _results(sweep, trace=t, **_ev(e))
+            (r,) = _results(sweep, **{"replay.trace": t}, **_ev(e))
             assert f.per_trace[_stem(t)].values[e] == r["cache"]["total"]["collision_miss_rate"]
     # Also without prefetch, as its own row.
     n = _find(found, 1, "collision-miss rate", prefetch="without prefetch")
@@ -173,9 +173,9 @@ def test_claim4_dropin_is_the_mean_of_the_pairs_changes(sweep, found):
     assert [r.values["pairs"] for r in f.per_trace.values()] == [1] * len(TRACES)
     changes = []
     for t in TRACES:
-        (b,) = _results(sweep, trace=t, **{"policies.preset": "specmd_1",
+        (b,) = _results(sweep, **{"replay.trace": t}, **{"policies.preset": "specmd_1",
                                            "policies.eviction": ""})
-        (d,) = _results(sweep, trace=t, **{"policies.preset": "specmd_1",
+        (d,) = _results(sweep, **{"replay.trace": t}, **{"policies.preset": "specmd_1",
                                            "policies.eviction": "least_stale"})
         bt, dt = b["cache"]["timing"]["cold_ttft_s"], d["cache"]["timing"]["cold_ttft_s"]
         assert bt > 0
@@ -304,7 +304,7 @@ def test_empty_sweep_and_trace_identities(sweep, tmp_path):
     assert loaded.rows == [] and claims.findings(loaded.rows) == []
     assert "No finished cells" in claims.markdown([], loaded.summary, [])
     # A replay's results.json names who routed its trace (the trace's own metadata).
-    name = next(n for n, o in CELLS.items() if o["trace"] == TRACES[0])
+    name = next(n for n, o in CELLS.items() if o["replay.trace"] == TRACES[0])
     with open(os.path.join(sweep, "cells", name, "results.json")) as f:
         t = json.load(f)["trace"]
     assert (t["model"], t["synthetic"], len(t["layers"]), t["num_experts"], t["top_k"]) == (
@@ -324,7 +324,7 @@ def test_compare_keeps_the_prefetch_queues_apart(sweep):
     compare's table shows the asked queue's numbers, never the other's."""
     trace = os.path.splitext(os.path.basename(TRACES[0]))[0]
     for queue in ("immediate", "watchdog"):
-        (r,) = _results(sweep, trace=TRACES[0],
+        (r,) = _results(sweep, **{"replay.trace": TRACES[0]},
                         **_ev("lru", **{"cache.prefetch_queue": queue}))
         out = compare.table(sweep, SP80, 5.0, ["lru"], queue=queue)
         (line,) = [x for x in out.splitlines() if x.startswith(f"| {trace} |")]

@@ -44,8 +44,8 @@ def _perplexity_config(tmp_path):
     c.job, c.model.preset, c.model.family = "perplexity", "tiny", "olmoe"
     c.log.progress, c.log.tensorboard = False, False
     c.cache.capacity_frac = 0.25
-    c.text_file = str(text)
-    c.eval.window, c.eval.stride = WINDOW, STRIDE
+    c.perplexity.text_file = str(text)
+    c.perplexity.window, c.perplexity.stride = WINDOW, STRIDE
     return c
 
 
@@ -106,7 +106,7 @@ def test_the_compile_phase_leaves_the_scored_cache_alone(tmp_path):
 def _replay_config():
     c = base_config()
     c.job, c.model.preset, c.clock.kind = "replay", "", "virtual"
-    c.trace = bundled.capture_path("olmoe_code")  # 512 decode steps
+    c.replay.trace = bundled.capture_path("olmoe_code")  # 512 decode steps
     c.model.family, c.model.preset = "olmoe", "olmoe-1b-7b"
     c.cache.capacity_frac = 0.05
     c.policies.eviction, c.policies.prefetch = "lru", "none"

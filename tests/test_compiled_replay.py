@@ -132,13 +132,13 @@ def test_every_recorded_trace_through_the_replay_job_with_the_cost_model(n, path
     # 40 slots, or every expert of a smaller model (a slot count above it is an error).
     slots = min(40, len(trace.layers) * trace.num_experts)
     for engine in ("reference", "auto"):
-        c = _config(eviction, prefetch, slots=slots, replay_engine=engine,
+        c = _config(eviction, prefetch, slots=slots,
                     prefetch_queue=PREFETCH_QUEUES[n % len(PREFETCH_QUEUES)])
-        c.job, c.trace, c.model.preset = "replay", path, ""
+        c.job, c.replay.trace, c.model.preset, c.replay.engine = "replay", path, "", engine
         c.log.progress = c.log.tensorboard = False
         out[engine] = jobs.run(c, str(tmp_path / engine))
     assert out["auto"]["replay"]["engine"] == "compiled", out["auto"]["replay"]
-    assert out["reference"]["replay"]["engine_reason"] == "cache.replay_engine=reference"
+    assert out["reference"]["replay"]["engine_reason"] == "replay.engine=reference"
     assert out["auto"]["cache"] == out["reference"]["cache"]
     assert out["auto"]["cache"]["timing"]["decode_s"] > 0
 
@@ -162,12 +162,12 @@ def test_the_named_configurations_run_compiled_with_the_reference_numbers(
     out = {}
     for engine in ("reference", "auto"):
         out[engine] = run_replay_cell(str(tmp_path / engine), {
-            "trace": path, "model.family": family, "model.preset": model,
-            "trace_request_tokens": 128, "trace_prefill_tokens": 32,
+            "replay.trace": path, "model.family": family, "model.preset": model,
+            "replay.request_tokens": 128, "replay.prefill_tokens": 32,
             "cache.capacity_frac": 0.05, "cache.capacity_of": "model",
             "cache.precision": "int4", "cache.prefetch_queue": queue, "cache.pin_scope": pin,
             "policies.eviction": eviction, "policies.prefetch": prefetch,
-            "cache.replay_engine": engine})
+            "replay.engine": engine})
     assert out["auto"]["replay"]["engine"] == "compiled", out["auto"]["replay"]
     assert out["auto"]["cache"] == out["reference"]["cache"]
     total = out["auto"]["cache"]["total"]
@@ -366,7 +366,7 @@ def test_what_the_compiled_engine_does_not_cover_runs_on_the_reference(cache_arg
 
 def test_an_unknown_engine_is_a_clear_error():
     trace, cache = _capture_cache()
-    with pytest.raises(ConfigError, match="replay_engine='fast' is not one of"):
+    with pytest.raises(ConfigError, match="replay.engine='fast' is not one of"):
         replay(cache, [trace], engine="fast")
 
 
@@ -401,13 +401,13 @@ def test_the_compiled_engine_keeps_the_invariants(data):
 
 # -- a slice of the capture grid --------------------------------------------------------------
 
-GRID = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs",
-                    "grid_specmd.py")
+GRID = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "studies",
+                    "specmd", "grid_specmd.py")
 
 
 @pytest.mark.slow
 def test_a_slice_of_the_capture_grid_gives_the_reference_numbers(tmp_path):
-    """Every 55th cell of the 768-cell capture grid (`configs/grid_specmd.py:traces=captures`;
+    """Every 55th cell of the 768-cell capture grid (`studies/specmd/grid_specmd.py:traces=captures`;
     a stride that every eviction, prefetcher, queue, capacity and trace meets among the 14,
     checked below) on both engines, as a sweep worker runs them: identical results.json
     `cache` sections (`benchmarks/replay_grid_engines.py` runs all 768; the property tests
@@ -422,7 +422,7 @@ def test_a_slice_of_the_capture_grid_gives_the_reference_numbers(tmp_path):
     sample = cells[::55]
     assert len(sample) == 14
     for field in ("policies.eviction", "policies.prefetch", "cache.prefetch_queue",
-                  "cache.capacity_frac", "trace"):
+                  "cache.capacity_frac", "replay.trace"):
         assert {c[field] for c in sample} == {c[field] for c in cells}, field
     for i, overrides in enumerate(sample):
         out = {}

@@ -64,7 +64,7 @@ def test_a_grid_whose_base_config_has_a_typo_is_refused_at_launch(tmp_path):
         "def get_config():\n    c = replay_grid_config()\n"
         "    c.cache.capacty_frac = 0.25\n    return c\n\n\n"
         "def sweep(add):\n    for s in (8, 16):\n"
-        "        add(trace='moejax/assets/traces/code_0.npz', **{'cache.slots': s})\n")
+        "        add(**{'replay.trace': 'moejax/assets/traces/code_0.npz', 'cache.slots': s})\n")
     done = subprocess.run([sys.executable, "-m", "launch.sweep", f"--config={grid}",
                            f"--sweep_dir={tmp_path / 's'}"], cwd=ROOT, capture_output=True,
                           text=True, timeout=300)
@@ -136,7 +136,7 @@ def test_settings_a_run_does_not_apply_are_said_and_kept_in_results(tmp_path, ca
     """The issue's `io.split=4` without a host tier and `profile.enabled=True` on a replay:
     each one warning line, and both in results.json's `warnings`."""
     c = base_config()
-    c.job, c.trace, c.log.progress, c.log.tensorboard = "replay", os.path.join(
+    c.job, c.replay.trace, c.log.progress, c.log.tensorboard = "replay", os.path.join(
         ROOT, "moejax", "assets", "traces", "code_0.npz"), False, False
     c.profile.enabled, c.io.split = True, 4
     results = jobs.run(c, str(tmp_path))

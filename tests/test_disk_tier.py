@@ -208,7 +208,7 @@ def test_the_generate_job_with_experts_on_storage_and_its_replay(tiny, tmp_path)
     assert acc.Scalars("host/hit_rate")[-1].value == pytest.approx(h["total"]["hit_rate"])
 
     c = base_config()
-    c.job, c.trace, c.model.preset, c.clock.kind = "replay", disk["trace"], "", "virtual"
+    c.job, c.replay.trace, c.model.preset, c.clock.kind = "replay", disk["trace"], "", "virtual"
     c.cache.slots, c.cache.host_capacity_frac, c.storage.preset = 6, 0.3, "sata_ssd"
     c.policies.prefetch = "score_percentile(p=80)"
     c.log.progress = c.log.tensorboard = False
@@ -278,7 +278,7 @@ def test_replay_and_the_live_runtime_issue_the_same_reads_in_the_same_order(
     monkeypatch.setattr(HostTier, "__init__", record_tier)
     monkeypatch.setattr(HostTier, "preload", record_preload)
     c = config()
-    c.job, c.trace, c.model.preset, c.clock.kind = "replay", live["trace"], "", "virtual"
+    c.job, c.replay.trace, c.model.preset, c.clock.kind = "replay", live["trace"], "", "virtual"
     jobs.run(c, str(tmp_path / "replay"))
     (store,) = stores
     h = live["cache"]["host"]["total"]

@@ -21,7 +21,7 @@ TRACE = bundled.scored_trace_files()[0]
 def _replay(workdir, slots: int, overwrite: bool = False, tensorboard: bool = True) -> dict:
     c = base_config()
     c.job = "replay"
-    c.trace = TRACE
+    c.replay.trace = TRACE
     c.cache.slots = slots
     c.log.progress = False
     c.log.tensorboard = tensorboard

@@ -39,7 +39,7 @@ def _perplexity(tmp_path, text: bytes, name: str) -> float:
     path.write_bytes(text)
     c = base_config()
     c.job = "perplexity"
-    c.text_file = str(path)
+    c.perplexity.text_file = str(path)
     c.cache.enabled = False  # the cache is exact; resident is faster here
     return jobs.run(c, str(tmp_path / name))["bits_per_byte"]
 

@@ -214,8 +214,9 @@ def test_heldout_bits_per_byte_match_the_perplexity_job(tmp_path):
     bpb = results["eval"]["bits_per_byte"]
     assert math.isfinite(bpb) and 0 < bpb < 8
     # The perplexity job on the same text, window and cache configuration.
-    p = _config("heldout", max_tokens=300)
-    p.job, p.text_file = "perplexity", bundled.heldout_path("prose")
+    p = _config("heldout")
+    p.job, p.perplexity.text_file = "perplexity", bundled.heldout_path("prose")
+    p.perplexity.max_tokens = 300  # (the eval job's eval.max_tokens, eval.window, eval.stride)
     # The same scorer on the same tokens and window: the same number, bit for bit.
     assert jobs.run(p, str(tmp_path / "ppl"))["bits_per_byte"] == bpb
 

@@ -1,4 +1,4 @@
-"""configs/grid_disk.py and its tables (moejax/analysis/disk_tier.py): every cell is a valid
+"""studies/dossier/grid_disk.py and its tables (moejax/analysis/disk_tier.py): every cell is a valid
 config whose cache builds, the parts hold the comparisons the tables make, and a few cells
 run end to end into both tables."""
 
@@ -12,7 +12,7 @@ from moejax import jobs
 from moejax.analysis import disk_tier
 from tests.sweep_fixtures import grid_config
 
-GRID = os.path.join(os.path.dirname(os.path.dirname(__file__)), "configs", "grid_disk.py")
+GRID = os.path.join(os.path.dirname(os.path.dirname(__file__)), "studies", "dossier", "grid_disk.py")
 
 
 def _module():
@@ -39,13 +39,13 @@ def test_the_cells_and_their_parts():
         paths = c["cache.seed"].removeprefix("hotlist(trace=").removesuffix(")").split(",")
         assert paths and all(os.path.isfile(p) for p in paths), c["cache.seed"]
     # The embedded model: 3 hotlist domains x {priority, lru} per long trace.
-    long_prose = [c for c in seeded if c["trace"].endswith("long/prose.npz")]
+    long_prose = [c for c in seeded if c["replay.trace"].endswith("long/prose.npz")]
     assert len(long_prose) == 6
 
 
 def test_cells_run_into_both_tables(tmp_path, capsys):
     cells = cells_lib.collect(_module().sweep, "parts=hotlists")
-    wanted = [c for c in cells if c["trace"].endswith("long/code.npz") and (
+    wanted = [c for c in cells if c["replay.trace"].endswith("long/code.npz") and (
         c.get("cache.full_layers") or "prose_0" in c.get("cache.seed", "")
         or ("cache.seed" not in c and "cache.full_layers" not in c))]
     assert len(wanted) == 5  # lru, lru_per_layer, full_layers=1, priority / lru + prose hotlist

@@ -1,4 +1,4 @@
-"""configs/grid_host.py and its tables (moejax/analysis/host_compute.py; Fiddler's claims:
+"""studies/fiddler/grid_host.py and its tables (moejax/analysis/host_compute.py; Fiddler's claims:
 studies/fiddler/claims.py): the grid's cells are
 its axes and every one is a valid config, a few cells run end to end into the tables and the
 claims.json records, and the comparisons (best caching configuration, latency_aware's
@@ -25,7 +25,7 @@ from studies.fiddler import claims as fiddler
 from studies.specmd import claims
 from tests.sweep_fixtures import grid_config
 
-GRID = os.path.join(os.path.dirname(os.path.dirname(__file__)), "configs", "grid_host.py")
+GRID = os.path.join(os.path.dirname(os.path.dirname(__file__)), "studies", "fiddler", "grid_host.py")
 
 
 def _module():
@@ -63,13 +63,13 @@ def test_the_cells_and_their_axes():
             assert c["host.preset"] in ("desktop_ddr5", "server_ddr5", "this_vm")
         if split:
             assert c["policies.miss"] == "fetch"
-            splits[os.path.basename(c["trace"])].add(split)
-        capture = c["trace"].endswith(".jsonl")
+            splits[os.path.basename(c["replay.trace"])].add(split)
+        capture = c["replay.trace"].endswith(".jsonl")
         assert c["policies.prefetch"] in (
             "none", "temporal" if capture else "score_percentile(p=80)")
         if capture:  # id-only: the model named, cut into requests with a prefill
             assert c["model.family"] in ("olmoe", "qwen2_moe")
-            assert c["trace_request_tokens"] == 128 and c["trace_prefill_tokens"] == 32
+            assert c["replay.request_tokens"] == 128 and c["replay.prefill_tokens"] == 32
         _config(c)
     # The layer split at each quarter of the model's MoE layers (OLMoE 16, Qwen 24, the
     # embedded model 8).
@@ -99,7 +99,7 @@ def test_the_cells_and_their_axes():
 
 def test_cells_run_into_the_tables(tmp_path, capsys):
     cells = cells_lib.collect(_module().sweep, "traces=embedded")
-    wanted = [c for c in cells if c["trace"].endswith("prose_0.npz")
+    wanted = [c for c in cells if c["replay.trace"].endswith("prose_0.npz")
               and c["cache.capacity_frac"] == 0.05 and c["hardware.h2d_gbps"] == 16.0
               and c.get("host.preset", "desktop_ddr5") == "desktop_ddr5"
               and c["policies.miss"] != "fetch_priority"

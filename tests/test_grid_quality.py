@@ -1,4 +1,4 @@
-"""configs/grid_quality.py, the quality–speed frontier grid: the parts and models make the
+"""studies/specmd/grid_quality.py, the quality–speed frontier grid: the parts and models make the
 documented cells, every cell is a valid config whose cache can be built for its model, and
 the names tell the cells apart."""
 
@@ -15,7 +15,7 @@ from moejax.families import preset
 from moejax.model_source import embedded_config
 from tests.sweep_fixtures import grid_config
 
-GRID = os.path.join(os.path.dirname(os.path.dirname(__file__)), "configs", "grid_quality.py")
+GRID = os.path.join(os.path.dirname(os.path.dirname(__file__)), "studies", "specmd", "grid_quality.py")
 
 
 def _module():
@@ -39,10 +39,11 @@ def test_the_config():
     assert c.job == "quality" and c.clock.kind == "virtual"
     assert (c.log.tensorboard, c.log.progress) == (False, False)
     assert c.cache.capacity_of == "model" and c.hardware.preset == "a100_specmd"
-    assert c.text_file == bundled.heldout_path("prose") and os.path.isfile(c.text_file)
+    assert c.quality.text_file == bundled.heldout_path("prose")
+    assert os.path.isfile(c.quality.text_file)
     assert c.quality.teacher_forcing == "decode"
     assert 0 < c.quality.max_tokens <= 512 and 2 <= c.quality.drift_prompts <= 4
-    assert _config({}, "text=unseen").text_file == bundled.heldout_path("unseen")
+    assert _config({}, "text=unseen").quality.text_file == bundled.heldout_path("unseen")
     with pytest.raises(ValueError):
         _config({}, "text=poetry")
     with pytest.raises(ValueError, match="config argument"):

@@ -1,4 +1,4 @@
-"""configs/grid_specmd.py, SpecMD's grid at the paper's settings: every cell is a valid config,
+"""studies/specmd/grid_specmd.py, SpecMD's grid at the paper's settings: every cell is a valid config,
 the parts make the cells the report pairs, and cells of each kind run."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from moejax import jobs
 from moejax.analysis import sweep_cells
 from tests.sweep_fixtures import grid_config
 
-GRID = os.path.join(os.path.dirname(os.path.dirname(__file__)), "configs", "grid_specmd.py")
+GRID = os.path.join(os.path.dirname(os.path.dirname(__file__)), "studies", "specmd", "grid_specmd.py")
 
 
 def _cells(arg: str) -> list[dict]:
@@ -27,7 +27,7 @@ def test_the_paper_settings_and_the_parts():
     c = _config({})
     assert (c.cache.capacity_of, c.cache.precision, c.hardware.h2d_gbps) == ("model", "int4", 5.0)
     scored = _cells("traces=scored")
-    traces = {o["trace"] for o in scored}
+    traces = {o["replay.trace"] for o in scored}
     assert len(traces) == 6
     for o in scored:
         _config(o)
@@ -36,7 +36,7 @@ def test_the_paper_settings_and_the_parts():
     assert per_trace == 3 * 2 * (9 * 5 + 4 * 2 + 5)
     captures = _cells("traces=captures,parts=policies")
     assert len(captures) == 4 * 3 * 2 * 8 * 4  # no score eviction, score-free prefetchers
-    assert all(o["trace_request_tokens"] == 128 for o in captures)
+    assert all(o["replay.request_tokens"] == 128 for o in captures)
     with pytest.raises(cells_lib.SweepError, match="no cells"):  # presets need gate scores
         _cells("traces=captures,parts=dropin")
     with pytest.raises(ValueError, match="parts="):
@@ -47,7 +47,7 @@ def test_dropin_cells_pair_in_the_report(tmp_path):
     """One capacity of the drop-in part on one trace: each preset's baseline and +Least-Stale
     cells run and the report pairs all four."""
     cells = [o for o in _cells("traces=scored,parts=dropin")
-             if o["trace"].endswith("code_0.npz") and o["cache.capacity_frac"] == 0.25
+             if o["replay.trace"].endswith("code_0.npz") and o["cache.capacity_frac"] == 0.25
              and o["cache.prefetch_queue"] == "watchdog"]
     assert len(cells) == 8
     rows = []

@@ -398,7 +398,7 @@ def test_latency_aware_plans_and_its_bound_against_host_compute(data):
 
 
 def _grid_latency_aware_cells():
-    """configs/grid_host.py's latency_aware cells on the real captures, both precisions."""
+    """studies/fiddler/grid_host.py's latency_aware cells on the real captures, both precisions."""
     from launch import cells as cells_lib
 
     grid = cells_lib.load_config_module(GRID_HOST)
@@ -406,7 +406,7 @@ def _grid_latency_aware_cells():
             if c["policies.miss"] == "latency_aware"]
 
 
-GRID_HOST = os.path.join(os.path.dirname(os.path.dirname(__file__)), "configs", "grid_host.py")
+GRID_HOST = os.path.join(os.path.dirname(os.path.dirname(__file__)), "studies", "fiddler", "grid_host.py")
 GRID_CELLS = _grid_latency_aware_cells()
 
 
@@ -415,8 +415,8 @@ def _grid_replay(cell: dict, miss: str, request: int, decode_steps: int):
     steps), replayed pass by pass through the cache the cell's config builds, under `miss`."""
     config = grid_config(GRID_HOST, {**cell, "policies.miss": miss})
     cfg = preset(config.model.family, config.model.preset)
-    trace = as_requests(load_traces(config.trace)[0], config.trace_request_tokens,
-                        config.trace_prefill_tokens)[request]
+    trace = as_requests(load_traces(config.replay.trace)[0], config.replay.request_tokens,
+                        config.replay.prefill_tokens)[request]
     cache = build_cache_for(config, cfg, capacity.precision_bytes_of(cfg), cfg.norm_topk_prob,
                             layers=tuple(trace.layers), num_layers=cfg.num_layers,
                             num_experts=trace.num_experts, top_k=trace.top_k)
@@ -432,7 +432,7 @@ def _grid_replay(cell: dict, miss: str, request: int, decode_steps: int):
 
 
 def _grid_cell(trace: str, precision: str, capacity: float, gbps: float, host: str) -> dict:
-    (cell,) = [c for c in GRID_CELLS if os.path.basename(c["trace"]) == f"{trace}.jsonl"
+    (cell,) = [c for c in GRID_CELLS if os.path.basename(c["replay.trace"]) == f"{trace}.jsonl"
                and c.get("cache.precision", "int4") == precision
                and (c["cache.capacity_frac"], c["hardware.h2d_gbps"], c["host.preset"]) ==
                (capacity, gbps, host)]
@@ -452,7 +452,7 @@ def _grid_cell(trace: str, precision: str, capacity: float, gbps: float, host: s
 def test_latency_aware_guarantee_over_the_grids_conditions(trace, precision, capacity, gbps,
                                                            host, request, decode_steps):
     """latency_aware's guarantee (DESIGN.md, "latency_aware: the plans it tries"), on the grid's
-    own cells (configs/grid_host.py: OLMoE and Qwen captures, 1/5/25% of the model, 5/16/32
+    own cells (studies/fiddler/grid_host.py: OLMoE and Qwen captures, 1/5/25% of the model, 5/16/32
     GB/s, every host, int4 and native; no prefetcher): each layer ends exactly when its plan
     said, and no later than computing every miss on the host or fetching every miss — in as
     many waves as the misses need (a 32-token prefill at 1% of OLMoE misses more experts than
@@ -504,7 +504,7 @@ def test_latency_aware_can_lose_to_fetch_by_construction():
 
 def replay_config(trace, miss, capacity=0.05, **model):
     c = base_config()
-    c.job, c.trace, c.clock.kind = "replay", trace, "virtual"
+    c.job, c.replay.trace, c.clock.kind = "replay", trace, "virtual"
     c.policies.miss = miss
     c.cache.capacity_frac = capacity
     c.log.progress = c.log.tensorboard = False

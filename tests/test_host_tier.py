@@ -248,7 +248,7 @@ def test_replay_reports_the_host_tier(tmp_path):
 
     config = base_config()
     config.job, config.clock.kind, config.model.preset = "replay", "virtual", ""
-    config.trace = "moejax/assets/traces/prose_0.npz"
+    config.replay.trace = "moejax/assets/traces/prose_0.npz"
     config.cache.host_capacity_frac, config.storage.preset = 0.3, "sata_ssd"
     config.log.progress = config.log.tensorboard = False
     replay_job.run(config, str(tmp_path))

@@ -492,7 +492,7 @@ def test_cell_names_read_like_their_overrides():
     names = cells_lib.cell_names([
         {"cache.capacity_frac": 0.05, "policies.eviction": "lru",
          "policies.prefetch": "topk(overfetch=1.5)"},
-        {"trace": "/data/traces/olmoe/chat.jsonl", "cache.slots": 8},
+        {"replay.trace": "/data/traces/olmoe/chat.jsonl", "cache.slots": 8},
         {"model.preset": "tiny", "hardware.preset": "h200"},
         {"policies.eviction": "a:b"}, {"policies.eviction": "a_b"},  # collide once sanitised
     ])

@@ -9,17 +9,18 @@ import os
 from launch import diff
 
 
-def _sweep(root: str, checkout: str, cells: dict[str, dict]) -> str:
+def _sweep(root: str, checkout: str, cells: dict[str, dict], field: str = "replay.trace") -> str:
     """A sweep directory as launch.sweep lays it out: sweep.json and cells/<name>/results.json;
-    each cell's trace path under `checkout`, and its name carrying a checkout-dependent hash."""
+    each cell's trace path (the override `field`) under `checkout`, and its name carrying a
+    checkout-dependent hash."""
     manifest = []
     for i, (trace, results) in enumerate(cells.items()):
         name = f"trace={trace}-h{hash((checkout, trace)) & 0xffff:04x}"
-        overrides = {"trace": f"{checkout}/moejax/assets/{trace}", "cache.slots": 8}
+        overrides = {field: f"{checkout}/moejax/assets/{trace}", "cache.slots": 8}
         manifest.append({"name": name, "overrides": overrides})
         os.makedirs(os.path.join(root, "cells", name))
         with open(os.path.join(root, "cells", name, "results.json"), "w") as f:
-            json.dump({**results, "trace": {"path": overrides["trace"]}}, f)
+            json.dump({**results, "trace": {"path": overrides[field]}}, f)
     with open(os.path.join(root, "sweep.json"), "w") as f:
         json.dump({"cells": manifest}, f)
     return root
@@ -60,3 +61,18 @@ def test_differences_walks_nested_values():
     assert diff.differences({"a": [1, {"b": 2}]}, {"a": [1, {"b": 3}]}) == ["a[1].b"]
     assert diff.differences({"a": 1}, {"a": 1, "c": 2}) == ["c (only in B)"]
     assert diff.differences([1, 2], [1, 2, 3]) == ["<top>"]
+
+
+def test_a_sweep_written_before_fields_moved_pairs_with_one_written_since(tmp_path):
+    """Its overrides (`trace`) and results.json's `config` (`trace`, `trace_request_tokens`,
+    `cache.replay_engine`) read by the current names (`replay.trace`, ...)."""
+    from moejax.jobs.schema import current_config
+
+    old = {"job": "replay", "trace": "t.npz", "trace_request_tokens": 128,
+           "cache": {"slots": 8, "replay_engine": "auto"}}
+    a = _sweep(str(tmp_path / "a"), "/r", {"x.npz": {**_results(5, 1.0), "config": old}},
+               field="trace")
+    b = _sweep(str(tmp_path / "b"), "/r",
+               {"x.npz": {**_results(5, 2.0), "config": current_config(old)}})
+    assert current_config(old)["replay"]["request_tokens"] == 128
+    assert diff.compare(a, b, root_a="/r", root_b="/r") == (1, {}, [])

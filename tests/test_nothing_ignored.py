@@ -17,7 +17,8 @@ import pytest
 from moejax import cli, jobs
 from moejax import workdir as workdir_lib
 from moejax.jobs.declared import check_typed, unread_by_job
-from moejax.jobs.schema import LIVE, NOT_GIVEN, READ_BY, base_config
+from moejax.jobs.declared import leaves as fields_of
+from moejax.jobs.schema import JOBS, LIVE, NOT_GIVEN, READ_BY, base_config
 from moejax.testing import with_fields
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -89,7 +90,7 @@ def _copy(config):
 
 def _replay(**fields):
     c = base_config()
-    c.job, c.trace, c.model.preset, c.clock.kind = "replay", TRACE, "", "virtual"
+    c.job, c.replay.trace, c.model.preset, c.clock.kind = "replay", TRACE, "", "virtual"
     c.log.progress = c.log.tensorboard = False
     c.cache.slots = 16
     return with_fields(c, **fields)
@@ -105,8 +106,11 @@ WARNED = [
                               "job; this is a replay run"),
     ({"run.max_new_tokens": 5}, "run.max_new_tokens=5 does not apply: read only by the "
                                 "generate and record_traces jobs"),
-    ({"text_file": "README.md"}, "text_file='README.md' does not apply: read only by the "
-                                 "perplexity and quality jobs"),
+    ({"perplexity.text_file": "README.md"}, "perplexity.text_file='README.md' does not apply: "
+                                            "its section is read only by the perplexity job"),
+    ({"eval.window": 64}, "eval.window=64 does not apply: read only by the eval job"),
+    ({"train.steps": 3}, "train.steps=3 does not apply: its section is read only by the train "
+                         "job; this is a replay run"),
     ({"eval.shots": 2}, "eval.shots=2 does not apply: read only by the eval job"),
     ({"quality.max_tokens": 8}, "quality.max_tokens=8 does not apply: its section is read "
                                 "only by the quality job"),
@@ -136,26 +140,26 @@ def test_the_table_names_only_declared_fields_and_real_jobs():
         for part in name.rstrip(".").split("."):
             assert part in node, name
             node = node[part]
-        assert set(readers) <= set(LIVE) | {"replay"}, name
+        assert set(readers) <= set(JOBS), name
 
 
-@pytest.mark.parametrize("job", ["generate", "perplexity", "quality", "eval", "record_traces",
-                                 "replay"])
+@pytest.mark.parametrize("job", JOBS)
 def test_a_field_a_job_reads_is_never_said_not_to_apply(job):
     """Set every job-specific field to another value: the job's own fields are not named."""
     c = base_config()
     c.job = job
     changed = ml_collections.ConfigDict(c.to_dict())
     for name, _ in READ_BY:
-        fields = ([f"{name}{k}" for k in c[name.rstrip(".")].keys()] if name.endswith(".")
-                  else [name])
+        fields = fields_of(c[name.rstrip(".")], name) if name.endswith(".") else [name]
         for field in fields:
-            section, _, leaf = field.rpartition(".")
-            node = changed[section] if section else changed
+            *sections, leaf = field.split(".")
+            node = changed
+            for section in sections:
+                node = node[section]
             value = node[leaf]
             node[leaf] = (not value if isinstance(value, bool) else value + 1
-                          if isinstance(value, int) else ("x",) if isinstance(value, tuple)
-                          else value + "x")
+                          if isinstance(value, (int, float)) else ("x",)
+                          if isinstance(value, tuple) else value + "x")
     said = {field for field, _ in unread_by_job(changed, c, READ_BY, LIVE)}
     readers = dict(READ_BY)
     for field in said:
@@ -195,7 +199,7 @@ def test_help_lists_the_jobs_the_config_files_and_where_fields_are_declared():
 
 
 def test_a_run_without_workdir_writes_a_fresh_one_and_says_where(tmp_path):
-    done = _main(f"--config={ROOT}/configs/replay.py", f"--config.trace={TRACE}",
+    done = _main(f"--config={ROOT}/configs/replay.py", f"--config.replay.trace={TRACE}",
                  "--config.cache.slots=16", "--config.log.progress=False", cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
     said = [ln for ln in done.stderr.splitlines() if ln.startswith("workdir: ")]

@@ -342,6 +342,30 @@ def test_no_module_of_the_library_holds_a_papers_numbers():
     assert "1.26" in open(os.path.join(ROOT, "studies", "fiddler", "claims.py")).read()
 
 
+def _cache_internals_reached(path: str) -> list[str]:
+    """Imports of a module inside `moejax.cache` (`from moejax.cache.x import ...`,
+    `import moejax.cache.x`) in `path`."""
+    out = []
+    for node in ast.walk(ast.parse(open(path).read())):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("moejax.cache."):
+            out.append(f"{os.path.relpath(path, ROOT)}:{node.lineno}: from {node.module}")
+        elif isinstance(node, ast.Import):
+            out += [f"{os.path.relpath(path, ROOT)}:{node.lineno}: import {a.name}"
+                    for a in node.names if a.name.startswith("moejax.cache.")]
+    return out
+
+
+def test_code_outside_the_cache_imports_it_through_its_face():
+    """The library, the launcher, the studies, the benchmarks and the configs import the
+    cache as `from moejax.cache import ...` (its `__all__`); only the cache's own modules and
+    the tests of its parts reach inside it."""
+    found = [hit for path in _python_files()
+             if not os.path.relpath(path, ROOT).startswith(("tests", os.path.join("moejax",
+                                                                                   "cache")))
+             for hit in _cache_internals_reached(path)]
+    assert found == []
+
+
 def test_the_cache_and_replay_load_no_jax_and_no_command_line():
     """The cache engine and both replay engines are numpy (and numba): importing them loads
     neither JAX nor Flax, so a replay on any CPU starts without them; nor the command line's

@@ -63,8 +63,8 @@ def test_job_writes_bits_per_byte(tmp_path):
     c.job = "perplexity"
     c.model.preset, c.model.family = "tiny", "olmoe"
     c.cache.capacity_frac = 0.25
-    c.text_file = str(text)
-    c.eval.window, c.eval.stride = 64, 32
+    c.perplexity.text_file = str(text)
+    c.perplexity.window, c.perplexity.stride = 64, 32
     results = jobs.run(c, str(tmp_path / "w"))
     on_disk = json.loads((tmp_path / "w" / "results.json").read_text())
     assert on_disk["bits_per_byte"] == results["bits_per_byte"]
@@ -75,21 +75,25 @@ def test_job_writes_bits_per_byte(tmp_path):
 
 
 @pytest.mark.parametrize("field,value,message", [
-    ("text_file", "", "text_file is empty"),
-    ("text_file", "/nonexistent.txt", "is not a file"),
-    ("eval.stride", 64, "eval.stride=64"),
-    ("eval.window", 1, "eval.window=1"),
+    ("perplexity.text_file", "", "^perplexity.text_file is empty"),
+    ("perplexity.text_file", "/nonexistent.txt", "is not a file"),
+    ("perplexity.stride", 64, "^perplexity.stride=64"),
+    ("perplexity.window", 1, "^perplexity.window=1"),
+    # The eval job's fields, which the perplexity job read before it had its own section.
+    ("eval.window", 512, "^eval.window=512 is not read by the perplexity job: it moved to "
+                         "perplexity.window$"),
+    ("eval.stride", 64, "^eval.stride=64 is not read by the perplexity job: it moved to "
+                        "perplexity.stride$"),
+    ("eval.max_tokens", 9, "^eval.max_tokens=9 is not read by the perplexity job: it moved to "
+                           "perplexity.max_tokens$"),
 ])
 def test_bad_perplexity_config(field, value, message, tmp_path):
     (tmp_path / "t.txt").write_text("abc")
     c = base_config()
     c.job = "perplexity"
-    c.text_file = str(tmp_path / "t.txt")
-    c.eval.window = 64
-    if "." in field:
-        group, name = field.split(".")
-        setattr(getattr(c, group), name, value)
-    else:
-        setattr(c, field, value)
+    c.perplexity.text_file = str(tmp_path / "t.txt")
+    c.perplexity.window = 64
+    group, name = field.split(".")
+    setattr(getattr(c, group), name, value)
     with pytest.raises(ConfigError, match=message):
         jobs.run(c, str(tmp_path / "w"))

@@ -399,7 +399,7 @@ def test_the_same_gates_give_the_same_counters():
 
 def test_the_replay_job_equals_the_cache_driven_directly(tmp_path):
     c = _scored_config()
-    c.trace = SCORED[0]
+    c.replay.trace = SCORED[0]
     res = jobs.run(c, str(tmp_path))
     trace = load(SCORED[0])
     cfg = ModelConfig.from_dict(trace.meta["model"])
@@ -421,7 +421,7 @@ def test_the_replay_job_equals_the_cache_driven_directly(tmp_path):
 def test_every_preset_runs_at_int4(tmp_path, name):
     c = _scored_config(**{"cache.precision": "int4", "cache.min_slots": 4})
     c.policies.eviction = c.policies.miss = c.policies.prefetch = c.policies.routing = ""
-    c.policies.preset, c.trace = name, SCORED[1]
+    c.policies.preset, c.replay.trace = name, SCORED[1]
     res = jobs.run(c, str(tmp_path))
     cache = res["cache"]
     assert cache["precision"] == "int4" and cache["total"]["requests"] > 0
@@ -430,7 +430,7 @@ def test_every_preset_runs_at_int4(tmp_path, name):
 
 def _capture(tmp_path, name, **fields):
     c = _config(capacity_frac=0.05, capacity_of="model", **fields)
-    c.job, c.trace, c.model.family, c.model.preset = "replay", capture_path("olmoe_prose"), \
+    c.job, c.replay.trace, c.model.family, c.model.preset = "replay", capture_path("olmoe_prose"), \
         "olmoe", "olmoe-1b-7b"
     c.policies.prefetch = "none"
     c.log.progress = c.log.tensorboard = False
@@ -453,7 +453,7 @@ def test_olmoe_capture_at_five_percent_of_the_model(tmp_path):
 
 def test_capacity_of_model_needs_the_model(tmp_path):
     c = _scored_config(**{"cache.capacity_of": "model"})
-    c.trace = capture_path("olmoe_code")
+    c.replay.trace = capture_path("olmoe_code")
     c.cache.expert_bytes = 1000
     c.policies.miss, c.policies.eviction, c.policies.prefetch = "fetch", "lru", "none"
     with pytest.raises(ConfigError, match="capacity_of='model' needs the model"):

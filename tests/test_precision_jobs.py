@@ -58,8 +58,8 @@ def test_converted_checkpoint_runs_at_int4_and_with_the_cascade(tmp_path):
 
 def _bits_per_byte(tmp_path, precision, enabled):
     c = base_config()
-    c.job, c.text_file = "perplexity", bundled.heldout_path("prose")
-    c.eval.window, c.eval.stride, c.eval.max_tokens = 64, 32, 400
+    c.job, c.perplexity.text_file = "perplexity", bundled.heldout_path("prose")
+    c.perplexity.window, c.perplexity.stride, c.perplexity.max_tokens = 64, 32, 400
     c.log.progress, c.log.tensorboard = False, False
     c.cache.enabled, c.cache.precision = enabled, precision
     res = jobs.run(c, str(tmp_path / f"{precision}-{enabled}"))

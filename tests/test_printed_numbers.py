@@ -97,7 +97,7 @@ def test_the_table_names_its_clock_and_why_a_time_is_missing():
 def _replay_config(progress: bool = False):
     c = _quiet(base_config())
     c.job, c.model.preset, c.clock.kind = "replay", "", "virtual"
-    c.trace = bundled.capture_path("olmoe_code")  # 512 decode steps, no prefill
+    c.replay.trace = bundled.capture_path("olmoe_code")  # 512 decode steps, no prefill
     c.model.family, c.model.preset = "olmoe", "olmoe-1b-7b"
     c.cache.capacity_frac = 0.05
     c.policies.eviction, c.policies.prefetch = "lru", "none"
@@ -141,7 +141,7 @@ def test_replay_rate_leaves_the_kernel_load_out(tmp_path, capsys, monkeypatch):
         assert json.load(f)["replay"] == r
     out = capsys.readouterr().out
     assert (f"{VIRTUAL}: TTFT n/a (the trace has no prefill pass, only decode steps: "
-            "--config.trace_request_tokens=N --config.trace_prefill_tokens=M") in out
+            "--config.replay.request_tokens=N --config.replay.prefill_tokens=M") in out
     assert (f"{WALL}: {requests:,} cache requests replayed in {r['seconds']:.3f} s on the "
             f"compiled engine ({r['requests_per_s']:,.0f} requests/s), after "
             f"{r['setup_s']:.2f} s loading its kernel (once per process)") in out
@@ -161,7 +161,7 @@ def test_the_kernel_loads_once_for_the_types_it_is_called_with(tmp_path):
     assert len(K.run.overloads) == 1
     assert (sum(stats.cache_hits.values()), sum(stats.cache_misses.values())) == (hits, misses)
     reference = _replay_config()
-    reference.cache.replay_engine = "reference"
+    reference.replay.engine = "reference"
     ref = jobs.run(reference, str(tmp_path / "c"))["replay"]
     assert ref["engine"] == "reference" and ref["setup_s"] == 0.0
 
@@ -191,8 +191,8 @@ def test_perplexity_shows_progress_and_the_cache_table(tmp_path, capsys, monkeyp
     c = _quiet(base_config())
     c.job, c.model.preset, c.model.family = "perplexity", "tiny", "olmoe"
     c.cache.capacity_frac = 0.25
-    c.text_file = str(text)
-    c.eval.window, c.eval.stride = 64, 32
+    c.perplexity.text_file = str(text)
+    c.perplexity.window, c.perplexity.stride = 64, 32
     work = tmp_path / "w"
     res = jobs.run(c, str(work))
     out = capsys.readouterr().out
@@ -213,17 +213,18 @@ def test_random_bytes_are_refused_by_name_and_share_before_anything_is_written(t
     # characters, 60.9%.
     noise.write_bytes(bytes(range(256)) * 8)
     c = base_config()
-    c.job, c.text_file = "perplexity", str(noise)
+    c.job, c.perplexity.text_file = "perplexity", str(noise)
     work = tmp_path / "w"
     with pytest.raises(ConfigError) as e:
         jobs.run(c, str(work))
     message = str(e.value)
-    assert f"text_file={str(noise)!r}" in message and "60.9% of its 2048 bytes are not text" \
+    assert f"perplexity.text_file={str(noise)!r}" in message and "60.9% of its 2048 bytes are not text" \
         in message and "above the 10%" in message, message
     assert not work.exists()
     q = base_config()
-    q.job, q.text_file = "quality", str(noise)
-    with pytest.raises(ConfigError, match="60.9% of its 2048 bytes are not text"):
+    q.job, q.quality.text_file = "quality", str(noise)
+    with pytest.raises(ConfigError, match="^quality.text_file=.*60.9% of its 2048 bytes are "
+                                          "not text"):
         quality.validate(q)
 
 
@@ -232,12 +233,12 @@ def test_a_little_non_text_is_a_warning_and_text_is_silent(tmp_path, capsys):
     latin.write_bytes("Café au lait in Zürich, naïvely.\n".encode("latin-1") * 4)
     clean = tmp_path / "clean.txt"
     clean.write_text("Café au lait in Zürich, naïvely.\n\tand a tab\r\n")
-    common.check_text_file(str(clean))
+    common.check_text_file(str(clean), "perplexity.text_file")
     assert capsys.readouterr().err == ""
-    common.check_text_file(str(latin))
+    common.check_text_file(str(latin), "perplexity.text_file")
     warnings = [ln for ln in capsys.readouterr().err.splitlines() if ": warning: " in ln]
     assert len(warnings) == 1
-    assert f"text_file={str(latin)!r}: 9.1% of its 132 bytes are not text" in warnings[0]
+    assert f"perplexity.text_file={str(latin)!r}: 9.1% of its 132 bytes are not text" in warnings[0]
     assert common.not_text_share("a\x85b\x00".encode()) == pytest.approx(3 / 5)
 
 

@@ -146,7 +146,7 @@ def text_file(tmp_path_factory):
 
 @pytest.mark.slow
 def test_job_reports_zero_drift_under_fetch_and_drift_under_drop(tmp_path, text_file):
-    exact = jobs.run(_config(tmp_path, text_file=text_file), str(tmp_path / "exact"))
+    exact = jobs.run(_config(tmp_path, **{"quality.text_file": text_file}), str(tmp_path / "exact"))
     q = exact["quality"]
     assert q["kl_mean"] == 0.0 and q["kl_max"] == 0.0 and q["top1_agreement"] == 1.0
     assert q["bits_per_byte"] == q["reference_bits_per_byte"] and q["tokens"] == 39 - 1
@@ -157,7 +157,8 @@ def test_job_reports_zero_drift_under_fetch_and_drift_under_drop(tmp_path, text_
     per_token = np.load(tmp_path / "exact" / "quality_tokens.npz")
     assert len(per_token["kl"]) == q["tokens"] and per_token["agree"].all()
 
-    dropped = jobs.run(_config(tmp_path, text_file=text_file, **{"policies.miss": "drop(keep=1)"}),
+    dropped = jobs.run(_config(tmp_path, **{"quality.text_file": text_file,
+                                            "policies.miss": "drop(keep=1)"}),
                        str(tmp_path / "drop"))["quality"]
     assert dropped["kl_mean"] > 0 and dropped["top1_agreement"] < 1
     assert dropped["reference_bits_per_byte"] == q["reference_bits_per_byte"]
@@ -165,8 +166,8 @@ def test_job_reports_zero_drift_under_fetch_and_drift_under_drop(tmp_path, text_
 
 @pytest.mark.slow
 def test_resident_at_int2_against_the_native_reference(tmp_path, text_file):
-    r = jobs.run(_config(tmp_path, text_file=text_file,
-                         **{"cache.enabled": False, "cache.precision": "int2"}), str(tmp_path))
+    r = jobs.run(_config(tmp_path, **{"quality.text_file": text_file, "cache.enabled": False,
+                                      "cache.precision": "int2"}), str(tmp_path))
     assert r["model"]["precision"] == "int2" and r["speed"] is None and "cache" not in r
     assert r["quality"]["kl_mean"] > 0 and r["quality"]["top1_agreement"] < 1
 
@@ -175,7 +176,7 @@ def test_resident_at_int2_against_the_native_reference(tmp_path, text_file):
 def test_cli_as_a_user_runs_it(tmp_path, subprocess_env):
     proc = subprocess.run(
         [sys.executable, "-m", "moejax.main", "--config=configs/quality.py",
-         "--config.text_file=README.md", "--config.quality.max_tokens=48",
+         "--config.quality.text_file=README.md", "--config.quality.max_tokens=48",
          "--config.quality.drift_prompts=1", "--config.log.progress=False",
          f"--workdir={tmp_path}"], cwd=REPO, env=subprocess_env, capture_output=True,
         text=True, timeout=600)
@@ -187,11 +188,11 @@ def test_cli_as_a_user_runs_it(tmp_path, subprocess_env):
 
 @pytest.mark.parametrize("fields,match", [
     ({}, "give one text"),
-    ({"text_file": "README.md", "eval.task": "gsm8k"}, "give one text"),
-    ({"text_file": "/no/such/file.txt"}, "is not a file"),
-    ({"text_file": "README.md", "quality.teacher_forcing": "greedy"}, "teacher_forcing"),
-    ({"text_file": "README.md", "quality.segment_tokens": 1}, "segment_tokens"),
-    ({"text_file": "README.md", "quality.drift_new_tokens": 0}, "drift_new_tokens"),
+    ({"quality.text_file": "README.md", "eval.task": "gsm8k"}, "give one text"),
+    ({"quality.text_file": "/no/such/file.txt"}, "^quality.text_file=.* is not a file"),
+    ({"quality.text_file": "README.md", "quality.teacher_forcing": "greedy"}, "teacher_forcing"),
+    ({"quality.text_file": "README.md", "quality.segment_tokens": 1}, "segment_tokens"),
+    ({"quality.text_file": "README.md", "quality.drift_new_tokens": 0}, "drift_new_tokens"),
 ])
 def test_bad_config_is_a_clear_error(tmp_path, fields, match):
     with pytest.raises(ConfigError, match=match):

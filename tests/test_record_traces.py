@@ -154,7 +154,7 @@ def test_record_a_tiny_family_then_replay_it(tmp_path):
 
     r = base_config()
     r.job, r.model.preset, r.clock.kind = "replay", "", "virtual"
-    r.trace = str(tmp_path / "rec" / "prose.npz")
+    r.replay.trace = str(tmp_path / "rec" / "prose.npz")
     r.cache.capacity_frac = 0.25  # 8 slots of 32 experts (5% is below top-k)
     r.policies.prefetch = "score_percentile(p=80)"
     r.log.progress = r.log.tensorboard = False

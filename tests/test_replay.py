@@ -28,8 +28,8 @@ RAN = {"reference": "reference", "auto": "compiled"}  # LRU and Belady have comp
 
 def _replay_config(trace: str, engine: str = "auto", **policies):
     c = base_config()
-    c.job, c.trace, c.model.preset, c.clock.kind = "replay", trace, "", "virtual"
-    c.cache.replay_engine = engine
+    c.job, c.replay.trace, c.model.preset, c.clock.kind = "replay", trace, "", "virtual"
+    c.replay.engine = engine
     c.log.progress = c.log.tensorboard = False
     for k, v in policies.items():
         setattr(c.policies, k, v)

@@ -1,7 +1,7 @@
 """Replay of traces no one here produced, built in tmp_path from the bundled real captures:
 
 * a capture whose header lacks the expert count (`"n_experts": null` or no key): inferred as
-  the largest id + 1, or stated with `trace_num_experts`, and reported in results.json;
+  the largest id + 1, or stated with `replay.num_experts`, and reported in results.json;
 * a vLLM routing log whose last tokens lack some layers (logging stopped mid-token): the
   complete tokens replay, the skipped ones are named in results.json and warned about;
 * an id-only trace with no model named: expert bytes unknown, so bytes and times print and
@@ -43,8 +43,8 @@ ENGINES = ("reference", "auto")  # the policy objects; the compiled engine where
 
 def _replay_config(trace: str, slots: int, engine: str = "auto", **policies):
     c = base_config()
-    c.cache.replay_engine = engine
-    c.job, c.trace, c.model.preset, c.clock.kind = "replay", trace, "", "virtual"
+    c.replay.engine = engine
+    c.job, c.replay.trace, c.model.preset, c.clock.kind = "replay", trace, "", "virtual"
     c.log.progress = c.log.tensorboard = False
     c.cache.slots = slots
     c.cache.pin_scope = "request"  # the classic cache model the simulation below implements
@@ -152,20 +152,20 @@ def test_capture_without_count_lru_matches_an_independent_simulation(tmp_path, s
     assert (_hits(res) > 0) == (slots > 128)  # 128 requests a token
 
 
-def test_trace_num_experts_states_the_count(tmp_path):
+def test_replay_num_experts_states_the_count(tmp_path):
     path = _capture_without_count(tmp_path)
     c = _replay_config(path, 256)
-    c.trace_num_experts = 64
+    c.replay.num_experts = 64
     res = jobs.run(c, str(tmp_path / "a"))
     assert res["trace"]["num_experts"] == 64
     assert res["trace"]["num_experts_source"] == "config"
     assert res["trace"]["num_experts_inferred"] is False
-    c.trace_num_experts = 80  # more experts than were ever routed to: allowed
+    c.replay.num_experts = 80  # more experts than were ever routed to: allowed
     res = jobs.run(c, str(tmp_path / "b"))
     assert res["trace"]["num_experts"] == 80 and res["cache"]["slots"] == 256
     # A header that states the count, and the same count given: fine.
     c = _replay_config(OLMOE, 256)
-    c.trace_num_experts = 64
+    c.replay.num_experts = 64
     assert jobs.run(c, str(tmp_path / "c"))["trace"]["num_experts_source"] == "header"
 
 
@@ -179,21 +179,21 @@ def _first_id_at_least(path: str, n: int):
     raise AssertionError
 
 
-def test_trace_num_experts_too_small_is_an_error_naming_file_and_id(tmp_path):
+def test_replay_num_experts_too_small_is_an_error_naming_file_and_id(tmp_path):
     path = _capture_without_count(tmp_path)
     line, bad = _first_id_at_least(path, 60)
     c = _replay_config(path, 256)
-    c.trace_num_experts = 60
+    c.replay.num_experts = 60
     with pytest.raises(ConfigError, match=re.escape(f"{path}:{line}:") +
-                       f".*routes to expert {bad}.*trace_num_experts=60"):
+                       f".*routes to expert {bad}.*replay.num_experts=60"):
         jobs.run(c, str(tmp_path / "w"))
 
 
-def test_trace_num_experts_disagreeing_with_the_header_is_an_error(tmp_path):
+def test_replay_num_experts_disagreeing_with_the_header_is_an_error(tmp_path):
     c = _replay_config(OLMOE, 256)
-    c.trace_num_experts = 65
+    c.replay.num_experts = 65
     with pytest.raises(ConfigError, match=re.escape(f"{OLMOE}:1:") +
-                       ".*n_experts=64.*trace_num_experts=65"):
+                       ".*n_experts=64.*replay.num_experts=65"):
         jobs.run(c, str(tmp_path / "w"))
     # A moejax .npz trace records its count too.
     [t] = importers.load_traces(OLMOE)
@@ -222,9 +222,9 @@ def test_inferred_count_named_in_a_model_shape_mismatch(tmp_path):
     path = _write_jsonl(tmp_path / "no63.jsonl", [head] + rows)
     c = _replay_config(path, 256)
     c.model.family, c.model.preset = "olmoe", "olmoe-1b-7b"
-    with pytest.raises(ConfigError, match="16 x 63.*inferred.*trace_num_experts"):
+    with pytest.raises(ConfigError, match="16 x 63.*inferred.*replay.num_experts"):
         jobs.run(c, str(tmp_path / "a"))
-    c.trace_num_experts = 64
+    c.replay.num_experts = 64
     res = jobs.run(c, str(tmp_path / "b"))
     assert res["trace"]["num_experts"] == 64 and res["cache"]["expert_bytes"] is not None
 
@@ -306,9 +306,9 @@ def test_vllm_lru_matches_an_independent_simulation_of_the_complete_tokens(tmp_p
 def test_vllm_incomplete_tokens_are_errors_when_strict(tmp_path):
     path = _write_jsonl(tmp_path / "vllm.jsonl", _vllm_rows())
     c = _replay_config(path, 150)
-    c.trace_strict = True
+    c.replay.strict = True
     with pytest.raises(ConfigError, match=re.escape(path) +
-                       r": problem 'a' token 58 lacks layers \[23\].*trace_strict"):
+                       r": problem 'a' token 58 lacks layers \[23\].*replay.strict"):
         jobs.run(c, str(tmp_path / "w"))
 
 
@@ -349,16 +349,16 @@ def test_vllm_file_with_nothing_complete_is_an_error(tmp_path):
         importers.load_traces(path)
 
 
-def test_vllm_trace_num_experts(tmp_path):
+def test_vllm_replay_num_experts(tmp_path):
     rows = _vllm_rows()
     path = _write_jsonl(tmp_path / "vllm.jsonl", rows)
     line, bad = next((n, max(r["experts"])) for n, r in enumerate(rows, 1)
                      if max(r["experts"]) >= 50)
     with pytest.raises(TraceError, match=re.escape(f"{path}:{line}:") +
-                       f" row routes to expert {bad}, but trace_num_experts=50"):
+                       f" row routes to expert {bad}, but replay.num_experts=50"):
         importers.import_traces(path, num_experts=50)
     c = _replay_config(path, 150)
-    c.trace_num_experts = 64
+    c.replay.num_experts = 64
     res = jobs.run(c, str(tmp_path / "w"))
     assert res["trace"]["num_experts"] == 64 and res["trace"]["num_experts_source"] == "config"
     assert res["trace"]["num_experts_inferred"] is False
@@ -445,9 +445,9 @@ def test_command_line_replays_foreign_traces(tmp_path, kind, engine):
     workdir = tmp_path / "w"
     proc = subprocess.run(
         [sys.executable, "-m", "moejax.main", "--config=configs/replay.py",
-         f"--config.trace={trace}", f"--config.cache.slots={slots}",
+         f"--config.replay.trace={trace}", f"--config.cache.slots={slots}",
          "--config.policies.eviction=lru", "--config.cache.pin_scope=request",
-         f"--config.cache.replay_engine={engine}",
+         f"--config.replay.engine={engine}",
          "--config.log.tensorboard=False", f"--workdir={workdir}"],
         cwd=REPO_ROOT, env=dict(os.environ, JAX_PLATFORMS="cpu"), capture_output=True,
         text=True, timeout=300)

@@ -29,7 +29,7 @@ def _trace(name: str) -> str:
 
 
 def _cell(trace: str, preset: str = "", eviction: str = "", **more) -> dict:
-    o = {"trace": _trace(trace), "cache.slots": SLOTS}
+    o = {"replay.trace": _trace(trace), "cache.slots": SLOTS}
     if preset:
         o["policies.preset"] = preset
     if eviction:

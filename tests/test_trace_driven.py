@@ -63,7 +63,7 @@ def _replay(tmp_path, trace: Trace, name: str, **cache) -> dict:
     path = str(tmp_path / f"{name}.npz")
     trace.save(path)
     c = base_config()
-    c.job, c.trace, c.model.preset, c.clock.kind = "replay", path, "", "virtual"
+    c.job, c.replay.trace, c.model.preset, c.clock.kind = "replay", path, "", "virtual"
     c.log.progress = c.log.tensorboard = False
     for k, v in cache.items():
         setattr(c.policies if k in ("eviction", "prefetch") else c.cache, k, v)
@@ -232,12 +232,12 @@ def test_each_sequence_of_a_trace_is_a_request(tmp_path):
     cell = dict(eviction="lru", prefetch="none", slots=40)
     config = _live(str(path), base_config().run.max_new_tokens, width=False, warmup=True,
                    **cell)
-    config.trace_num_experts = 32
+    config.replay.num_experts = 32
     live = jobs.run(config, str(tmp_path / "live"))
     assert [len(r["generated_token_ids"]) for r in live["requests"]] == [4, 7, 5]
     assert live["trace_driven"]["passes_run"] == 16
     c = base_config()
-    c.job, c.trace, c.model.preset, c.trace_num_experts = "replay", str(path), "", 32
+    c.job, c.replay.trace, c.model.preset, c.replay.num_experts = "replay", str(path), "", 32
     c.log.progress = c.log.tensorboard = False
     c.policies.eviction, c.policies.prefetch, c.cache.slots = "lru", "none", 40
     replayed = jobs.run(c, str(tmp_path / "replay"))
@@ -320,7 +320,7 @@ def test_mistakes_are_one_line(tmp_path, fields, message):
     c = _config(**{k: v for k, v in fields.items() if k != "job"})
     c.job = fields.get("job", "generate")
     if c.job == "perplexity":
-        c.text_file = bundled.heldout_path("code")
+        c.perplexity.text_file = bundled.heldout_path("code")
     with pytest.raises(ConfigError, match=message) as e:
         jobs.run(c, str(tmp_path / "w"))
     assert "\n" not in str(e.value)
@@ -328,7 +328,7 @@ def test_mistakes_are_one_line(tmp_path, fields, message):
 
 def test_a_replay_refuses_trace_routing(tmp_path):
     c = _config(policies__routing=_routing(CAPTURE))
-    c.job, c.trace, c.model.preset = "replay", CAPTURE, ""
+    c.job, c.replay.trace, c.model.preset = "replay", CAPTURE, ""
     with pytest.raises(ConfigError, match="a replay already follows its own"):
         jobs.run(c, str(tmp_path / "w"))
 

@@ -1,4 +1,4 @@
-"""Replaying a sequence as several requests (`trace_request_tokens`, `trace_prefill_tokens`):
+"""Replaying a sequence as several requests (`replay.request_tokens`, `replay.prefill_tokens`):
 cold and warm TTFT from a recorded trace, decode-only captures included."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ SCORED = f"{bundled.SCORED_TRACES_DIR}/prose_0.npz"  # a 64-token prefill, 191 d
 
 def _replay(tmp_path, trace: str, name: str, **cfg):
     c = base_config()
-    c.job, c.trace, c.model.preset, c.clock.kind = "replay", trace, "", "virtual"
+    c.job, c.replay.trace, c.model.preset, c.clock.kind = "replay", trace, "", "virtual"
     c.log.progress = c.log.tensorboard = False
     c.cache.slots = 16
     for k, v in cfg.items():
@@ -45,13 +45,14 @@ def test_cut_regroups_the_rows_and_keeps_them():
 def test_recutting_to_the_recorded_passes_replays_identically(tmp_path):
     # The trace's own prefill is 64 rows: one request with a 64-row prefill is the trace.
     as_recorded = _replay(tmp_path, SCORED, "a")
-    recut = _replay(tmp_path, SCORED, "b", trace_request_tokens=0, trace_prefill_tokens=64)
+    recut = _replay(tmp_path, SCORED, "b",
+                    **{"replay.request_tokens": 0, "replay.prefill_tokens": 64})
     assert recut["cache"]["total"] == as_recorded["cache"]["total"]
     assert recut["cache"]["timing"] == as_recorded["cache"]["timing"]
 
 
 def test_several_requests_report_cold_and_warm_ttft(tmp_path):
-    r = _replay(tmp_path, SCORED, "r", trace_request_tokens=64, trace_prefill_tokens=16)
+    r = _replay(tmp_path, SCORED, "r", **{"replay.request_tokens": 64, "replay.prefill_tokens": 16})
     tm = r["cache"]["timing"]
     assert r["trace"]["requests"] == 4 and len(tm["ttft_per_request_s"]) == 4
     assert tm["cold_ttft_s"] == tm["ttft_s"] == tm["ttft_per_request_s"][0]
@@ -65,8 +66,8 @@ def test_a_decode_only_capture_gets_a_ttft(tmp_path):
           "policies.eviction": "lru", "policies.prefetch": "none"}
     plain = _replay(tmp_path, bundled.capture_path("olmoe_code"), "p", **kw)
     assert plain["cache"]["timing"]["ttft_s"] is None
-    cut = _replay(tmp_path, bundled.capture_path("olmoe_code"), "c", trace_request_tokens=128,
-                  trace_prefill_tokens=32, **kw)
+    cut = _replay(tmp_path, bundled.capture_path("olmoe_code"), "c", **kw,
+                  **{"replay.request_tokens": 128, "replay.prefill_tokens": 32})
     assert cut["trace"]["requests"] == 4 and cut["cache"]["timing"]["warm_ttft_s"] > 0
     # Regrouping changes no routing: every token's requests are still there.
     assert cut["cache"]["total"]["requests"] <= plain["cache"]["total"]["requests"]
@@ -75,8 +76,8 @@ def test_a_decode_only_capture_gets_a_ttft(tmp_path):
 
 @pytest.mark.parametrize("request_tokens, prefill_tokens, match", [
     (-1, 0, ">= 0"),
-    (64, 0, "needs trace_prefill_tokens >= 1"),
-    (64, 64, "must be below trace_request_tokens=64"),
+    (64, 0, "needs replay.prefill_tokens >= 1"),
+    (64, 64, "must be below replay.request_tokens=64"),
     (0, 255, "not below the 255 token rows"),
 ])
 def test_bad_cuts_are_clear_errors(request_tokens, prefill_tokens, match):

@@ -147,7 +147,7 @@ def test_calibrate_then_validate_end_to_end(tmp_path, subprocess_env):
     assert summary["cells"] == 2 and summary["decode"]["median"] is not None
     run = subprocess.run(
         [sys.executable, "-m", "moejax.main", "--config=configs/replay.py",
-         f"--config.trace={os.path.join(ROOT, 'moejax/assets/captures/olmoe_code.jsonl')}",
+         f"--config.replay.trace={os.path.join(ROOT, 'moejax/assets/captures/olmoe_code.jsonl')}",
          "--config.model.family=olmoe", "--config.model.preset=olmoe-1b-7b",
          "--config.model.width=32", "--config.policies.prefetch=none",
          f"--config.hardware.file={os.path.join(w, 'hardware.json')}",

@@ -37,13 +37,15 @@ MODELS = (("olmoe", "OLMoE-1B-7B", "OLMoE", (16, 64, 8)),
 # The condition of a cell, as claims.json names its fields: (field, the config key it reads).
 CONDITION = (("queue", "cache.prefetch_queue"), ("capacity_of", "cache.capacity_of"),
              ("precision", "cache.precision"), ("h2d_gbps", "hardware.h2d_gbps"),
-             ("hardware", "hardware.preset"), ("request_tokens", "trace_request_tokens"),
-             ("prefill_tokens", "trace_prefill_tokens"))
+             ("hardware", "hardware.preset"), ("request_tokens", "replay.request_tokens"),
+             ("prefill_tokens", "replay.prefill_tokens"))
 # Config keys that are not a condition: what the claims compare (policies), the trace (the
 # identity), the capacity (read per claim), and what does not change a number (the replay
-# engine: both give the reference's numbers exactly; logging). Every other field is.
-NOT_CONDITION = ("policies.", "cache.capacity_frac", "cache.slots", "cache.replay_engine",
-                 "log.")
+# engine: both give the reference's numbers exactly; logging; the train job's section). Every
+# other field is. (A cell's config reads by the current names: `sweep_cells.cell_row`.)
+NOT_CONDITION = ("policies.", "cache.capacity_frac", "cache.slots", "replay.engine", "log.",
+                 "train.")
+TRACE_FIELD = "replay.trace"
 
 
 def _json(value, default=None):
@@ -124,7 +126,8 @@ def other_of(setup: dict) -> tuple:
     """Every config field not a condition and not in NOT_CONDITION, as sorted pairs."""
     named = {key for _, key in CONDITION}
     return tuple(sorted((k, v) for k, v in setup.items()
-                        if k not in named and k != "trace" and not k.startswith(NOT_CONDITION)))
+                        if k not in named and k != TRACE_FIELD
+                        and not k.startswith(NOT_CONDITION)))
 
 
 def capacity_passes(slots: int | None, ident: Identity) -> float | None:
@@ -263,7 +266,8 @@ def _extras(row: dict, results: dict) -> dict:
     hardware = ((results.get("cache") or {}).get("hardware") or {}).get("name")
     return {"identity": ident, "group": ident.group, "paper_model": ident.paper_model,
             "synthetic": ident.synthetic,
-            "trace_path": str(t.get("path") or _json(setup.get("trace"), "") or row["trace"]),
+            "trace_path": str(t.get("path") or _json(setup.get(TRACE_FIELD), "")
+                              or row["trace"]),
             "eviction": least_stale_spec(row["eviction"], built_eviction(results)),
             "has_scores": t.get("has_scores"), "dropped": total.get("dropped"),
             "substituted": total.get("substituted"), "dropped_share": share("dropped"),

@@ -146,7 +146,7 @@ def describe(path: str) -> dict:
 
 def cell_name(overrides: dict) -> str:
     text = json.dumps(overrides, sort_keys=True)
-    stem = os.path.splitext(os.path.basename(str(overrides["trace"])))[0]
+    stem = os.path.splitext(os.path.basename(str(overrides["replay.trace"])))[0]
     return f"{stem}-{hashlib.sha256(text.encode()).hexdigest()[:12]}"
 
 
@@ -236,4 +236,4 @@ def _run_cell(cell_dir: str, overrides: dict) -> None:
             failed = ""
     if failed:
         raise UsageError(f"claims: the cell {os.path.basename(cell_dir)} "
-                         f"({overrides['trace']}) failed: {failed.splitlines()[0]}")
+                         f"({overrides['replay.trace']}) failed: {failed.splitlines()[0]}")

@@ -1,4 +1,4 @@
-"""The disk tier grid's answers (`configs/grid_disk.py`), as markdown tables.
+"""The disk tier grid's answers (`studies/dossier/grid_disk.py`), as markdown tables.
 
     python -m moejax.analysis.disk_tier --sweep_dir=/tmp/grid_disk
 
@@ -159,7 +159,7 @@ def _main(sweep_dir: str, rows: list[dict]) -> None:
     if not any(r["host_experts"] is not None for r in rows):
         raise UsageError(f"--sweep_dir={sweep_dir}: none of its {len(rows)} finished cells "
                          f"ran a host tier (cache.host_capacity_frac): these tables are of "
-                         f"configs/grid_disk.py's sweep")
+                         f"studies/dossier/grid_disk.py's sweep")
     policies, hotlists = policy_tables(rows), hotlist_tables(rows)
     none = ["(no cell of this part of the grid here)", ""]
     print("\n".join(["## Policies with a storage tier", "", *(policies or none),

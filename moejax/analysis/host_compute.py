@@ -63,7 +63,7 @@ class Cell:
     slots: int | None = None
     moe_layers: int | None = None
     top_k: int | None = None
-    request_tokens: int | None = None  # trace_request_tokens (None: the trace's own passes)
+    request_tokens: int | None = None  # replay.request_tokens (None: the trace's own passes)
     prefill_tokens: int | None = None
 
     def time(self, measure: str) -> float | None:
@@ -152,9 +152,16 @@ def cell_of(row: dict, fields: dict | None = None) -> Cell:
                 slots=row.get("slots"), moe_layers=len(row.get("layers") or []) or None,
                 top_k=fields.get("top_k"),
                 request_tokens=_int_or_none(fields.get("request_tokens",
-                                                       _shown(setup.get("trace_request_tokens")))),
+                                                       _setup_field(setup, "request_tokens"))),
                 prefill_tokens=_int_or_none(fields.get("prefill_tokens",
-                                                       _shown(setup.get("trace_prefill_tokens")))))
+                                                       _setup_field(setup, "prefill_tokens"))))
+
+
+def _setup_field(setup: dict, name: str):
+    """The replay section's field `name` of a row's config: `replay.NAME`, or in a row built
+    before it moved there (sweeps on disk) `trace_NAME`."""
+    value = setup.get(f"replay.{name}")
+    return _shown(value if value is not None else setup.get(f"trace_{name}"))
 
 
 def cells_of(rows: list[dict], sweep_dir: str | None = None) -> list[Cell]:
@@ -382,7 +389,7 @@ def host_cells(sweep_dir: str, rows: list[dict]) -> list[Cell]:
     if not any(c.miss in HOST_POLICIES for c in cells):
         raise UsageError(f"--sweep_dir={sweep_dir}: none of its {len(rows)} finished cells "
                          f"computed on the host (policies.miss=host_compute or latency_aware): "
-                         f"these tables are of configs/grid_host.py's sweep")
+                         f"these tables are of studies/fiddler/grid_host.py's sweep")
     return cells
 
 

@@ -12,7 +12,7 @@ stall per prefetch policy) and `fig_ttft_decode.png` (TTFT and decode tok/s per
 configuration); when the sweep holds SpecMD drop-in pairs (a `policies.preset` run with its own
 eviction and with `policies.eviction=least_stale`, all else equal: `sweep_cells.dropin_pairs`),
 also `fig_dropin_least_stale.png` and the drop-in tables; when it holds quality cells (the
-`quality` job: configs/grid_quality.py), also `fig_quality_frontier.png` and a "Quality–speed
+`quality` job: studies/specmd/grid_quality.py), also `fig_quality_frontier.png` and a "Quality–speed
 frontier" section (`moejax/analysis/frontier.py`), and their columns in cells.csv.
 
 Hit rates are always shown as ready + late (`ready_hit_rate`: resident and ready;

@@ -17,6 +17,8 @@ import math
 import os
 from typing import Any, Iterable
 
+from moejax.jobs.schema import current_config
+
 # Known policies in the paper's order (Fig. 4: FLD, SB, LRU, LS); unknown ones follow by name.
 EVICTION_ORDER = ("fld", "score", "lru", "lru_per_layer", "lfu", "lhu", "least_stale", "belady")
 PREFETCH_ORDER = ("none", "topk", "score_percentile", "oracle")
@@ -67,7 +69,7 @@ def trace_name(results: dict, config: dict) -> str:
             return str(t["name"])
         if t.get("path"):
             return _stem(str(t["path"]))
-    c = config.get("trace")
+    c = (config.get("replay") or {}).get("trace") or config.get("trace")  # (the old name)
     if isinstance(c, dict):
         c = c.get("path")
     return _stem(c) if isinstance(c, str) and c else "live"
@@ -152,7 +154,9 @@ def cell_row(name: str, results: Any) -> dict:
         raise ValueError(f"the job reported an error: {results['error']}")
     if not isinstance(results.get("cache"), dict):
         raise KeyError("no 'cache' section (was the cache enabled?)")
-    cache, config = results["cache"], results.get("config") or {}
+    # A cell run before fields moved into their job's section (`trace` is `replay.trace`
+    # now) reads as one run since: every field below by its current name.
+    cache, config = results["cache"], current_config(results.get("config") or {})
     total, timing = cache["total"], cache.get("timing") or {}
     # The resolved policies the cache ran (a preset expands to four) win over the config fields.
     policies = {**(config.get("policies") or {}), **(cache.get("policies") or {})}
@@ -201,7 +205,8 @@ def cell_row(name: str, results: Any) -> dict:
         speed = results.get("speed") or {}
         row.update({k: speed.get(k) for k in (*TIMING, "stall_s")})
         row["ttft_per_request_s"] = speed.get("ttft_per_request_s")
-        text = results.get("text_file") or config.get("text_file")
+        text = (results.get("text_file") or (config.get("quality") or {}).get("text_file")
+                or config.get("text_file"))
         task = results.get("task")
         workload = _stem(str(text)) if text else (str(task) if task else "")
         row["trace"] = f"{row['model']} · {workload}" if workload else str(row["model"])

@@ -28,13 +28,16 @@ from moejax.cache.capacity import (
 from moejax.cache.expert_cache import ExpertCache, SlotSink
 from moejax.cache.from_config import (
     CLOCKS,
+    LOAD_PATHS,
     WARM_STARTS,
     build_cache,
     build_cache_for,
     build_host_tier,
     build_policies,
+    check_settings,
     clock_kind,
     computes_on_host,
+    field_value,
     given_precision,
     hardware_from,
     host_cpu_from,
@@ -44,6 +47,9 @@ from moejax.cache.from_config import (
     policy_context,
     seed_cache,
     storage_from,
+    trace_driven,
+    warn_unapplied,
+    warned,
 )
 from moejax.cache.host_path import HostPath, HostSpan, LayerPlan, LayerPlanner
 from moejax.cache.host_tier import HostTier
@@ -58,9 +64,13 @@ from moejax.cache.metrics import (
     PassTiming,
     WaveOutcome,
 )
+from moejax.cache.speculation import SpeculationSchedule
+from moejax.cache.summary import WALL_CLOCK, host_work_section, model_words
 
 __all__ = [
-    "BYTES", "CAPACITY_OF", "CLOCKS", "COUNTERS", "HOST_BYTES", "HOST_COUNTERS", "HOST_SECONDS",
+    "BYTES", "CAPACITY_OF", "CLOCKS", "LOAD_PATHS", "SpeculationSchedule", "WALL_CLOCK",
+    "check_settings", "field_value", "host_work_section", "model_words", "trace_driven",
+    "warn_unapplied", "warned", "COUNTERS", "HOST_BYTES", "HOST_COUNTERS", "HOST_SECONDS",
     "PIN_SCOPES", "PREFETCH_QUEUES", "SECONDS", "WARM_STARTS", "Budget", "CacheMetrics",
     "CacheOptions", "CacheShape", "ExpertCache", "HostPath", "HostSpan", "HostTier", "LayerPlan", "LayerPlanner",
     "PassTiming", "PoolSpec", "SlotSink", "WaveOutcome", "build_cache", "build_cache_for",

@@ -257,8 +257,9 @@ def _check_io(config: ml_collections.ConfigDict) -> None:
         raise ConfigError(f"io.mode={config.io.mode!r} is not one of {IO_MODES}")
 
 
-# Fields a run of the model does not read (replay sizes experts and picks its engine by them).
-REPLAY_ONLY = ("cache.group_size", "cache.expert_bytes", "cache.replay_engine")
+# Fields a run of the model does not read (replay sizes experts by them; its engine,
+# `replay.engine`, is in the replay job's own section: `moejax.jobs.schema.READ_BY`).
+REPLAY_ONLY = ("cache.group_size", "cache.expert_bytes")
 HOST_TIER = ("cache.host_eviction",)
 STORAGE = tuple(f"storage.{k}" for k in ("preset", *storage_lib.OVERRIDABLE))
 HOST_CPU = tuple(f"host.{k}" for k in ("preset", *host_lib.OVERRIDABLE))

@@ -156,7 +156,7 @@ def from_trace(path: str, *, num_experts: int | None = None,
     """The hotlist of the trace file(s) at `path`: any format `load_traces` reads, or a work
     directory holding a recorded `trace.npz`; several paths joined by `,` have their counts
     summed. `num_experts` states the model's expert count for files that do not (id-only
-    captures and vLLM logs), as the replay job's `trace_num_experts` does.
+    captures and vLLM logs), as the replay job's `replay.num_experts` does.
 
     Errors are ConfigErrors naming `cache.seed`: a missing file, a work directory without a
     recorded trace, a malformed trace, traces of different models."""

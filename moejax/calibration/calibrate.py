@@ -244,7 +244,7 @@ def step_table(steps: list[dict], reps: int, roofline) -> str:
 def calibrate(workdir: str, plan: Plan, command: str, out=print) -> dict:
     """Steps 1-6 into `workdir` (claimed by the caller). Returns what calibration.json holds:
     the profile, its file, and the cells' rows."""
-    from moejax.cache.from_config import hardware_from
+    from moejax.cache import hardware_from
     from moejax.calibration import cells as cells_lib
     from moejax.calibration import host_fit, matrix, measure, profile
     from moejax.jobs.common import progress

@@ -28,7 +28,7 @@ import ml_collections
 import numpy as np
 from flax import nnx
 
-from moejax.cache.from_config import hardware_from
+from moejax.cache import hardware_from
 from moejax.calibration.fit import relative_error
 from moejax.calibration.host_fit import Sample
 from moejax.families import preset

@@ -79,7 +79,7 @@ def base_config(group: Group, hardware_file: str, tokens: int, prefill_tokens: i
     if model is not None:
         c.model.family, c.model.preset, c.model.width = model[0], model[1], width
         c.policies.routing = f"trace(path={group.path!r})"
-        c.trace_prefill_tokens = prefill_tokens
+        c.replay.prefill_tokens = prefill_tokens
     else:
         c.run.prompt = group.prompt
     for field, value in group.settings:
@@ -135,7 +135,7 @@ def packed_copy(workdir: str | None) -> str:
 
 
 # This machine's disk as `benchmarks/cold_read.py` measured it (O_DIRECT, bytes never read
-# since boot; configs/grid_disk.py's THIS_DISK): the disk tier's storage profile.
+# since boot; studies/dossier/grid_disk.py's THIS_DISK): the disk tier's storage profile.
 THIS_DISK = (("storage.read_gbps", 0.72), ("storage.read_latency_s", 1.65e-4),
              ("storage.queue_depth", 8))
 

@@ -21,7 +21,16 @@ from moejax import workdir as workdir_lib
 from moejax.cli import Interrupted
 from moejax.errors import ConfigError
 from moejax.jobs.declared import check_declared, unread_by_job
-from moejax.jobs.schema import JOBS, LIVE, READ_BY, base_config
+from moejax.jobs.schema import (
+    EVERY_JOB,
+    JOBS,
+    LIVE,
+    MOVED,
+    MOVED_FOR_JOB,
+    READ_BY,
+    TRACE_DRIVEN_READS,
+    base_config,
+)
 
 __all__ = ["JOBS", "base_config", "check", "run"]
 
@@ -65,9 +74,9 @@ def run(config: ml_collections.ConfigDict, workdir: str,
 def _record_warnings(config: ml_collections.ConfigDict, workdir: str, results) -> None:
     """Every warning said for this run's settings, kept in its results.json (`warnings`):
     a setting accepted and not applied is never only a line on a terminal."""
-    if config.job == "train" or not isinstance(results, dict):
+    if not isinstance(results, dict):
         return
-    from moejax.cache.from_config import warned
+    from moejax.cache import warned
     from moejax.results import write_json_atomic
 
     said = warned(config)
@@ -86,7 +95,7 @@ CONFLICTS = (("cache.slots", "cache.capacity_frac", "a slot count or a fraction 
 
 def _check_conflicts(config: ml_collections.ConfigDict,
                      defaults: ml_collections.ConfigDict) -> None:
-    from moejax.cache.from_config import field_value as value
+    from moejax.cache import field_value as value
 
     for a, b, what in CONFLICTS:
         if value(config, a) != value(defaults, a) and value(config, b) != value(defaults, b):
@@ -95,27 +104,37 @@ def _check_conflicts(config: ml_collections.ConfigDict,
 
 
 def check(config: ml_collections.ConfigDict, warn: bool = True) -> None:
-    """What a run checks before its job starts: `config.job`; the cache, clock, storage, io
-    and policy fields (`check_settings`; with `warn`, one line on stderr for each setting given
-    that does not apply); the job's own fields (its module's `validate`, where it has one).
-    A value outside a field is a ConfigError naming it. The sweep launcher checks every cell
-    with it before the first one runs (`launch/preflight.py`)."""
+    """What a run checks before its job starts: every field declared (a field that moved into
+    its job's section, `schema.MOVED`, named with where it went); `config.job`; the cache,
+    clock, storage, io and policy fields (`check_settings`; with `warn`, one line on stderr for
+    each setting given that does not apply); the job's own fields (its module's `validate`,
+    where it has one). A value outside a field is a ConfigError naming it. The sweep launcher
+    checks every cell with it before the first one runs (`launch/preflight.py`)."""
+    from moejax.cache import check_settings
+    from moejax.cache import field_value as value
+
     schema = base_config()  # once per check: a sweep's launch checks every cell
-    if config.get("job") != "train":  # the train job's config is its own (train_small.py)
-        check_declared(config, schema)
+    check_declared(config, schema, moved=MOVED)
     if config.job not in JOBS:
         raise ConfigError(f"config.job={config.job!r} is not one of {JOBS}")
-    if config.job != "train":
-        from moejax.cache.from_config import check_settings
+    for old, new in MOVED_FOR_JOB.get(config.job, {}).items():
+        if value(config, old) != value(schema, old):
+            raise ConfigError(f"{old}={value(config, old)!r} is not read by the {config.job} "
+                              f"job: it moved to {new}")
+    # Each value against its field first, then the pairs that cannot both be given. The
+    # train job runs no cache: what it does not read is said below, by `unread_by_job`.
+    runs_cache = config.job in (*LIVE, "replay")
+    check_settings(config, live=config.job != "replay",
+                   defaults=schema if warn and runs_cache else None)
+    _check_conflicts(config, schema)
+    if warn:
+        from moejax.cache import trace_driven, warn_unapplied
 
-        # Each value against its field first, then the pairs that cannot both be given.
-        check_settings(config, live=config.job != "replay",
-                       defaults=schema if warn else None)
-        _check_conflicts(config, schema)
-        if warn:
-            from moejax.cache.from_config import warn_unapplied
-
-            warn_unapplied(config, unread_by_job(config, schema, READ_BY, LIVE))
+        unread = unread_by_job(config, schema, READ_BY, LIVE, unnamed=(*LIVE, "replay"),
+                               every_job=EVERY_JOB)
+        if config.job == "generate" and trace_driven(config):
+            unread = [(f, why) for f, why in unread if f not in TRACE_DRIVEN_READS]
+        warn_unapplied(config, unread)
     validate = getattr(importlib.import_module(_RUNNERS[config.job][0]), "validate", None)
     if validate is not None:
         validate(config)

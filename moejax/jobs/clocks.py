@@ -26,9 +26,7 @@ from __future__ import annotations
 import ml_collections
 import numpy as np
 
-from moejax.cache import ExpertCache
-from moejax.cache.from_config import build_cache_for, hardware_from
-from moejax.cache.summary import host_work_section, model_words
+from moejax.cache import ExpertCache, build_cache_for, hardware_from, host_work_section, model_words
 from moejax.jobs.common import settle
 from moejax.model_config import ModelConfig
 from moejax.policies import presets

@@ -96,9 +96,10 @@ def not_text_share(data: bytes) -> float:
     return bad / len(data)
 
 
-def check_text_file(path: str, field: str = "text_file") -> None:
-    """`ConfigError` naming `path` and the share when more than `NOT_TEXT_LIMIT` of its bytes
-    are not text; a warning when some are (they are scored as U+FFFD)."""
+def check_text_file(path: str, field: str) -> None:
+    """`ConfigError` naming the field (`perplexity.text_file`), `path` and the share when more
+    than `NOT_TEXT_LIMIT` of its bytes are not text; a warning when some are (they are scored
+    as U+FFFD)."""
     with open(path, "rb") as f:
         data = f.read()
     share = not_text_share(data)

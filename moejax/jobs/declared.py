@@ -7,11 +7,13 @@ the default would run. `check_declared` walks the config against the schema befo
 loads: an undeclared field or section is a ConfigError naming it and the closest declared
 name, a value of the wrong kind names the field and what it takes.
 
-`unread_by_job` is the other half: a field that is declared but that this job does not read
-(`schema.READ_BY`, the table of which jobs read which field), given anyway.
+A field that moved into its job's section (`schema.MOVED`: `trace` is `replay.trace` now) is
+declared no more: set anywhere, it is refused in one line naming the new field (`moved_to`;
+the command line's message is `moejax.cli`'s, given the table by `moejax.main`, a sweep
+cell's `launch.worker`'s).
 
-The train job builds its own config (`configs/train_small.py`): it is checked against nothing
-here."""
+`unread_by_job` is the other half: a field that is declared but that this job does not read
+(`schema.READ_BY`, the table of which jobs read which field), given anyway."""
 
 from __future__ import annotations
 
@@ -45,12 +47,39 @@ def _fits(value, kind: type) -> bool:
     return isinstance(value, kind)
 
 
+def moved_to(name: str, moved: dict, flag: str = "") -> str | None:
+    """Where the old field `name` went (`moved`: `schema.MOVED`), as a config names it
+    (`replay.trace`) or, given `flag` (`--config`), as the command line does
+    (`--config.replay.trace`); None for a name that did not move."""
+    from moejax.cli import as_flags
+
+    new = moved.get(name)
+    return as_flags(new, flag) if new is not None and flag else new
+
+
+def _moved_inside(name: str, value, moved: dict) -> tuple[str, str] | None:
+    """(old name, new name) for `name`, or for the first field inside it when it is a section
+    that is gone (a train config's `data.gsm8k_path`), that moved; None when none did."""
+    if name in moved:
+        return name, moved[name]
+    if isinstance(value, (dict, ml_collections.ConfigDict)):
+        for key in value.keys():
+            found = _moved_inside(f"{name}.{key}", value[key], moved)
+            if found is not None:
+                return found
+    return None
+
+
 def check_declared(config: ml_collections.ConfigDict, schema: ml_collections.ConfigDict,
-                   where: str = "") -> None:
-    """`config` holds only `schema`'s fields and sections, each of the kind it declares."""
+                   where: str = "", moved: dict | None = None) -> None:
+    """`config` holds only `schema`'s fields and sections, each of the kind it declares; a
+    field that moved (`moved`: `schema.MOVED`) is refused naming where it went."""
     for key in config.keys():
         name = f"{where}{key}"
         if key not in schema:
+            found = _moved_inside(name, config[key], moved or {})
+            if found is not None:
+                raise ConfigError(f"{found[0]} moved to {found[1]}")
             close = difflib.get_close_matches(key, list(schema.keys()), n=1)
             hint = f" (did you mean {where}{close[0]}?)" if close else ""
             section = where.rstrip(".") or "the config"
@@ -64,7 +93,7 @@ def check_declared(config: ml_collections.ConfigDict, schema: ml_collections.Con
                                   f"({', '.join(sorted(declared.keys())[:6])}, ...), not a "
                                   "value")
             check_declared(ml_collections.ConfigDict(value) if isinstance(value, dict)
-                           else value, declared, f"{name}.")
+                           else value, declared, f"{name}.", moved)
             continue
         kind = _kind(schema, key)
         if kind is not None and not _fits(value, kind):
@@ -72,25 +101,47 @@ def check_declared(config: ml_collections.ConfigDict, schema: ml_collections.Con
                               f"(got a {type(value).__name__})")
 
 
+def leaves(config: ml_collections.ConfigDict, where: str = "") -> list[str]:
+    """The dotted name of every field of `config`, its sections' fields included."""
+    out = []
+    for key in config.keys():
+        value = config[key]
+        if isinstance(value, ml_collections.ConfigDict) and value.keys():
+            out += leaves(value, f"{where}{key}.")
+        else:
+            out.append(f"{where}{key}")
+    return out
+
+
 def unread_by_job(config: ml_collections.ConfigDict, defaults: ml_collections.ConfigDict,
-                  read_by: tuple, live: tuple) -> list[tuple[str, str]]:
+                  read_by: tuple, live: tuple, unnamed: tuple = (),
+                  every_job: tuple = ()) -> list[tuple[str, str]]:
     """`(field, why)` for each field given (away from `defaults`) that `config.job` does not
     read, by `read_by` (`schema.READ_BY`: a field, or a section with a trailing dot -> the
-    jobs that read it; `live`: the jobs that run the model)."""
-    from moejax.cache.from_config import field_value
+    jobs that read it; `live`: the jobs that run the model). A field `read_by` does not name is
+    read by the jobs `unnamed` (`live` and the replay job), `every_job`'s by every job."""
+    from moejax.cache import field_value
 
-    job, out = config.job, []
+    job, out, named = config.job, [], set(every_job)
+
+    def given(f):
+        return field_value(config, f) != field_value(defaults, f)
+
     for name, jobs in read_by:
+        section = name.endswith(".")
+        fields = leaves(config[name.rstrip(".")], name) if section else [name]
+        named.update(fields)
         if job in jobs:
             continue
-        section = name.endswith(".")
-        fields = ([f"{name}{k}" for k in config[name.rstrip(".")].keys()] if section
-                  else [name])
         readers = ("the jobs that run the model" if set(jobs) == set(live)
                    else f"the {' and '.join(jobs)} job{'s' if len(jobs) > 1 else ''}")
         why = f"{'its section is ' if section else ''}read only by {readers}; this is a {job} run"
-        out += [(f, why) for f in fields
-                if field_value(config, f) != field_value(defaults, f)]
+        out += [(f, why) for f in fields if given(f)]
+    if unnamed and job not in unnamed:
+        readers = ("the jobs that run the model or a replay" if set(unnamed) == {*live, "replay"}
+                   else f"the {' and '.join(unnamed)} jobs")
+        why = f"read only by {readers}; this is a {job} run"
+        out += [(f, why) for f in leaves(config) if f not in named and given(f)]
     return out
 
 
@@ -105,9 +156,11 @@ def listing(schema: ml_collections.ConfigDict, read_by: tuple, where: str = "") 
             lines += listing(value, read_by, f"{name}.")
             continue
         kind = _kind(schema, key)
-        jobs = readers.get(name) or readers.get(f"{where}")
+        sections = [".".join(name.split(".")[:i]) + "." for i in
+                    range(name.count("."), 0, -1)]  # the innermost first
+        jobs = readers.get(name) or next((readers[s] for s in sections if s in readers), None)
         shown = "None (not given)" if value is None else repr(value)
-        lines.append(f"{name:34} {kind.__name__ if kind else 'any':6} {shown}"
+        lines.append(f"{name:38} {kind.__name__ if kind else 'any':6} {shown}"
                      + (f"  [{', '.join(jobs)}]" if jobs else ""))
     return lines
 
@@ -135,7 +188,7 @@ def check_typed(argv: list[str], config: ml_collections.ConfigDict, not_given: d
     (`--config.run.prompts='not json'` would otherwise be one prompt, the text `not json`)."""
     import ast
 
-    from moejax.cache.from_config import field_value
+    from moejax.cache import field_value
 
     for field, typed in _typed(argv):
         flag = f"--config.{field}={typed}"

@@ -26,7 +26,7 @@ import ml_collections
 import numpy as np
 
 from moejax import cli
-from moejax.cache.summary import WALL_CLOCK
+from moejax.cache import WALL_CLOCK
 from moejax.errors import ConfigError
 from moejax.jobs import clocks
 from moejax.jobs.common import (

@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from moejax.cache.summary import WALL_CLOCK
+from moejax.cache import WALL_CLOCK
 from moejax.errors import ConfigError
 from moejax.jobs.common import (
     announce_results,
@@ -44,18 +44,20 @@ from moejax.seam import ExpertSource
 
 
 def validate(config: ml_collections.ConfigDict) -> None:
-    e = config.eval
-    if not config.text_file:
-        raise ConfigError("text_file is empty: pass --config.text_file=PATH")
-    if not os.path.isfile(config.text_file):
-        raise ConfigError(f"text_file={config.text_file!r} is not a file")
-    if e.window < 2:
-        raise ConfigError(f"eval.window={e.window} must be >= 2")
-    if not 1 <= e.stride <= e.window - 1:
-        raise ConfigError(f"eval.stride={e.stride} must be in 1..eval.window-1={e.window - 1}")
-    if e.max_tokens < 0:
-        raise ConfigError(f"eval.max_tokens={e.max_tokens} must be >= 0")
-    check_text_file(config.text_file)
+    p = config.perplexity
+    if not p.text_file:
+        raise ConfigError("perplexity.text_file is empty: pass "
+                          "--config.perplexity.text_file=PATH")
+    if not os.path.isfile(p.text_file):
+        raise ConfigError(f"perplexity.text_file={p.text_file!r} is not a file")
+    if p.window < 2:
+        raise ConfigError(f"perplexity.window={p.window} must be >= 2")
+    if not 1 <= p.stride <= p.window - 1:
+        raise ConfigError(f"perplexity.stride={p.stride} must be in 1..perplexity.window-1="
+                          f"{p.window - 1}")
+    if p.max_tokens < 0:
+        raise ConfigError(f"perplexity.max_tokens={p.max_tokens} must be >= 0")
+    check_text_file(p.text_file, "perplexity.text_file")
 
 
 @jax.jit
@@ -119,15 +121,16 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     validate(config)
     os.makedirs(workdir, exist_ok=True)
     loaded = load_model_for(config)
-    with open(config.text_file, encoding="utf-8", errors="replace") as f:
+    p = config.perplexity
+    with open(p.text_file, encoding="utf-8", errors="replace") as f:
         text = f.read()
     ids = np.asarray(loaded.tokenizer.encode(text), np.int32)
-    if config.eval.max_tokens:
-        ids = ids[: config.eval.max_tokens]
+    if p.max_tokens:
+        ids = ids[: p.max_tokens]
     if len(ids) < 2:
-        raise ConfigError(f"text_file={config.text_file!r} has fewer than 2 tokens")
-    window = min(config.eval.window, len(ids), loaded.cfg.max_position_embeddings)
-    stride = min(config.eval.stride, window - 1)
+        raise ConfigError(f"perplexity.text_file={p.text_file!r} has fewer than 2 tokens")
+    window = min(p.window, len(ids), loaded.cfg.max_position_embeddings)
+    stride = min(p.stride, window - 1)
     # Under the configured cache: drop, substitution and cache-aware routing change quality.
     experts, decoder = configured_decoder(config, loaded, max_len=window)
     where = " on a throwaway cache" if cache_of(experts) is not None else ""
@@ -150,7 +153,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
         "model": {"source": loaded.source, "family": loaded.cfg.family,
                   "precision": experts_precision(config, experts)},
         "tokenizer": loaded.tokenizer.name,
-        "text_file": os.path.abspath(config.text_file),
+        "text_file": os.path.abspath(p.text_file),
         "tokens_scored": int(len(nll)),
         "bytes_scored": int(n_bytes),
         "bits_per_byte": bits / n_bytes,
@@ -177,7 +180,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     write_json_atomic(path, results)
     if cache is not None:
         print(cache_table(config, cache))
-    print(f"{config.text_file}: {results['bits_per_byte']:.4f} bits/byte, "
+    print(f"{p.text_file}: {results['bits_per_byte']:.4f} bits/byte, "
           f"{results['bits_per_token']:.4f} bits/token over {len(nll)} tokens "
           f"[{loaded.source}, experts at {results['model']['precision']}]; {WALL_CLOCK}: "
           f"{rate_words(results['timings'], len(nll))}")

@@ -59,13 +59,14 @@ TEACHER_FORCING = ("decode", "prefill")
 
 def validate(config: ml_collections.ConfigDict) -> None:
     q = config.quality
-    if bool(config.text_file) == bool(config.eval.task):
-        raise ConfigError("give one text: --config.text_file=PATH or --config.eval.task=NAME "
-                          f"(text_file={config.text_file!r}, eval.task={config.eval.task!r})")
-    if config.text_file and not os.path.isfile(config.text_file):
-        raise ConfigError(f"text_file={config.text_file!r} is not a file")
-    if config.text_file:
-        check_text_file(config.text_file)
+    if bool(q.text_file) == bool(config.eval.task):
+        raise ConfigError("give one text: --config.quality.text_file=PATH or "
+                          "--config.eval.task=NAME (quality.text_file="
+                          f"{q.text_file!r}, eval.task={config.eval.task!r})")
+    if q.text_file and not os.path.isfile(q.text_file):
+        raise ConfigError(f"quality.text_file={q.text_file!r} is not a file")
+    if q.text_file:
+        check_text_file(q.text_file, "quality.text_file")
     if q.teacher_forcing not in TEACHER_FORCING:
         raise ConfigError(f"quality.teacher_forcing={q.teacher_forcing!r} is not one of "
                           f"{TEACHER_FORCING}")
@@ -91,16 +92,16 @@ def _sequences(config: ml_collections.ConfigDict, loaded: LoadedModel
     `quality.max_tokens` caps the tokens taken in all."""
     q, tok = config.quality, loaded.tokenizer
     limit = q.max_tokens or None
-    if config.text_file:
-        with open(config.text_file, encoding="utf-8", errors="replace") as f:
+    if q.text_file:
+        with open(q.text_file, encoding="utf-8", errors="replace") as f:
             ids = np.asarray(tok.encode(f.read()), np.int32)[:limit]
         if len(ids) < 2:
-            raise ConfigError(f"text_file={config.text_file!r} has fewer than 2 tokens")
+            raise ConfigError(f"quality.text_file={q.text_file!r} has fewer than 2 tokens")
         p = min(q.drift_prompt_tokens, len(ids))
         starts = np.linspace(0, len(ids) - p, num=q.drift_prompts).astype(int) \
             if q.drift_prompts else []
         prompts = [ids[s:s + p] for s in sorted(set(int(s) for s in starts))]
-        return [ids], prompts, {"text_file": os.path.abspath(config.text_file)}
+        return [ids], prompts, {"text_file": os.path.abspath(q.text_file)}
     from moejax.eval.data import load_examples  # the plain reader: no seqio needed here
 
     e = config.eval

@@ -1,6 +1,6 @@
 """The replay job: a recorded or imported routing trace through the expert cache.
 
-    python -m moejax.main --config=configs/replay.py --config.trace=PATH --config.cache.slots=N \\
+    python -m moejax.main --config=configs/replay.py --config.replay.trace=PATH --config.cache.slots=N \\
         --config.policies.eviction=lru --workdir=W
 
 Writes `W/results.json` in the live schema (`cache`: totals, per layer, timing) and `replay`:
@@ -16,7 +16,7 @@ Precision pools are sized as live ones (`moejax.cache.build_cache_for`, the same
 code), with each quantized expert's bytes computed from that model config and
 `cache.group_size` — no weights are loaded:
 
-    python -m moejax.main --config=configs/replay.py --config.trace=olmoe_prose.jsonl \\
+    python -m moejax.main --config=configs/replay.py --config.replay.trace=olmoe_prose.jsonl \\
         --config.model.family=olmoe --config.model.preset=olmoe-1b-7b \\
         --config.cache.capacity_frac=0.05 --config.cache.capacity_of=model \\
         --config.cache.precision=int4 --workdir=W
@@ -29,8 +29,7 @@ import time
 
 import ml_collections
 
-from moejax.cache import precision_bytes_of, summary
-from moejax.cache.from_config import build_cache_for, clock_kind
+from moejax.cache import build_cache_for, clock_kind, precision_bytes_of, summary
 from moejax.errors import ConfigError
 from moejax.families import FAMILIES, preset
 from moejax.jobs.common import (
@@ -69,7 +68,7 @@ def _model_config(config: ml_collections.ConfigDict, trace: Trace) -> ModelConfi
             f"{cfg.num_experts} experts, top-{cfg.top_k}; the trace has {len(trace.layers)} x "
             f"{trace.num_experts}, top-{trace.top_k}"
             + (" (the trace's expert count was inferred from its largest id: state the model's "
-               "with --config.trace_num_experts=N)"
+               "with --config.replay.num_experts=N)"
                if (trace.meta.get("info") or {}).get("num_experts_source") == "inferred" else ""))
     return cfg
 
@@ -90,7 +89,7 @@ def _precision_bytes(config: ml_collections.ConfigDict, trace: Trace,
         # immediate); bytes and times do, and so does the split of hits into ready and late
         # ones: those are reported as unknown.
         if config.cache.slots <= 0:
-            raise ConfigError(f"{config.trace} does not record expert bytes, so a capacity "
+            raise ConfigError(f"{config.replay.trace} does not record expert bytes, so a capacity "
                               "fraction cannot be turned into slots: give --config.cache.slots=N, "
                               "or name the model (--config.model.family=F "
                               "--config.model.preset=P, e.g. olmoe / olmoe-1b-7b), or "
@@ -106,14 +105,14 @@ def _precision_bytes(config: ml_collections.ConfigDict, trace: Trace,
 
 
 def _import(config: ml_collections.ConfigDict) -> ImportedTraces:
-    """The trace file's sequences and the import's notes (`trace_num_experts`, `trace_strict`;
-    moejax/traces/importers.py)."""
-    num_experts = config.trace_num_experts
+    """The trace file's sequences and the import's notes (`replay.num_experts`,
+    `replay.strict`; moejax/traces/importers.py)."""
+    num_experts = config.replay.num_experts
     if num_experts < 0:
-        raise ConfigError(f"trace_num_experts={num_experts} must be >= 0 (0: from the trace)")
+        raise ConfigError(f"replay.num_experts={num_experts} must be >= 0 (0: from the trace)")
     try:
-        return import_traces(config.trace, num_experts=num_experts or None,
-                             strict=config.trace_strict)
+        return import_traces(config.replay.trace, num_experts=num_experts or None,
+                             strict=config.replay.strict)
     except TraceError as e:
         raise ConfigError(str(e)) from e
 
@@ -121,28 +120,29 @@ def _import(config: ml_collections.ConfigDict) -> ImportedTraces:
 def _policies_for(config: ml_collections.ConfigDict, trace: Trace) -> dict:
     """What runs: `presets.report_for_trace` (a trace without scores runs no default
     score-based prefetcher)."""
-    return presets.report_for_trace(config.policies, trace.spec is not None, config.trace)
+    return presets.report_for_trace(config.policies, trace.spec is not None,
+                                     config.replay.trace)
 
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     routing = presets.resolve(config.policies)["routing"]
     if policy_class("routing", routing).name == "trace":
         raise ConfigError(f"policies.routing={routing!r} drives a live run by a trace; a replay "
-                          "already follows its own (config.trace): leave policies.routing unset")
-    if not config.trace:
-        raise ConfigError("trace is empty: pass --config.trace=PATH")
-    if not os.path.isfile(config.trace):
-        raise ConfigError(f"trace={config.trace!r} is not a file")
+                          "already follows its own (replay.trace): leave policies.routing unset")
+    rp = config.replay
+    if not rp.trace:
+        raise ConfigError("replay.trace is empty: pass --config.replay.trace=PATH")
+    if not os.path.isfile(rp.trace):
+        raise ConfigError(f"replay.trace={rp.trace!r} is not a file")
     if clock_kind(config) != "virtual":
         raise ConfigError("replay runs on the virtual clock: set clock.kind=virtual (or auto)")
     imported = _import(config)
     traces = [r for t in imported.traces
-              for r in as_requests(t, config.trace_request_tokens, config.trace_prefill_tokens,
-                                   config.trace)]
+              for r in as_requests(t, rp.request_tokens, rp.prefill_tokens, rp.trace)]
     first = traces[0]
     for t in traces[1:]:
         if (t.layers, t.num_experts, t.top_k) != (first.layers, first.num_experts, first.top_k):
-            raise ConfigError(f"{config.trace}: sequences of different model shapes")
+            raise ConfigError(f"{rp.trace}: sequences of different model shapes")
     cfg = _model_config(config, first)
     precision_bytes, bytes_known = _precision_bytes(config, first, cfg)
     layers = first.layers
@@ -164,7 +164,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     with progress(config.log.progress, passes, "replay", unit="pass") as bar:
         phase = KernelPhase(bar)
         engine = replay(cache, traces, context, bar.update if bar is not None else None,
-                        engine=config.cache.get("replay_engine", "auto"), on_load=phase)
+                        engine=rp.engine, on_load=phase)
     # The engine's own time: the compiled kernel's one-time load (numba's disk cache, or a
     # compile) is `setup_s`, apart, or a short replay's rate would mostly measure that load;
     # what is taken out is the whole load phase (`KernelPhase.seconds`: the load and its lines).
@@ -172,11 +172,11 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     requests = cache.metrics.totals()["requests"]
     results = {
         "job": "replay",
-        "trace": {"path": os.path.abspath(config.trace),
-                  "name": os.path.splitext(os.path.basename(config.trace))[0],
+        "trace": {"path": os.path.abspath(rp.trace),
+                  "name": os.path.splitext(os.path.basename(rp.trace))[0],
                   "sequences": len(imported.traces), "requests": len(traces),
-                  "request_tokens": config.trace_request_tokens,
-                  "prefill_tokens": config.trace_prefill_tokens, "passes": passes,
+                  "request_tokens": rp.request_tokens,
+                  "prefill_tokens": rp.prefill_tokens, "passes": passes,
                   "has_scores": first.has_scores,
                   # Who routed it (claims group traces by this, never by their folder).
                   "model": first.model_name, "synthetic": first.synthetic,
@@ -193,7 +193,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     path = os.path.join(workdir, "results.json")
     write_json_atomic(path, results)
     if config.log.progress:
-        header = f"replay of {config.trace}: {cache_header(config, cache, specs, bytes_known)}"
+        header = f"replay of {rp.trace}: {cache_header(config, cache, specs, bytes_known)}"
         print(cache_table(config, cache, header=header, bytes_known=bytes_known,
                           no_ttft=_no_ttft(traces)))
     print(run_line(results["replay"], requests))
@@ -236,8 +236,8 @@ def _no_ttft(traces: list[Trace]) -> str:
     """Why a replay has no TTFT (TTFT is a request's prefill pass; `summary.table`)."""
     if any(t.prefill_passes for t in traces):
         return summary.NO_PREFILL
-    return ("the trace has no prefill pass, only decode steps: --config.trace_request_tokens=N "
-            "--config.trace_prefill_tokens=M cut it into requests that start with one")
+    return ("the trace has no prefill pass, only decode steps: --config.replay.request_tokens=N "
+            "--config.replay.prefill_tokens=M cut it into requests that start with one")
 
 
 def run_line(replay_section: dict, requests: int) -> str:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import ml_collections
 
-# `train` has its own config shape (configs/train_small.py), not this one.
 JOBS = ("generate", "perplexity", "quality", "eval", "record_traces", "replay", "train")
 
 
@@ -87,12 +86,6 @@ def base_config() -> ml_collections.ConfigDict:
     # ds4's full-layer placement: every expert of the first N MoE layers resident in slots of
     # their own for the whole run; the other layers share the rest.
     c.cache.full_layers = 0
-    # Replay's engine (moejax/replay/compiled.py): "auto" runs what the compiled engine
-    # covers (the evictions lru, fifo, lru_per_layer, lfu, fld, least_stale, belady; any
-    # prefetcher, both queues, waves; fetch, standard routing, one pool, no host tier or
-    # placement) on it, counter for counter what "reference" (the policy objects, request by
-    # request) gives, and everything else on the reference.
-    c.cache.replay_engine = "auto"
     # How a live slot load moves an expert (moejax/serving/slot_pool.py): "fused" (one
     # compiled step slices the host table, moves and writes the slot), "copy_stream"
     # (`jax.device_put` from pinned_host on the transfer stream, then a placement step), or
@@ -208,13 +201,21 @@ def base_config() -> ml_collections.ConfigDict:
     c.log.progress = True  # a progress bar over decode steps (replay: over passes)
     c.log.tensorboard = True  # TensorBoard events in the workdir (grids turn this off)
 
-    # The perplexity job: bits per byte of the model on `text_file`, in windows of `eval.window`
-    # tokens advanced by `eval.stride` (each token scored once, with >= window-stride context).
-    c.text_file = ""
+    # The perplexity job (configs/perplexity.py): bits per byte of the model on `text_file`, in
+    # windows of `window` tokens advanced by `stride` (each token scored once, with >=
+    # window-stride context).
+    c.perplexity = ml_collections.ConfigDict()
+    c.perplexity.text_file = ""
+    c.perplexity.window = 256
+    c.perplexity.stride = 128
+    c.perplexity.max_tokens = 0  # score at most this many tokens of the file (0: all)
+
     c.eval = ml_collections.ConfigDict()
+    # The eval job's heldout task: bits per byte of each held-out text in windows of `window`
+    # tokens advanced by `stride`, at most `max_tokens` tokens of each (0: all).
     c.eval.window = 256
     c.eval.stride = 128
-    c.eval.max_tokens = 0  # score at most this many tokens of the file (0: all)
+    c.eval.max_tokens = 0
     # The eval job (configs/eval.py; seqio tasks in moejax/eval/, the `eval` extra): a task
     # generated (or scored) through the configured cache. Tasks: gsm8k (the split moejax
     # ships), heldout (bits per byte of the held-out texts), jsonl, truthfulqa_mc, nq_open
@@ -239,6 +240,7 @@ def base_config() -> ml_collections.ConfigDict:
     # same model, every expert resident at native precision), teacher-forced on the same
     # tokens of `text_file` (or of `eval.task`'s examples), then greedy drift.
     c.quality = ml_collections.ConfigDict()
+    c.quality.text_file = ""  # the text (one of it and eval.task)
     # "decode": one token per forward, as a served model consumes generated tokens (the cache
     # sees decode traffic); "prefill": each segment in one forward (faster; prefill traffic).
     c.quality.teacher_forcing = "decode"
@@ -259,36 +261,120 @@ def base_config() -> ml_collections.ConfigDict:
     c.tracing.prompt_tokens = 64
     c.tracing.teacher_forced = True  # decode steps consume the held-out text, not the argmax
 
-    # The replay job: a trace file (moejax .npz, capture JSONL or vLLM rows JSONL) replayed
-    # through the cache instead of running a model.
-    c.trace = ""
+    # The replay job (configs/replay.py): a trace file (moejax .npz, capture JSONL or vLLM rows
+    # JSONL) replayed through the cache instead of running a model. A trace-driven generate run
+    # (`policies.routing='trace(path=T)'`) reads T with num_experts, strict, request_tokens and
+    # prefill_tokens too.
+    c.replay = ml_collections.ConfigDict()
+    c.replay.trace = ""
     # The model's expert count for traces that do not state it (a capture header with
     # "n_experts": null, vLLM logs); 0: the trace's own count, else the largest id + 1
     # (results.json's trace.num_experts_source says which). Must agree with a stated count.
-    c.trace_num_experts = 0
+    c.replay.num_experts = 0
     # Incomplete trailing tokens of a vLLM log (rows of some layers missing) are errors
     # instead of skipped with a warning (moejax/traces/importers.py).
-    c.trace_strict = False
+    c.replay.strict = False
     # Replay a batch-1 sequence as consecutive requests of this many token rows (0: one
-    # request), each starting with a prefill pass of its first `trace_prefill_tokens` rows (0
-    # with 0: the passes as recorded). A token routes the same inside a prefill as in a decode
+    # request), each starting with a prefill pass of its first `prefill_tokens` rows (0 with
+    # 0: the passes as recorded). A token routes the same inside a prefill as in a decode
     # step, so this gives decode-only captures a TTFT, and several requests a warm TTFT
     # (moejax/traces/requests.py says what it does not reproduce).
-    c.trace_request_tokens = 0
-    c.trace_prefill_tokens = 0
+    c.replay.request_tokens = 0
+    c.replay.prefill_tokens = 0
+    # Replay's engine (moejax/replay/compiled.py): "auto" runs what the compiled engine
+    # covers (the evictions lru, fifo, lru_per_layer, lfu, fld, least_stale, belady; any
+    # prefetcher, both queues, waves; fetch, standard routing, one pool, no host tier or
+    # placement) on it, counter for counter what "reference" (the policy objects, request by
+    # request) gives, and everything else on the reference.
+    c.replay.engine = "auto"
 
     c.profile = ml_collections.ConfigDict()
     c.profile.enabled = False
+
+    # The train job (configs/train_small.py, moejax/train/loop.py): trains the embedded small
+    # MoE (OLMoE family, byte-level) on prose, code and math with AdamW (`learning_rate`
+    # warmed up over `warmup_steps`, cosine-decayed to `final_lr_frac` of it), Orbax
+    # checkpoints every `checkpoint_every` steps (a re-run resumes from the latest), and
+    # exports the final model in the moejax checkpoint layout. The defaults are the full run
+    # the embedded model shipped from (about 30 minutes on 2 CPU cores).
+    c.train = ml_collections.ConfigDict()
+    c.train.steps = 900
+    c.train.batch_size = 16
+    c.train.seq_len = 256  # tokens (bytes) per row; at most model.max_position_embeddings
+    c.train.learning_rate = 3e-3
+    c.train.warmup_steps = 40
+    c.train.final_lr_frac = 0.1
+    c.train.weight_decay = 0.01
+    c.train.grad_clip = 1.0  # global-norm clip
+    c.train.aux_loss_coef = 0.01  # the load-balance loss's weight
+    c.train.z_loss_coef = 0.001  # the router z-loss's weight
+    # The trained model's shape (OLMoE family, 256-byte vocabulary).
+    c.train.model = ml_collections.ConfigDict()
+    c.train.model.hidden_size = 96
+    c.train.model.num_layers = 8
+    c.train.model.num_heads = 3
+    c.train.model.num_kv_heads = 3
+    c.train.model.num_experts = 32
+    c.train.model.top_k = 4
+    c.train.model.expert_intermediate_size = 48
+    c.train.model.max_position_embeddings = 1024
+    # The math domain's GSM8K file ("": the split moejax ships, moejax.bundled.GSM8K).
+    c.train.gsm8k_path = ""
+    c.train.log_every = 10  # steps between logged (and printed) training scalars
+    c.train.eval_every = 100  # steps between held-out evaluations
+    c.train.eval_batches = 4  # batches per held-out evaluation and domain
+    c.train.checkpoint_every = 50
+    # The export's dtype (float32 or bfloat16) and expert-chunk compression ("": none);
+    # blosc-compressed chunks keep the shipped model under 12 MB.
+    c.train.export_dtype = "bfloat16"
+    c.train.export_compression = "blosc"
     return c
+
+
+# The model fields of the train job (`train.model.*`; before, the train config's `model.*`).
+TRAIN_MODEL_FIELDS = ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "num_experts",
+                      "top_k", "expert_intermediate_size", "max_position_embeddings")
+
+# Fields that moved into their job's section: the old name -> the new one. The old name is
+# declared no more, so wherever it is set (a config file, a grid, a sweep cell, the command
+# line) the run is refused in one line naming the new field (`declared.moved_to`).
+MOVED = {
+    "trace": "replay.trace",
+    "trace_num_experts": "replay.num_experts",
+    "trace_strict": "replay.strict",
+    "trace_request_tokens": "replay.request_tokens",
+    "trace_prefill_tokens": "replay.prefill_tokens",
+    "cache.replay_engine": "replay.engine",
+    "text_file": ("perplexity.text_file (the perplexity job) or quality.text_file (the quality "
+                  "job)"),
+    **{f"model.{k}": f"train.model.{k}" for k in TRAIN_MODEL_FIELDS},
+    "data.gsm8k_path": "train.gsm8k_path",
+    "log.every": "train.log_every",
+    "log.eval_every": "train.eval_every",
+    "log.eval_batches": "train.eval_batches",
+    "log.checkpoint_every": "train.checkpoint_every",
+    "export.dtype": "train.export_dtype",
+    "export.compression": "train.export_compression",
+}
+
+# Fields still declared (another job reads them) that a job reads under its own section now:
+# job -> {the field it used to read: the one it reads}. Given (away from the default) to that
+# job, the run is refused naming its field (`check`), not run on the default.
+MOVED_FOR_JOB = {
+    "perplexity": {"eval.window": "perplexity.window", "eval.stride": "perplexity.stride",
+                   "eval.max_tokens": "perplexity.max_tokens"},
+}
 
 
 # Which jobs read each field (or section: its name with a trailing dot). A field not named
 # here is read by every job of this schema that runs the model or a replay (the cache, the
 # policies, the clocks, ...; `moejax/cache/from_config.py` says which of those a setting of
-# the rest of the config leaves unread). A field given (away from its default) to a job that
+# the rest of the config leaves unread), and not by the train job, which reads its own section
+# and `seed` (`EVERY_JOB`: the fields every job reads). A field given (away from its default) to a job that
 # does not read it is said in one warning line and kept in results.json's `warnings`
 # (`moejax/jobs/declared.py: unread_by_job`): accepted and ignored is never silent.
 LIVE = ("generate", "perplexity", "quality", "eval", "record_traces")
+EVERY_JOB = ("job", "seed")
 READ_BY = (
     ("model.checkpoint", LIVE), ("model.gmm_impl", LIVE), ("model.lookahead", LIVE),
     ("model.gate_path", LIVE),
@@ -296,9 +382,8 @@ READ_BY = (
     ("run.prompts", ("generate",)), ("run.batch_size", ("generate",)),
     ("run.stop_at_eos", ("generate",)), ("run.warmup", ("generate",)),
     ("run.max_new_tokens", ("generate", "record_traces")),
-    ("text_file", ("perplexity", "quality")),
-    ("eval.window", ("perplexity", "eval")), ("eval.stride", ("perplexity", "eval")),
-    ("eval.max_tokens", ("perplexity", "eval")),
+    ("perplexity.", ("perplexity",)),
+    ("eval.window", ("eval",)), ("eval.stride", ("eval",)), ("eval.max_tokens", ("eval",)),
     ("eval.task", ("eval", "quality")), ("eval.data_file", ("eval", "quality")),
     ("eval.max_examples", ("eval", "quality")), ("eval.input_field", ("eval", "quality")),
     ("eval.target_field", ("eval", "quality")),
@@ -308,10 +393,75 @@ READ_BY = (
     ("tracing.prompts_per_domain", ("record_traces",)),
     ("tracing.prompt_tokens", ("record_traces",)),
     ("tracing.teacher_forced", ("record_traces",)),
-    ("trace", ("replay",)), ("trace_num_experts", ("replay",)), ("trace_strict", ("replay",)),
-    ("trace_request_tokens", ("replay",)), ("trace_prefill_tokens", ("replay",)),
+    ("replay.", ("replay",)),
     ("profile.", ("generate",)),
+    ("train.", ("train",)),
 )
+# A trace-driven generate run (`policies.routing='trace(path=T)'`, moejax/traces/driven.py)
+# reads T as the replay job reads its trace: these fields of the replay section too.
+TRACE_DRIVEN_READS = ("replay.num_experts", "replay.strict", "replay.request_tokens",
+                      "replay.prefill_tokens")
+
+
+# Fields a results.json `config` written before fields moved (`MOVED`) had under no name: a
+# schema config had no train section, nor the perplexity job's window outside `eval`.
+_NEW_FIELDS = ("train.", "perplexity.window", "perplexity.stride", "perplexity.max_tokens")
+_TEXT_FILES = {"quality": "quality.text_file", "perplexity": "perplexity.text_file"}
+
+
+def current_config(config: dict) -> dict:
+    """A results.json `config` (a nested dict) as this schema names its fields: one written
+    before fields moved into their job's section (`MOVED`, `MOVED_FOR_JOB`; sweeps on disk)
+    has them under their new names (its `text_file` is `quality.text_file` for the quality job,
+    else `perplexity.text_file`, the other one empty) and the fields it had under no name
+    (`_NEW_FIELDS`) at their defaults, so that it compares field for field with a config
+    written now; a field it lacks under its old name stays absent. Any other config is
+    returned as is."""
+    if not isinstance(config, dict) or not any(k in config for k in ("trace", "text_file")):
+        return config
+    import copy
+
+    out, job = copy.deepcopy(config), config.get("job")
+    defaults, missing = base_config(), object()
+
+    def pop(dotted: str):
+        *parents, leaf = dotted.split(".")
+        node = out
+        for part in parents:
+            node = node.get(part) if isinstance(node, dict) else None
+        return node.pop(leaf) if isinstance(node, dict) and leaf in node else missing
+
+    def put(dotted: str, value, replace: bool = True) -> None:
+        *parents, leaf = dotted.split(".")
+        node = out
+        for part in parents:
+            node = node.setdefault(part, {})
+        if replace or leaf not in node:
+            node[leaf] = value
+
+    for old, new in (*MOVED.items(), *MOVED_FOR_JOB.get(job, {}).items()):
+        value = pop(old)
+        if value is missing:
+            continue
+        if old == "text_file":
+            new = _TEXT_FILES.get(job, "perplexity.text_file")
+            for other in set(_TEXT_FILES.values()) - {new}:
+                put(other, "", replace=False)
+        put(new, value)
+        if old in MOVED_FOR_JOB.get(job, {}):  # still the eval job's field, at its default
+            section, leaf = old.split(".")
+            put(old, defaults[section][leaf])
+
+    def fill(section: ml_collections.ConfigDict, where: str) -> None:
+        for key in section.keys():
+            name, value = f"{where}{key}", section[key]
+            if isinstance(value, ml_collections.ConfigDict):
+                fill(value, f"{name}.")
+            elif name.startswith(_NEW_FIELDS):
+                put(name, value, replace=False)
+
+    fill(defaults, "")
+    return out
 
 
 # A field's "not given" typed on the command line: the run would go on as if the flag were
@@ -332,7 +482,7 @@ FULL_PRESETS = {"olmoe": "olmoe-1b-7b", "mixtral": "mixtral-8x7b", "qwen2_moe": 
 
 
 def replay_grid_config() -> ml_collections.ConfigDict:
-    """The base of a replay grid's cells (`configs/grid_*.py`): the replay job on the virtual
+    """The base of a replay grid's cells (`studies/*/grid_*.py`): the replay job on the virtual
     clock, the trace's own model, capacity counted as SpecMD counts it (a share of the whole
     model) with int4 as the cascade's plain precision, and no progress bar or TensorBoard
     (hundreds or thousands of cells: results.json only)."""

@@ -98,9 +98,9 @@ def uncovered(cache: ExpertCache) -> str | None:
 
 
 def decide(cache: ExpertCache, engine: str = "auto") -> Decision:
-    """The engine that replays `cache` under `cache.replay_engine=engine`, and why."""
+    """The engine that replays `cache` under `replay.engine=engine`, and why."""
     if engine == "reference":
-        return Decision("reference", "cache.replay_engine=reference")
+        return Decision("reference", "replay.engine=reference")
     why = uncovered(cache)
     if why is not None:
         return Decision("reference", why)

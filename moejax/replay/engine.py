@@ -33,7 +33,7 @@ def replay(cache: ExpertCache, traces: list[Trace], context_start: list[int] | N
     (`Decision.setup_s` and `setup`: the compiled kernel's load, part of this call's time;
     `on_load` wraps it, `compiled.run`)."""
     if engine not in ENGINES:
-        raise ConfigError(f"cache.replay_engine={engine!r} is not one of {ENGINES}")
+        raise ConfigError(f"replay.engine={engine!r} is not one of {ENGINES}")
     decision = coverage.decide(cache, engine)
     if decision.engine == "compiled":
         setup = compiled.run(cache, traces, context_start, on_load)

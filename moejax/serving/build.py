@@ -8,8 +8,7 @@ from __future__ import annotations
 import jax
 import ml_collections
 
-from moejax.cache import ExpertCache, build_cache_for, given_precision
-from moejax.cache.from_config import check_settings
+from moejax.cache import ExpertCache, build_cache_for, check_settings, given_precision
 from moejax.errors import ConfigError
 from moejax.models.stepped import ResidentExperts
 from moejax.policies import presets

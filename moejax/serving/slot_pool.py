@@ -54,7 +54,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from moejax.cache.from_config import LOAD_PATHS
+from moejax.cache import LOAD_PATHS
 from moejax.errors import ConfigError
 from moejax.models.experts import ExpertPool
 from moejax.quant.weights import QuantizedWeights

@@ -11,7 +11,7 @@ read_gbps=2.5`); a field left None keeps the preset's value. Each preset names i
 a comment: a vendor's sequential-read specification for the bandwidth and a vendor's or a
 published measurement's 4 KiB queue-depth-1 random read for the latency — not measurements
 here. `benchmarks/cold_read.py` measures this machine's disk (cold: O_DIRECT, bytes never read
-since boot), and its numbers can be given as overrides (`THIS_DISK` in configs/grid_disk.py).
+since boot), and its numbers can be given as overrides (`THIS_DISK` in studies/dossier/grid_disk.py).
 The dossier this tier comes from states no Apple SSD bandwidth or latency (only end-to-end
 expert I/O per token), so there is no Apple preset.
 """

@@ -11,7 +11,7 @@ the same counters. An id-only trace (the shipped captures) has no weights: the c
 as in replay, and the experts step sums the chosen experts with 1/K each (`TraceRouting`).
 
 The pass structure is T's. The generate job runs each sequence of T (cut as replay cuts it,
-`trace_request_tokens` / `trace_prefill_tokens`) as one request: its prompt is the first
+`replay.request_tokens` / `replay.prefill_tokens`) as one request: its prompt is the first
 pass's tokens (T's recorded token ids when it has them, else zeros), then one decoded token per
 remaining pass. A `TraceDriver` walks T and checks that every live pass has the token count of
 the pass of T it follows.
@@ -89,20 +89,20 @@ def check_run(config) -> None:
 
 
 def load(config, path: str) -> DrivingTrace:
-    """T's sequences as the replay job reads them (`trace_num_experts`, `trace_strict`,
-    `trace_request_tokens`, `trace_prefill_tokens`), each checked to be a run's passes: at most
-    one prefill pass, then decode passes of one token. Read once per file and options."""
+    """T's sequences as the replay job reads them (`replay.num_experts`, `replay.strict`,
+    `replay.request_tokens`, `replay.prefill_tokens`), each checked to be a run's passes: at
+    most one prefill pass, then decode passes of one token. Read once per file and options."""
     stat = os.stat(path)
+    r = config.replay
     return _load(os.path.abspath(path), stat.st_mtime_ns, stat.st_size,
-                 config.trace_num_experts, config.trace_strict, config.trace_request_tokens,
-                 config.trace_prefill_tokens)
+                 r.num_experts, r.strict, r.request_tokens, r.prefill_tokens)
 
 
 @functools.lru_cache(maxsize=4)
 def _load(path: str, _mtime: int, _size: int, num_experts: int, strict: bool,
           request_tokens: int, prefill_tokens: int) -> DrivingTrace:
     if num_experts < 0:
-        raise ConfigError(f"trace_num_experts={num_experts} must be >= 0 (0: from the trace)")
+        raise ConfigError(f"replay.num_experts={num_experts} must be >= 0 (0: from the trace)")
     try:
         imported = import_traces(path, num_experts=num_experts or None, strict=strict)
     except TraceError as e:
@@ -136,7 +136,7 @@ def check_model(cfg, driving: DrivingTrace) -> None:
             f"top-{t.top_k} (a family preset of that shape: model.family / model.preset, "
             "narrowed with model.width=N)"
             + (" (the trace's expert count was inferred from its largest id: state the "
-               "model's with --config.trace_num_experts=N)" if inferred else ""))
+               "model's with --config.replay.num_experts=N)" if inferred else ""))
 
 
 def policies_for(config, driving: DrivingTrace, warn: bool = False) -> dict:

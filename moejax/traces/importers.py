@@ -55,7 +55,7 @@ class ImportNotes:
 
     kind: str  # "moejax", "capture" or "vllm"
     num_experts: int
-    # "header": stated by the file; "config": given as num_experts (trace_num_experts);
+    # "header": stated by the file; "config": given as num_experts (replay.num_experts);
     # "inferred": the largest expert id in the file + 1.
     num_experts_source: str
     max_expert_id: int
@@ -109,16 +109,16 @@ def import_traces(path: str, *, num_experts: int | None = None,
     """All sequences in the file, each as a `Trace`, and the notes of the import.
 
     `num_experts`: the model's expert count when the file does not state it (the replay job's
-    `trace_num_experts`); `strict`: incomplete vLLM tokens are errors instead of skipped."""
+    `replay.num_experts`); `strict`: incomplete vLLM tokens are errors instead of skipped."""
     if num_experts is not None and (not _is_int(num_experts) or num_experts < 1):
-        raise TraceError(f"{path}: trace_num_experts must be a positive integer, "
+        raise TraceError(f"{path}: replay.num_experts must be a positive integer, "
                          f"got {num_experts!r}")
     kind = sniff(path)
     if kind == "moejax":
         trace = load(path)
         if num_experts is not None and num_experts != trace.num_experts:
             raise TraceError(f"{path}: the trace records num_experts={trace.num_experts}, "
-                             f"but trace_num_experts={num_experts}")
+                             f"but replay.num_experts={num_experts}")
         return ImportedTraces([trace], ImportNotes(kind, trace.num_experts, "header",
                                                    int(trace.ids.max())))
     if kind == "capture":
@@ -176,12 +176,12 @@ _ANY = 1 << 30  # no upper bound known while parsing: ids are checked against th
 
 
 def _within_given(path, n, ids, num_experts, what):
-    """Ids against an expert count the caller stated (trace_num_experts)."""
+    """Ids against an expert count the caller stated (replay.num_experts)."""
     if num_experts is not None:
         bad = max(ids)
         if bad >= num_experts:
             raise TraceError(f"{path}:{n}: {what} routes to expert {bad}, but "
-                             f"trace_num_experts={num_experts} allows ids 0..{num_experts - 1}")
+                             f"replay.num_experts={num_experts} allows ids 0..{num_experts - 1}")
 
 
 def _settle_num_experts(max_id: int, stated: int | None,
@@ -210,7 +210,7 @@ def _load_capture(path: str, given: int | None) -> tuple[Trace, ImportNotes]:
                              "(null when unknown)")
         if given is not None and given != stated:
             raise TraceError(f"{path}:1: the header says n_experts={stated}, but "
-                             f"trace_num_experts={given}")
+                             f"replay.num_experts={given}")
     bound = stated if stated is not None else _ANY
     steps = []
     for n, row in rows:
@@ -239,7 +239,7 @@ def _load_capture(path: str, given: int | None) -> tuple[Trace, ImportNotes]:
     notes = ImportNotes("capture", num_experts, source, int(ids.max()))
     if source == "inferred":
         log.warning("%s: the header states no n_experts: inferred %d from the largest expert "
-                    "id (give --config.trace_num_experts=N to state it)", path, num_experts)
+                    "id (give --config.replay.num_experts=N to state it)", path, num_experts)
     trace = Trace({"format": FORMAT, "model": {"name": meta.get("model")},
                    "layers": list(range(layers)), "num_experts": num_experts, "top_k": top_k,
                    "expert_bytes": None, "lookahead": 0, "prefill_passes": 0, "source": path,
@@ -331,7 +331,7 @@ def _complete_prefix(path, problem, tokens, order, layers, strict, notes) -> lis
                              "complete): the tokens after it would replay with a wrong cache "
                              "context; only trailing incomplete tokens are skipped")
         if strict:
-            raise TraceError(f"{where} (trace_strict: incomplete tokens are errors; without it "
+            raise TraceError(f"{where} (replay.strict: incomplete tokens are errors; without it "
                              "trailing ones are skipped)")
         notes.skipped_tokens.append({"problem": problem, "token": tok, "missing_layers": lacks})
     if last is None:
@@ -350,7 +350,7 @@ def _warn_skipped(path: str, notes: ImportNotes, num_layers: int) -> None:
                     path, p["problem"], p["tokens"], num_layers)
     if skipped:
         more = len(skipped) - MAX_WARNED_TOKENS
-        log.warning("%s: skipped %d incomplete trailing token(s)%s%s; --config.trace_strict=True "
+        log.warning("%s: skipped %d incomplete trailing token(s)%s%s; --config.replay.strict=True "
                     "makes them errors", path, len(skipped),
                     f" ({more} more not named here)" if more > 0 else "",
                     f" and {len(notes.skipped_problems)} problem(s) with no complete token"

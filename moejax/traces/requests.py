@@ -25,23 +25,23 @@ def as_requests(trace: Trace, request_tokens: int, prefill_tokens: int,
     one request of all rows; a shorter last one keeps the rest), each one prefill pass of its
     first `prefill_tokens` rows followed by one decode pass per row. `(0, 0)`: unchanged."""
     if request_tokens < 0 or prefill_tokens < 0:
-        raise ConfigError(f"trace_request_tokens={request_tokens} and trace_prefill_tokens="
+        raise ConfigError(f"replay.request_tokens={request_tokens} and replay.prefill_tokens="
                           f"{prefill_tokens} must be >= 0")
     if request_tokens == 0 and prefill_tokens == 0:
         return [trace]
     if prefill_tokens < 1:
-        raise ConfigError(f"trace_request_tokens={request_tokens} needs trace_prefill_tokens >= "
-                          "1: a request starts with a prefill pass")
+        raise ConfigError(f"replay.request_tokens={request_tokens} needs replay.prefill_tokens "
+                          ">= 1: a request starts with a prefill pass")
     if request_tokens and prefill_tokens >= request_tokens:
-        raise ConfigError(f"trace_prefill_tokens={prefill_tokens} must be below "
-                          f"trace_request_tokens={request_tokens} (a request decodes after it)")
+        raise ConfigError(f"replay.prefill_tokens={prefill_tokens} must be below "
+                          f"replay.request_tokens={request_tokens} (a request decodes after it)")
     sizes = np.diff(trace.pass_offsets)
     if np.any(sizes[trace.prefill_passes:] != 1):
         raise ConfigError(f"{name}: decode passes of several rows (a batch > 1): its token rows "
                           "are not one sequence and cannot be re-cut into requests")
     rows = int(trace.pass_offsets[-1])
     if prefill_tokens >= rows:
-        raise ConfigError(f"trace_prefill_tokens={prefill_tokens} is not below the "
+        raise ConfigError(f"replay.prefill_tokens={prefill_tokens} is not below the "
                           f"{rows} token rows of {name}")
     length = request_tokens or rows
     out = []

@@ -1,6 +1,7 @@
-"""The training loop: optax AdamW, Orbax checkpoints every `log.checkpoint_every` steps
+"""The training loop: optax AdamW, Orbax checkpoints every `train.checkpoint_every` steps
 (resumed from the latest on restart), TensorBoard scalars, and an export of the final model in
-the moejax checkpoint layout (the embedded default model ships from that export)."""
+the moejax checkpoint layout (the embedded default model ships from that export). Its config
+is the schema's `train` section (`moejax/jobs/schema.py`; configs/train_small.py)."""
 
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ from moejax.train.model import TrainableMoE, loss_fn
 
 
 def model_config(config: ml_collections.ConfigDict):
-    m = config.model
+    m = config.train.model
     hf = dict(model_type="olmoe", vocab_size=256, hidden_size=m.hidden_size,
               intermediate_size=m.expert_intermediate_size, num_hidden_layers=m.num_layers,
               num_attention_heads=m.num_heads, num_key_value_heads=m.num_kv_heads,
@@ -39,17 +40,21 @@ def model_config(config: ml_collections.ConfigDict):
 
 
 def validate(config: ml_collections.ConfigDict) -> None:
-    t, m = config.train, config.model
+    t, m = config.train, config.train.model
     checks = [
         (t.steps > 0, f"train.steps={t.steps} must be positive"),
         (t.batch_size > 0, f"train.batch_size={t.batch_size} must be positive"),
         (0 < t.seq_len <= m.max_position_embeddings,
-         f"train.seq_len={t.seq_len} must be in 1..model.max_position_embeddings"),
+         f"train.seq_len={t.seq_len} must be in 1..train.model.max_position_embeddings="
+         f"{m.max_position_embeddings}"),
         (t.learning_rate > 0, f"train.learning_rate={t.learning_rate} must be positive"),
-        (0 <= t.warmup_steps < t.steps, f"train.warmup_steps={t.warmup_steps} must be < steps"),
-        (config.export.dtype in ("float32", "bfloat16"),
-         f"export.dtype={config.export.dtype!r} must be float32 or bfloat16"),
+        (0 <= t.warmup_steps < t.steps, f"train.warmup_steps={t.warmup_steps} must be in "
+                                        f"0..train.steps-1={t.steps - 1}"),
+        (t.export_dtype in ("float32", "bfloat16"),
+         f"train.export_dtype={t.export_dtype!r} must be float32 or bfloat16"),
     ]
+    for field in ("log_every", "eval_every", "eval_batches", "checkpoint_every"):
+        checks.append((t[field] > 0, f"train.{field}={t[field]} must be positive"))
     for ok, msg in checks:
         if not ok:
             raise ConfigError(msg)
@@ -97,8 +102,9 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> dict:
     t = config.train
     cfg = model_config(config)
     os.makedirs(workdir, exist_ok=True)
-    train_splits = corpus.load_splits(False, config.data.gsm8k_path)
-    heldout = corpus.load_splits(True, config.data.gsm8k_path)
+    gsm8k = t.gsm8k_path or corpus.DEFAULT_GSM8K
+    train_splits = corpus.load_splits(False, gsm8k)
+    heldout = corpus.load_splits(True, gsm8k)
 
     model = TrainableMoE(cfg, nnx.Rngs(config.seed))
     tx = optax.chain(optax.clip_by_global_norm(t.grad_clip),
@@ -132,7 +138,7 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> dict:
         batch = jnp.asarray(corpus.sample_batch(train_splits, t.batch_size, t.seq_len, rng))
         metrics = train_step(model, optimizer, batch)
         tokens += t.batch_size * t.seq_len
-        if step % config.log.every == 0 or step == t.steps:
+        if step % t.log_every == 0 or step == t.steps:
             scalars = {k: float(v) for k, v in metrics.items()}
             scalars["train/learning_rate"] = float(_schedule(t)(step))
             scalars["perf/tokens_per_s"] = tokens / (time.perf_counter() - t0)
@@ -140,19 +146,19 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> dict:
             print(f"step {step}/{t.steps} bpb {scalars['loss/bits_per_byte']:.3f} "
                   f"lb {scalars['loss/load_balance']:.3f} "
                   f"{scalars['perf/tokens_per_s']:.0f} tok/s", flush=True)
-        if step % config.log.eval_every == 0 or step == t.steps:
-            scores = evaluate(model, heldout, t.seq_len, config.log.eval_batches, t.batch_size)
+        if step % t.eval_every == 0 or step == t.steps:
+            scores = evaluate(model, heldout, t.seq_len, t.eval_batches, t.batch_size)
             writer.scalars(step, scores)
             print("  " + " ".join(f"{k.split('/')[1]} {v:.3f}" for k, v in scores.items()),
                   flush=True)
-        if step % config.log.checkpoint_every == 0 or step == t.steps:
+        if step % t.checkpoint_every == 0 or step == t.steps:
             manager.save(step, args=ocp.args.StandardSave(_train_state(model, optimizer)))
     manager.wait_until_finished()
     writer.close()
 
-    final = evaluate(model, heldout, t.seq_len, config.log.eval_batches, t.batch_size)
+    final = evaluate(model, heldout, t.seq_len, t.eval_batches, t.batch_size)
     export_dir = os.path.join(workdir, "export")
-    export(model, export_dir, config.export.dtype, config.export.compression or None)
+    export(model, export_dir, t.export_dtype, t.export_compression or None)
     unigram = {d: corpus.unigram_bits_per_byte(train_splits[d].data, heldout[d].data)
                for d in corpus.DOMAINS}
     results = {"job": "train", "steps": t.steps, "model": cfg.to_dict(), "heldout": final,

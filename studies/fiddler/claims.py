@@ -1,6 +1,6 @@
 """Fiddler's claims (ICLR 2025, Mixtral-8x7B, single batch) in moejax's model: decode 1.26×
 and prefill 1.30× faster than existing offloading systems — the Fiddler study's numbers, held
-against a host-compute sweep (configs/grid_host.py; studies/fiddler/README.md).
+against a host-compute sweep (studies/fiddler/grid_host.py; studies/fiddler/README.md).
 
     python -m studies.fiddler.claims --sweep_dir=D
 

@@ -31,9 +31,9 @@ MIN_SLOTS = 4
 def cells_for(path: str, info: dict, caps: list[float], cut: tuple[int, int],
               settings: dict, model: dict) -> list[dict]:
     """The overrides of every cell SpecMD's claims read on trace `path` under one request cut."""
-    base = {"trace": path, "cache.precision": settings["precision"],
+    base = {"replay.trace": path, "cache.precision": settings["precision"],
             "hardware.preset": settings["hardware"], "hardware.h2d_gbps": settings["h2d_gbps"],
-            "trace_request_tokens": cut[0], "trace_prefill_tokens": cut[1],
+            "replay.request_tokens": cut[0], "replay.prefill_tokens": cut[1],
             "cache.min_slots": MIN_SLOTS, **model}
     scored = info["scored"]
     evictions = EVICTIONS + (("score",) if scored else ())

@@ -1,8 +1,8 @@
 """The quality–speed frontier (SpecMD Fig. 5 / Fig. 7): what each miss policy, routing and
 expert precision costs the model's output against what it buys in speed.
 
-python -m launch.sweep --config=configs/grid_quality.py --sweep_dir=/tmp/grid_q --workers=2
-python -m launch.sweep --config=configs/grid_quality.py:models=embedded,parts=miss+cross \
+python -m launch.sweep --config=studies/specmd/grid_quality.py --sweep_dir=/tmp/grid_q --workers=2
+python -m launch.sweep --config=studies/specmd/grid_quality.py:models=embedded,parts=miss+cross \
     --sweep_dir=/tmp/grid_q
 python -m moejax.analysis.report --sweep_dir=/tmp/grid_q
 
@@ -86,7 +86,7 @@ def get_config(arg: str | None = None):
     args = parse_args(arg, _ARGS)
     c = base_config()
     c.job = "quality"
-    c.text_file = bundled.heldout_path(args["text"])
+    c.quality.text_file = bundled.heldout_path(args["text"])
     c.quality.teacher_forcing = "decode"
     c.quality.max_tokens = QUALITY_TOKENS
     c.quality.segment_tokens = SEGMENT_TOKENS

@@ -1,10 +1,10 @@
 """SpecMD's grid at the paper's settings, replayed on routing traces.
 
-python -m launch.sweep --config=configs/grid_specmd.py --sweep_dir=/tmp/grid --workers=2
-python -m launch.sweep --config=configs/grid_specmd.py:traces=captures --sweep_dir=/tmp/grid_real
+python -m launch.sweep --config=studies/specmd/grid_specmd.py --sweep_dir=/tmp/grid --workers=2
+python -m launch.sweep --config=studies/specmd/grid_specmd.py:traces=captures --sweep_dir=/tmp/grid_real
 python -m moejax.analysis.report --sweep_dir=/tmp/grid
 # the time claims again on this machine's calibrated profile (python -m moejax.calibration):
-python -m launch.sweep --config=configs/grid_specmd.py:traces=long,parts=dropin+miss,hardware_file=W/hardware.json \
+python -m launch.sweep --config=studies/specmd/grid_specmd.py:traces=long,parts=dropin+miss,hardware_file=W/hardware.json \
     --sweep_dir=/tmp/grid_vm --workers=2
 
 The paper's settings: capacity {1%, 5%, 25%} of the whole model's bytes
@@ -23,7 +23,7 @@ Traces (`traces=` all (default), captures, scored, long, families):
 * `captures`: the four real captures (OLMoE-1B-7B, Qwen1.5-MoE-A2.7B; ids only: no score
   eviction or score-based prefetch; `temporal`, `noisy_oracle(precision=0.6)` and `oracle`
   instead), each replayed as four
-  requests of 128 tokens with a 32-token prefill (`trace_request_tokens`), so that cold and
+  requests of 128 tokens with a 32-token prefill (`replay.request_tokens`), so that cold and
   warm TTFT exist;
 * `scored`: the embedded model's six short scored traces (a 64-token prefill, 191 decodes);
 * `long`: its three 1024-token traces, as four requests of 256 tokens with a 64-token prefill;
@@ -55,8 +55,8 @@ FAMILY_EVICTIONS = ("lru", "fld", "score", "least_stale", "least_stale(order=lef
 FAMILY_PREFETCHES = ("none", "topk(overfetch=1.0)", "score_percentile(p=80)", "oracle")
 MISSES = ("fetch", "drop(keep=2)", "substitute(tol=0.05)", "fetch_priority", "fetch_lowest_bit")
 PARTS = ("policies", "dropin", "miss")
-# Config arguments (`configs/grid_specmd.py:traces=captures,engine=reference`): `engine` is
-# `cache.replay_engine` for every cell (benchmarks/replay_grid_engines.py runs both).
+# Config arguments (`studies/specmd/grid_specmd.py:traces=captures,engine=reference`): `engine` is
+# `replay.engine` for every cell (benchmarks/replay_grid_engines.py runs both).
 ARGS = {"traces": "all", "parts": "all", "engine": "auto", "hardware_file": ""}
 GROUPS = ("captures", "scored", "long", "families")
 
@@ -66,7 +66,7 @@ def get_config(arg: str | None = None):
     c = replay_grid_config()
     c.hardware.h2d_gbps = H2D_GBPS
     c.hardware.file = args["hardware_file"]
-    c.cache.replay_engine = args["engine"]
+    c.replay.engine = args["engine"]
     return c
 
 
@@ -81,8 +81,8 @@ def traces(which: str) -> list[tuple[str, dict]]:
     if which in ("all", "scored"):
         out += [(path, {"cache.min_slots": 4}) for path in bundled.scored_trace_files()]
     if which in ("all", "long"):
-        out += [(path, {"cache.min_slots": 4, "trace_request_tokens": 256,
-                        "trace_prefill_tokens": 64}) for path in bundled.long_trace_files()]
+        out += [(path, {"cache.min_slots": 4, "replay.request_tokens": 256,
+                        "replay.prefill_tokens": 64}) for path in bundled.long_trace_files()]
     if which in ("all", "families"):  # random weights: one domain is enough
         out += [(bundled.family_trace_path(family, "prose"), {"cache.min_slots": 4})
                 for family in bundled.TRACE_FAMILIES]
@@ -99,7 +99,7 @@ def sweep(add, arg: str | None = None):
         family = path.startswith(bundled.FAMILY_TRACES_DIR)
         for capacity in CAPACITIES:
             for queue in QUEUES:
-                cell = {"trace": path, "cache.capacity_frac": capacity,
+                cell = {"replay.trace": path, "cache.capacity_frac": capacity,
                         "cache.prefetch_queue": queue, **model}
                 if "policies" in parts:
                     evictions = EVICTIONS if scored else tuple(e for e in EVICTIONS

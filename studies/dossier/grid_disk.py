@@ -1,6 +1,6 @@
 """The disk tier's grid: the dossier's open questions, replayed with experts on storage.
 
-python -m launch.sweep --config=configs/grid_disk.py --sweep_dir=/tmp/grid_disk --workers=2
+python -m launch.sweep --config=studies/dossier/grid_disk.py --sweep_dir=/tmp/grid_disk --workers=2
 python -m moejax.analysis.disk_tier --sweep_dir=/tmp/grid_disk
 
 Every cell: the device cache at 5% of the model's bytes with int4 experts (SpecMD's setting,
@@ -56,7 +56,7 @@ def get_config(arg: str | None = None):
 def _traces() -> list[tuple[str, str, dict]]:
     """(path, predictor, overrides) of the grid's traces."""
     out = [(bundled.long_trace_path(d), "score_percentile(p=80)",
-            {"trace_request_tokens": 256, "trace_prefill_tokens": 64}) for d in DOMAINS]
+            {"replay.request_tokens": 256, "replay.prefill_tokens": 64}) for d in DOMAINS]
     for path in bundled.capture_files():
         out.append((path, "temporal", bundled.capture_overrides(path)))
     return out
@@ -80,7 +80,7 @@ def sweep(add, arg: str | None = None):
     if not set(parts) <= set(PARTS):
         raise ValueError(f"parts={args['parts']!r}: expected all or a '+'-list of {PARTS}")
     for path, predictor, overrides in _traces():
-        base = {"trace": path, "cache.capacity_frac": 0.05, **overrides}
+        base = {"replay.trace": path, "cache.capacity_frac": 0.05, **overrides}
         if "policies" in parts:
             for storage, fields in STORAGES.items():
                 for host in HOST_FRACS:

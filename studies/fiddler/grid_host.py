@@ -1,7 +1,7 @@
 """The host-compute grid (issue 25): cache it, fetch it, or compute it where it is?
 
-python -m launch.sweep --config=configs/grid_host.py --sweep_dir=grid_host --workers=2
-python -m launch.sweep --config=configs/grid_host.py:traces=captures,precisions=native \
+python -m launch.sweep --config=studies/fiddler/grid_host.py --sweep_dir=grid_host --workers=2
+python -m launch.sweep --config=studies/fiddler/grid_host.py:traces=captures,precisions=native \
     --sweep_dir=grid_host_native --workers=2
 python -m studies.fiddler.claims --sweep_dir=grid_host
 
@@ -22,7 +22,7 @@ choice) — under one miss policy:
   and this machine, `this_vm`; moejax/timing/host.py): `host_compute` and `latency_aware`
   (Fiddler's per-expert choice, `admit_after=0`), without prefetch — the setting in which
   DESIGN.md ("latency_aware: the plans it tries") states what latency_aware guarantees.
-  `this_machine=P` (`configs/grid_host.py:this_machine=cpu`) puts preset P in this
+  `this_machine=P` (`studies/fiddler/grid_host.py:this_machine=cpu`) puts preset P in this
   machine's place (`cpu`: of the order of this machine, not a calibration);
 * llama.cpp's layer split (`--n-cpu-moe N`), Fiddler's other baseline: `fetch` with
   `cache.host_compute_layers=N` — the first N MoE layers always on the host, the cache's whole
@@ -40,7 +40,7 @@ against lossless fetch, each apart, and keeps it as a third.
 Traces (`traces=` all (default), captures, embedded):
 * `captures`: the four real captures (OLMoE-1B-7B and Qwen1.5-MoE-A2.7B, prose and code; ids
   only, the model named by `model.family` / `model.preset`), each as four requests of 128
-  tokens with a 32-token prefill (`trace_request_tokens`, `trace_prefill_tokens`), so TTFT
+  tokens with a 32-token prefill (`replay.request_tokens`, `replay.prefill_tokens`), so TTFT
   (the prefills) and decode are reported apart;
 * `embedded`: the embedded model's six short scored traces (moejax/assets/traces/*.npz: one
   64-token prefill, then 191 decode steps), with a floor of 4 slots (`cache.min_slots`: 1%
@@ -133,7 +133,7 @@ def sweep(add, arg: str | None = None):
             splits = split_layers(_moe_layers(path, overrides))
             for capacity in CAPACITIES:
                 for gbps in H2D_GBPS:
-                    cell = {"trace": path, "cache.capacity_frac": capacity,
+                    cell = {"replay.trace": path, "cache.capacity_frac": capacity,
                             "hardware.h2d_gbps": gbps, **overrides, **at}
                     refused = (precision, capacity, overrides.get("model.family"))
                     for miss in CACHING_MISSES:
