@@ -96,6 +96,18 @@ def not_text_share(data: bytes) -> float:
     return bad / len(data)
 
 
+def check_windows(section: str, window: int, stride: int, max_tokens: int) -> None:
+    """The windows a text is scored in (the perplexity job's `perplexity.*`, the eval job's
+    heldout task's `eval.*`): `window` tokens advanced by `stride`, at most `max_tokens`."""
+    if window < 2:
+        raise ConfigError(f"{section}.window={window} must be >= 2")
+    if not 1 <= stride <= window - 1:
+        raise ConfigError(f"{section}.stride={stride} must be in 1..{section}.window-1="
+                          f"{window - 1}")
+    if max_tokens < 0:
+        raise ConfigError(f"{section}.max_tokens={max_tokens} must be >= 0 (0: all)")
+
+
 def check_text_file(path: str, field: str) -> None:
     """`ConfigError` naming the field (`perplexity.text_file`), `path` and the share when more
     than `NOT_TEXT_LIMIT` of its bytes are not text; a warning when some are (they are scored

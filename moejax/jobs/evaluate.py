@@ -40,6 +40,7 @@ from moejax.jobs.common import (
     announce_results,
     cache_of,
     cache_table,
+    check_windows,
     configured_decoder,
     experts_precision,
     progress,
@@ -70,13 +71,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
         raise ConfigError(f"eval.stop={e.stop!r} must be a list of non-empty strings (from the "
                           f"shell: --config.eval.stop='[\"\\n\\n\", \"###\"]')")
     if data.KIND[e.task] == "bits":
-        if e.window < 2:
-            raise ConfigError(f"eval.window={e.window} must be >= 2")
-        if not 1 <= e.stride <= e.window - 1:
-            raise ConfigError(f"eval.stride={e.stride} must be in 1..eval.window-1="
-                              f"{e.window - 1}")
-        if e.max_tokens < 0:
-            raise ConfigError(f"eval.max_tokens={e.max_tokens} must be >= 0 (0: all)")
+        check_windows("eval", e.window, e.stride, e.max_tokens)
 
 
 def stop_sequences(config: ml_collections.ConfigDict) -> tuple[str, ...]:

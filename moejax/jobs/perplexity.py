@@ -30,6 +30,7 @@ from moejax.jobs.common import (
     cache_of,
     cache_table,
     check_text_file,
+    check_windows,
     configured_decoder,
     experts_precision,
     progress,
@@ -50,13 +51,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
                           "--config.perplexity.text_file=PATH")
     if not os.path.isfile(p.text_file):
         raise ConfigError(f"perplexity.text_file={p.text_file!r} is not a file")
-    if p.window < 2:
-        raise ConfigError(f"perplexity.window={p.window} must be >= 2")
-    if not 1 <= p.stride <= p.window - 1:
-        raise ConfigError(f"perplexity.stride={p.stride} must be in 1..perplexity.window-1="
-                          f"{p.window - 1}")
-    if p.max_tokens < 0:
-        raise ConfigError(f"perplexity.max_tokens={p.max_tokens} must be >= 0")
+    check_windows("perplexity", p.window, p.stride, p.max_tokens)
     check_text_file(p.text_file, "perplexity.text_file")
 
 
