@@ -1,6 +1,6 @@
 """What the live cache's decisions cost the host thread (issue 24, part 5), in one process:
 
-    python benchmarks/decision_cost.py [--rounds 12] [--parts 12345] [--model fresh|once]
+    python benchmarks/decision_cost.py [--rounds 12] [--parts 123456] [--model fresh|once]
 
 1. decode at 100% from cold against every expert resident, `configs/default.py`'s model and
    prompt, 64 tokens: every run on a model loaded for it, as each CLI run is (`--model once`:

@@ -5,9 +5,9 @@
 The embedded model's experts, written in the packed layout at native precision and int4 to a
 temporary directory on this machine's disk, are streamed from storage through a host tier of
 30% and 60% (wall clock; `io.mode=direct`: every storage read is an O_DIRECT read, so none is
-served from the page cache — a VM's host may still cache, see `--probe`). Each cell generates
-`--tokens` greedy tokens with an eviction (`least_stale`, its default reading; `lru_per_layer`;
-`lru`) and prefetch (`none`, `score_percentile(p=80)`), device cache 5% of the model's bytes
+served from the page cache — a VM's host may still cache: `benchmarks/cold_read.py` measures
+whether it does). Each cell generates `--tokens` greedy tokens with an eviction (`least_stale`,
+its default reading; `lru_per_layer`; `lru`) and prefetch (`none`, `score_percentile(p=80)`), device cache 5% of the model's bytes
 (`capacity_of=model`), the same eviction in the host tier. Reps alternate the order of the
 cells; each cell reports the median and the range of decode tok/s and TTFT over its reps, and
 checks every rep generates the same tokens as the others.
