@@ -71,7 +71,7 @@ def main(argv):
     if not _WORKDIR.value:
         jobs.check(_CONFIG.value)  # a mistake is its one line, before a workdir is named
         print(f"workdir: {workdir}", file=sys.stderr)
-    jobs.run(_CONFIG.value, workdir)
+    jobs.run(_CONFIG.value, workdir, checked=not _WORKDIR.value)
 
 
 def _config_argument() -> str:

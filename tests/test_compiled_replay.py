@@ -27,7 +27,7 @@ from hypothesis import given, note, reject, settings
 from hypothesis import strategies as st
 
 from moejax import bundled, jobs
-from moejax.cache import PREFETCH_QUEUES, CacheOptions, ExpertCache
+from moejax.cache import PREFETCH_QUEUES, CacheOptions, CacheShape, ExpertCache, PoolSpec
 from moejax.cache.from_config import build_cache_for
 from moejax.errors import ConfigError
 from moejax.families import preset
@@ -295,6 +295,21 @@ def test_a_subclass_of_the_cache_runs_on_the_reference():
     cache = Checked(plain.shape, *plain.policies(), CacheOptions(plain.clock))
     decision = replay(cache, [trace])
     assert decision.engine == "reference" and "subclass" in decision.reason
+
+
+def test_a_shape_of_several_pools_runs_on_the_reference():
+    """A cache whose policies all have a compiled form but whose shape has two precision pools
+    (the kernel keeps one): the reference runs it, saying why."""
+    trace, plain = _capture_cache()
+    s = plain.shape
+    pools = (PoolSpec("native", s.expert_bytes, 100, 0), PoolSpec("int4", s.expert_bytes // 4,
+                                                                 100, 100))
+    shape = CacheShape.with_pools(s.layers, s.num_layers, s.num_experts, s.top_k, pools)
+    cache = ExpertCache(shape, *plain.policies(), CacheOptions(plain.clock))
+    decision = replay(cache, [trace])
+    assert decision.engine == "reference"
+    assert decision.reason.startswith("several precision pools ['native', 'int4']"), \
+        decision.reason
 
 
 def test_an_option_the_kernel_does_not_declare_runs_on_the_reference():

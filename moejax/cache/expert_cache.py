@@ -343,9 +343,16 @@ class ExpertCache:
         else:
             planned = waves.single_pool(requests, self.in_cache[layer], self.wave_slots,
                                         bool(self.fixed) and (layer, 0) in self.fixed)
+        tokens = gate.ids.shape[0]
         for w, (wave, last) in enumerate(planned):  # each wave planned after the previous ran
-            yield from self._run_wave(gate, pos, here, w, wave, last, ids, weights, active,
-                                      had_prediction, host)
+            ready, pairs = self._serve_wave(gate, pos, here, w, wave, last, ids, weights, active,
+                                            had_prediction, host)
+            yield ready  # the consumer runs the wave's experts step
+            if self.timing is not None:
+                self.timing.experts(self, pairs, len(wave.experts), tokens, w == 0)
+            elif self.cost is not None:
+                self.clock.compute(self.cost.experts(pairs, len(wave.experts), tokens,
+                                                     shared=(w == 0)))
         if host is not None:  # the layer ends when the later of its two paths does
             self._pass.host_wait += self.host_compute.finish(pos, host)
 
@@ -396,13 +403,14 @@ class ExpertCache:
         self.metrics.count_prediction(pos, len(prediction), len(prediction & truth), len(truth))
         return True
 
-    def _run_wave(self, gate: LayerGate, pos: int, here: tuple[int, int], w: int,
-                  wave: waves.PlannedWave, last: bool, ids: np.ndarray, weights: np.ndarray,
-                  active: np.ndarray, had_prediction: bool, host: HostRun | None
-                  ) -> Iterator[Wave]:
-        """One wave: served (after the first wave's, the prefetch for the layers ahead; after
-        a later one's, the watchdog), the stall waited and counted, yielded to run, its
-        experts step charged."""
+    def _serve_wave(self, gate: LayerGate, pos: int, here: tuple[int, int], w: int,
+                    wave: waves.PlannedWave, last: bool, ids: np.ndarray, weights: np.ndarray,
+                    active: np.ndarray, had_prediction: bool, host: HostRun | None
+                    ) -> tuple[Wave, int]:
+        """One wave made ready to run: served (after the first wave's, the prefetch for the
+        layers ahead; after a later one's, the watchdog), the stall waited and counted.
+        Returns the wave and its token-expert products (its experts step is charged once it
+        ran, `run_layer`)."""
         layer, p, timing = gate.layer, self._pass, self.timing
         only = last if w == 0 else False  # one wave: every contribution is this wave's
         chunk = wave.experts
@@ -432,15 +440,10 @@ class ExpertCache:
             self.pools.count(pos, ids, wave_active, chunk, served, outcome.demand_by_pool)
         residency = self.residency
         # (With pin_scope="request" an expert of the wave may already be gone again.)
-        yield Wave(layer, {e: residency[(layer, e)] for e in chunk if (layer, e) in residency},
-                   ids, weights, wave_active, first=(w == 0), last=last,
-                   host_experts=host.span.experts if w == 0 and host is not None else (),
-                   host_active=host.mask if w == 0 and host is not None else None)
-        if timing is not None:
-            timing.experts(self, pairs, len(chunk), gate.ids.shape[0], w == 0)
-        elif self.cost is not None:
-            self.clock.compute(self.cost.experts(pairs, len(chunk), gate.ids.shape[0],
-                                                 shared=(w == 0)))
+        return Wave(layer, {e: residency[(layer, e)] for e in chunk if (layer, e) in residency},
+                    ids, weights, wave_active, first=(w == 0), last=last,
+                    host_experts=host.span.experts if w == 0 and host is not None else (),
+                    host_active=host.mask if w == 0 and host is not None else None), pairs
 
     # -- the host tier -------------------------------------------------------------------------
     def prefetch_bytes(self, key: Key, pos: int, at: float) -> float | None:

@@ -36,12 +36,14 @@ __all__ = ["JOBS", "base_config", "check", "run"]
 
 
 def run(config: ml_collections.ConfigDict, workdir: str,
-        claim: workdir_lib.Claim | None = None) -> dict:
+        claim: workdir_lib.Claim | None = None, checked: bool = False) -> dict:
     """Runs `config.job` into `workdir`. `claim`: the workdir already claimed by the caller (a
     sweep's worker claims a cell's directory before it empties it), released here however the
-    run ends, as the claim `run` takes itself is."""
+    run ends, as the claim `run` takes itself is. `checked`: the caller ran `check(config)`
+    already (`moejax.main`, before it names a fresh workdir)."""
     try:
-        check(config)  # before the model loads or W exists
+        if not checked:
+            check(config)  # before the model loads or W exists
         if claim is None:  # a workdir the run cannot use fails before the job loads
             workdir_lib.check(workdir)
         job = runner_of(config.job)  # a missing extra fails here, before the workdir is made
