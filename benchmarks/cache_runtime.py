@@ -47,6 +47,7 @@ from moejax import bundled
 from moejax.cache import CacheOptions, CacheShape, ExpertCache
 from moejax.checkpoint import to_host
 from moejax.jobs.schema import base_config
+from moejax.jobs.specs import resolve
 from moejax.model_source import load_model
 from moejax.models.stepped import ResidentExperts, SteppedDecoder
 from moejax.policies import build
@@ -94,7 +95,7 @@ def bookkeeping(eviction: str, prefetch: str, steps: int = 256) -> float:
 def generation_wall(config, loaded, prompt, tokens, gate_path="returned"):
     """Best of 3 wall seconds of a whole greedy generation from a fresh cache (part 4)."""
     if config.cache.enabled:
-        source = build_cached_experts(config, loaded)
+        source = build_cached_experts(resolve(config), loaded)
     else:
         source = ResidentExperts.from_host(*loaded.experts_at("native"))
     dec = SteppedDecoder(loaded.model, source, max_len=prompt.shape[1] + tokens + 1,
@@ -103,7 +104,7 @@ def generation_wall(config, loaded, prompt, tokens, gate_path="returned"):
     best = float("inf")
     for _ in range(3):
         if config.cache.enabled:
-            dec.experts = build_cached_experts(config, loaded)
+            dec.experts = build_cached_experts(resolve(config), loaded)
         t = time.perf_counter()
         dec.generate(prompt, tokens)
         best = min(best, time.perf_counter() - t)
@@ -307,7 +308,7 @@ def part5(pairs: int, before: str | None = None):
 
 def part4():
     config = base_config()
-    loaded = load_model(config.model)
+    loaded = load_model(resolve(config).model)
     prompt = np.frombuffer(b"The expert cache keeps the experts that", np.uint8)[None].astype(
         np.int32)
     tokens = 48

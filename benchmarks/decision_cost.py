@@ -54,6 +54,7 @@ from moejax.cache import expert_cache, speculation
 from moejax.jobs.common import configured_decoder
 from moejax.jobs.generate import requests_of
 from moejax.jobs.schema import base_config
+from moejax.jobs.specs import resolve
 from moejax.model_source import load_model
 from moejax.models import stepped
 from moejax.seam import Wave
@@ -129,7 +130,7 @@ def alternated(loaded, prompt, rounds: int, settings: dict | None = None,
         return forward(self, tokens)
 
     def decoder(fields: dict, model):
-        _, dec = configured_decoder(_config(**fields), model, max_len=max_len)
+        _, dec = configured_decoder(resolve(_config(**fields)), model, max_len=max_len)
         dec.generate(prompt, 3)  # compiles (the first time)
         return dec
 
@@ -144,10 +145,10 @@ def alternated(loaded, prompt, rounds: int, settings: dict | None = None,
                 fields, checks, *stand_in = settings[name]
                 # (a stand-in from the warm-up on: what it dispatches is compiled untimed)
                 with STAND_INS[stand_in[0]]() if stand_in else contextlib.nullcontext():
-                    model = load_model(base_config().model) if fresh else loaded
+                    model = load_model(resolve(base_config()).model) if fresh else loaded
                     dec = decoder(fields, model) if fresh else decoders[name]
                     if fields.get("enabled", True):  # a fresh, cold cache
-                        dec.experts, _ = configured_decoder(_config(**fields), model,
+                        dec.experts, _ = configured_decoder(resolve(_config(**fields)), model,
                                                             max_len=max_len)
                         if checks is not None:
                             dec.experts.mid_pass_checks = checks
@@ -286,11 +287,11 @@ def host_cpu_by_piece(loaded, prompt) -> dict[str, dict[str, float]]:
     out = {}
     try:
         for name, fields in SETTINGS.items():
-            _, dec = configured_decoder(_config(**fields), loaded,
+            _, dec = configured_decoder(resolve(_config(**fields)), loaded,
                                         max_len=prompt.shape[1] + TOKENS + 2)
             dec.generate(prompt, 3)
             if fields.get("enabled", True):
-                dec.experts, _ = configured_decoder(_config(**fields), loaded,
+                dec.experts, _ = configured_decoder(resolve(_config(**fields)), loaded,
                                                     max_len=prompt.shape[1] + TOKENS + 2)
             timer.cpu.clear()
             stamps.clear()
@@ -316,8 +317,9 @@ def recorded_calls(loaded, prompt) -> list:
     cls.run_layer = lambda self, gate: (calls.append(("layer", gate)), run_layer(self, gate))[1]
     cls.end_pass = lambda self: (calls.append(("end", ())), end(self))[1]
     try:
-        experts, dec = configured_decoder(_config(capacity_frac=1.0, speculate=False), loaded,
-                                          max_len=prompt.shape[1] + TOKENS + 2)
+        experts, dec = configured_decoder(
+            resolve(_config(capacity_frac=1.0, speculate=False)), loaded,
+            max_len=prompt.shape[1] + TOKENS + 2)
         dec.generate(prompt, TOKENS)
     finally:
         cls.begin_pass, cls.run_layer, cls.end_pass = begin, run_layer, end
@@ -336,7 +338,7 @@ def replayed_us_per_layer(loaded, calls, repeats: int = 5) -> float:
     best = float("inf")
     layers = sum(kind == "layer" for kind, _ in calls)
     for _ in range(repeats):
-        cache = build_cached_experts(_config(capacity_frac=1.0), loaded).cache_unsynced
+        cache = build_cached_experts(resolve(_config(capacity_frac=1.0)), loaded).cache_unsynced
         cache.sink = _Sink()
         start = time.perf_counter()
         for kind, arg in calls:
@@ -370,7 +372,7 @@ def main():
         parser.error(f"--parts={args.parts!r}: the digits of the parts to run, 1 to 6")
     parts = {int(p) for p in args.parts}
     config = base_config()
-    loaded = load_model(config.model)
+    loaded = load_model(resolve(config).model)
     prompt = np.asarray(requests_of(config, loaded)[0].ids, np.int32)[None]
 
     if 1 in parts:

@@ -23,6 +23,7 @@ import numpy as np
 
 from moejax.checkpoint import to_host
 from moejax.jobs.schema import base_config
+from moejax.jobs.specs import resolve
 from moejax.model_source import load_model
 from moejax.models.experts import moe_ffn
 from moejax.models.stepped import SteppedDecoder
@@ -136,10 +137,11 @@ def generation():
         c.clock.kind = "wall"
         c.cache.enabled, c.cache.precision = enabled, precision
         c.cache.capacity_frac, c.cache.capacity_of = 0.05, "model"
-        loaded = load_model(c.model)
+        loaded = load_model(resolve(c).model)
         runs = []
         for _ in range(4):
-            source = build_cached_experts(c, loaded) if enabled else expert_source(c, loaded)
+            source = (build_cached_experts(resolve(c), loaded) if enabled
+                      else expert_source(resolve(c), loaded))
             dec = SteppedDecoder(loaded.model, source, max_len=prompt.shape[1] + 33, lookahead=2)
             gen = dec.generate(prompt, 32)
             runs.append((gen.prefill_s, 31 / gen.decode_s))

@@ -248,7 +248,7 @@ def xprof_decode_step(config, loaded, trace_dir: str, step: int = 2) -> dict:
     holds exactly that forward pass, with the decoder's and the cache's host annotations.
     Returns the trace's files and the prefetches issued in the step."""
     runs = cells.LiveRuns(config, loaded)
-    experts, decoder = configured_decoder(config, loaded, max_len=runs.max_len)
+    experts, decoder = configured_decoder(runs.spec, loaded, max_len=runs.max_len)
     cache, driver = cache_of(experts), driven.driver_of(experts)
     decoder.annotate = cache.annotate = jax.profiler.TraceAnnotation
     request = runs.requests[0]

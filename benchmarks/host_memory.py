@@ -21,6 +21,7 @@ import numpy as np
 
 from moejax import checkpoint
 from moejax.jobs.schema import base_config
+from moejax.jobs.specs import resolve
 from moejax.model_source import load_model
 from moejax.serving.build import build_cached_experts
 from moejax.serving.slot_pool import HostRecords
@@ -41,14 +42,14 @@ def main() -> None:
         parser.error(f"--runtimes={args.runtimes}: the runtimes to build, 1 or more")
     config = base_config()
     config.cache.load_path, config.cache.capacity_frac = "copy_stream", 0.25
-    loaded = load_model(config.model)
+    loaded = load_model(resolve(config).model)
     experts = sum(a.nbytes for table in loaded.experts_at("native") for a in table.values())
     print(f"experts {experts / 2**20:.2f} MiB; pinned host before any runtime "
           f"{pinned_bytes() / 2**20:.2f} MiB")
     kept = []
     for i in range(args.runtimes):
         start = time.perf_counter()
-        kept.append(build_cached_experts(config, loaded))
+        kept.append(build_cached_experts(resolve(config), loaded))
         seconds = time.perf_counter() - start
         print(f"runtime {i + 1}: built in {seconds * 1e3:.1f} ms; pinned host "
               f"{pinned_bytes() / 2**20:.2f} MiB")

@@ -24,6 +24,7 @@ import time
 from moejax import bundled
 from moejax.cache import build_cache_for
 from moejax.jobs.schema import base_config
+from moejax.jobs.specs import resolve
 from moejax.replay.engine import replay
 from moejax.seam import requests_in_rank_order
 from moejax.traces.importers import load_traces
@@ -49,7 +50,7 @@ def moejax_run(trace, slots: int, eviction: str) -> tuple[float, int, int]:
     c.policies.eviction, c.policies.prefetch = eviction, "none"
     c.policies.miss, c.policies.routing = "fetch", "standard"
     c.clock.kind = "virtual"
-    cache = build_cache_for(c, None, {"native": 1}, False, layers=tuple(trace.layers),
+    cache = build_cache_for(resolve(c), None, {"native": 1}, False, layers=tuple(trace.layers),
                             num_layers=max(trace.layers) + 1, num_experts=trace.num_experts,
                             top_k=trace.top_k)
     start = time.perf_counter()

@@ -14,7 +14,7 @@ configs and benchmarks never reach outside the repository.
 * `FAMILY_TRACES_DIR`, `family_trace_files(family)`, `family_trace_path(family, domain)`:
   scored traces of each family's `tiny` preset with **random weights** (architecture-dependent
   routing only: top-k, expert count, shared experts, router normalisation — not learned);
-* `EMBEDDED_DIR`: the embedded model's checkpoint.
+* `EMBEDDED`, `EMBEDDED_DIR`: the embedded model's `model.preset` name and its checkpoint.
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ FAMILY_TRACES_DIR = os.path.join(SCORED_TRACES_DIR, "families")
 # moejax.families.FAMILIES names, one subfolder of FAMILY_TRACES_DIR each.
 TRACE_FAMILIES = ("mixtral", "olmoe", "phimoe", "qwen2_moe")
 
+EMBEDDED = "embedded"  # `model.preset` of the embedded model
 EMBEDDED_DIR = os.path.join(ASSETS, "small_moe")
 
 

@@ -19,6 +19,10 @@ NORMS = ("rms", "layer")
 ROUTERS = ("softmax_topk", "sparsemixer")
 ROPE_TYPES = ("default", "linear", "longrope")
 DTYPES = ("float32", "bfloat16", "float16")
+# How the decoder runs (`model.gmm_impl`, `model.gate_path`): named here, JAX-free, so a
+# config is checked before JAX loads (`moejax.jobs.specs.check_model`).
+GMM_IMPLS = ("tiled", "ragged_dot")  # the grouped matmul (moejax/models/experts.py)
+GATE_PATHS = ("returned", "io_callback")  # how gates reach the host (moejax/models/stepped.py)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,27 +1,24 @@
-"""Resolves `config.model` into a model, its host-resident experts and a tokenizer."""
+"""Loads the model a run names (`moejax.run_spec.ModelSpec`): its decoder, its host-resident
+experts and a tokenizer."""
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-import os
 from typing import Callable
 
 import jax
-import ml_collections
 import numpy as np
 
 from moejax import bundled, checkpoint
-from moejax.checkpoint.meta import hugging_face_message, is_hugging_face_dir
 from moejax.errors import ConfigError
-from moejax.families import FAMILIES, get_family, preset
+from moejax.families import preset
 from moejax.model_config import ModelConfig
 from moejax.models.decoder import MoEDecoder
-from moejax.models.experts import GMM_IMPLS
 from moejax.models.random_init import random_model
-from moejax.models.stepped import GATE_PATHS
 from moejax.quant import formats
 from moejax.quant.quantize import quantize
+from moejax.run_spec import ModelSpec, RunSpec
 from moejax.tokenizer import Tokenizer, load_tokenizer
 
 
@@ -103,8 +100,7 @@ class LoadedModel:
         return out
 
 
-EMBEDDED = "embedded"
-EMBEDDED_DIR = bundled.EMBEDDED_DIR
+EMBEDDED, EMBEDDED_DIR = bundled.EMBEDDED, bundled.EMBEDDED_DIR
 
 
 def embedded_config() -> ModelConfig:
@@ -112,48 +108,17 @@ def embedded_config() -> ModelConfig:
     return checkpoint.read_config(EMBEDDED_DIR)
 
 
-def validate_model_config(m: ml_collections.ConfigDict) -> None:
-    if m.gmm_impl not in GMM_IMPLS:
-        raise ConfigError(f"model.gmm_impl={m.gmm_impl!r} is not one of {GMM_IMPLS}")
-    if m.lookahead < 0:
-        raise ConfigError(f"model.lookahead={m.lookahead} must be >= 0")
-    if m.gate_path not in GATE_PATHS:
-        raise ConfigError(f"model.gate_path={m.gate_path!r} is not one of {GATE_PATHS}")
-    width = m.get("width", 0)
-    if width and m.checkpoint:
-        raise ConfigError(f"model.width={width!r} draws a family preset at another width; "
-                          f"model.checkpoint={m.checkpoint!r} has its own widths (leave one out)")
-    if m.checkpoint:
-        if not os.path.isdir(m.checkpoint):
-            raise ConfigError(f"model.checkpoint={m.checkpoint!r} is not a directory")
-        if is_hugging_face_dir(m.checkpoint):  # refused here, before a job loads anything
-            raise ConfigError(f"model.checkpoint={hugging_face_message(m.checkpoint)}")
-        return
-    if width and m.preset == EMBEDDED:
-        raise ConfigError(f"model.width={width!r} draws a family preset at another width, and "
-                          f"model.preset={EMBEDDED!r} is trained at its own: name a preset "
-                          "(e.g. model.preset=olmoe-1b-7b)")
-    if m.preset == EMBEDDED:
-        return
-    if m.family not in FAMILIES:
-        raise ConfigError(f"model.family={m.family!r} is not one of {sorted(FAMILIES)}")
-    if m.preset not in get_family(m.family).presets:
-        raise ConfigError(f"model.preset={m.preset!r} is not a preset of {m.family}; known: "
-                          f"{sorted(get_family(m.family).presets)} (or {EMBEDDED!r})")
-
-
-def load_model(m: ml_collections.ConfigDict, seed: int = 0,
-               read_experts: bool = True) -> LoadedModel:
-    """`read_experts=False`: a checkpoint's experts stay on storage (the disk tier reads them
+def load_model(m: ModelSpec, read_experts: bool = True) -> LoadedModel:
+    """The model `m` names (checked when the job resolved it: `moejax.jobs.specs.check_model`).
+    `read_experts=False`: a checkpoint's experts stay on storage (the disk tier reads them
     one by one); `experts_at` still reads a whole precision when a job asks for it."""
-    validate_model_config(m)
     if m.checkpoint or m.preset == EMBEDDED:
         ck = checkpoint.load(m.checkpoint or EMBEDDED_DIR, read_experts=read_experts)
         tok = load_tokenizer(ck.tokenizer_dir, ck.cfg.vocab_size)
         groups = {p: dict(info["groups"]) for p, info in ck.precisions.items() if p != "native"}
         return LoadedModel(ck.cfg, ck.model, ck.host_gate_up, ck.host_down, tok, ck.path,
                            ck.experts_at, groups, ck.path, ck.forget_experts)
-    width = m.get("width", 0)
+    width = m.width
     cfg = preset(m.family, m.preset, width)
     name = f"{m.family}/{m.preset}" + (f" at width {width}" if width else "")
     if cfg.total_expert_bytes > 2 ** 30:
@@ -161,18 +126,15 @@ def load_model(m: ml_collections.ConfigDict, seed: int = 0,
             f"preset {name} has {cfg.total_expert_bytes / 2**30:.1f} GiB of experts; random "
             "weights are only drawn for CPU-sized presets: convert a checkpoint and pass "
             "--config.model.checkpoint, or narrow the preset with --config.model.width=N")
-    model, gate_up, down = random_model(cfg, seed)
+    model, gate_up, down = random_model(cfg, m.seed)
     return in_memory(cfg, model, gate_up, down, load_tokenizer(None, cfg.vocab_size),
                      f"preset:{m.family}/{m.preset}" + (f"@width={width}" if width else ""))
 
 
-def load_model_for(config: ml_collections.ConfigDict) -> LoadedModel:
-    """The job's model (`config.model`); with a host tier (`cache.host_capacity_frac` below
-    1, or `cache.host_bytes`) its experts are not read at start."""
-    from moejax.cache import host_tier_enabled
-
-    disk_tier = config.cache.enabled and host_tier_enabled(config)
-    return load_model(config.model, config.seed, read_experts=not disk_tier)
+def load_model_for(run: RunSpec) -> LoadedModel:
+    """The run's model; with a host tier (`cache.host_capacity_frac` below 1, or
+    `cache.host_bytes`) its experts are not read at start."""
+    return load_model(run.model, read_experts=not (run.cache.enabled and run.cache.host_tier))
 
 
 def in_memory(cfg: ModelConfig, model: MoEDecoder, gate_up: dict, down: dict,

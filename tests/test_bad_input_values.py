@@ -16,9 +16,11 @@ import sys
 import pytest
 
 from moejax import bundled, jobs
-from moejax.cache.from_config import build_cache_for, check_settings
+from moejax.cache import build_cache_for
 from moejax.errors import ConfigError
 from moejax.jobs.schema import base_config
+from moejax.jobs.specs import check_settings, resolve
+from moejax.jobs.unapplied import say_unapplied
 from moejax.policies import build, declare
 from moejax.policies.base import KINDS
 from moejax.policies.registry import names, policy_class, spec_arguments
@@ -101,18 +103,18 @@ def test_a_slot_floor_above_the_models_experts_is_an_error(tmp_path):
 ])
 def test_values_outside_a_field_are_errors_naming_it(field, value, message):
     with pytest.raises(ConfigError, match=message):
-        check_settings(_replay(**{field: value}), live=False)
+        check_settings(_replay(**{field: value}))
 
 
 def test_a_host_tier_above_every_expert_is_an_error():
     config = _replay(**{"cache.slots": 4, "cache.host_bytes": TOTAL * 100 + 1})
     with pytest.raises(ConfigError, match=rf"cache\.host_bytes={TOTAL * 100 + 1} is more than "
                                           rf"all {TOTAL} experts take \({TOTAL * 100} bytes"):
-        build_cache_for(config, None, {"native": 100}, True, layers=(0, 1, 2, 3),
+        build_cache_for(resolve(config), None, {"native": 100}, True, layers=(0, 1, 2, 3),
                         num_layers=4, num_experts=8, top_k=2)
     # Exactly every expert's bytes is a host tier of every expert, read on demand.
     config = _replay(**{"cache.slots": 4, "cache.host_bytes": TOTAL * 100})
-    cache = build_cache_for(config, None, {"native": 100}, True, layers=(0, 1, 2, 3),
+    cache = build_cache_for(resolve(config), None, {"native": 100}, True, layers=(0, 1, 2, 3),
                             num_layers=4, num_experts=8, top_k=2)
     assert cache.host.capacity == TOTAL
 
@@ -133,9 +135,9 @@ def _warnings(capsys) -> list[str]:
 
 def test_storage_without_a_host_tier_is_warned_about_once(capsys):
     config = _replay(**{"storage.read_gbps": 2.0, "storage.preset": "hdd"})
-    check_settings(config, live=False, defaults=DEFAULTS)
+    say_unapplied(config, False, DEFAULTS)
     # A job builds its cache twice (generate's warm-up): said once.
-    check_settings(config, live=False, defaults=DEFAULTS)
+    say_unapplied(config, False, DEFAULTS)
     lines = _warnings(capsys)
     assert len(lines) == 2, lines
     assert lines[0].endswith("warning: storage.preset='hdd' does not apply: this run has no "
@@ -145,14 +147,13 @@ def test_storage_without_a_host_tier_is_warned_about_once(capsys):
 
 
 def test_settings_left_at_their_default_or_that_apply_are_not_warned_about(capsys):
-    check_settings(_replay(), live=False, defaults=DEFAULTS)
-    check_settings(_replay(**{"cache.host_capacity_frac": 0.5, "storage.read_gbps": 2.0,
-                              "cache.host_eviction": "fifo"}), live=False, defaults=DEFAULTS)
-    check_settings(with_fields(base_config(), **{"cache.host_capacity_frac": 0.5, "io.split": 4,
-                                          "io.mode": "mmap"}), live=True, defaults=DEFAULTS)
+    say_unapplied(_replay(), False, DEFAULTS)
+    say_unapplied(_replay(**{"cache.host_capacity_frac": 0.5, "storage.read_gbps": 2.0,
+                             "cache.host_eviction": "fifo"}), False, DEFAULTS)
+    say_unapplied(with_fields(base_config(), **{"cache.host_capacity_frac": 0.5, "io.split": 4,
+                                                "io.mode": "mmap"}), True, DEFAULTS)
     # A config file that restates a default has not "given" it.
-    check_settings(_replay(**{"storage.preset": "nvme_gen4", "io.workers": 8}), live=False,
-                   defaults=DEFAULTS)
+    say_unapplied(_replay(**{"storage.preset": "nvme_gen4", "io.workers": 8}), False, DEFAULTS)
     assert _warnings(capsys) == []
 
 
@@ -181,7 +182,7 @@ def test_settings_left_at_their_default_or_that_apply_are_not_warned_about(capsy
 ])
 def test_each_setting_that_does_not_apply_gets_one_line(fields, live, expected, capsys):
     config = with_fields(base_config(), job="replay" if live is False else "generate", **fields)
-    check_settings(config, live=live, defaults=DEFAULTS)
+    say_unapplied(config, live, DEFAULTS)
     lines = _warnings(capsys)
     assert len(lines) == 1 and expected in lines[0], lines
 

@@ -18,6 +18,7 @@ import pytest
 from moejax.cache import PREFETCH_QUEUES
 from moejax.families import preset
 from moejax.jobs.schema import base_config
+from moejax.jobs.specs import resolve
 from moejax.model_source import in_memory
 from moejax.models.stepped import SteppedDecoder
 from moejax.policies import names
@@ -62,7 +63,7 @@ def _cached_run(tiny, prompt, eviction, prefetch, slots, miss="fetch", routing="
     c.cache.prefetch_queue = queue
     c.cache.slots, c.policies.eviction, c.policies.prefetch = slots, eviction, prefetch
     c.policies.miss, c.policies.routing = miss, routing
-    source = build_cached_experts(c, loaded)
+    source = build_cached_experts(resolve(c), loaded)
     cache = source.cache
     if observe_routing is not None:
         select = cache.routing.select
@@ -203,7 +204,7 @@ def test_io_callback_gate_path_matches_returned_path(tiny):
         c = base_config()
         c.cache.slots, c.policies.eviction = 7, "least_stale"
         c.policies.prefetch = "score_percentile(p=80)"
-        source = build_cached_experts(c, loaded)
+        source = build_cached_experts(resolve(c), loaded)
         dec = SteppedDecoder(model, source, max_len=MAX_LEN, lookahead=2, gate_path=path)
         out = dec.generate(prompt, NEW, keep_logits=True)
         source.cache.finish()
@@ -226,7 +227,7 @@ def test_a_complete_cache_decides_after_the_pass_with_the_same_numbers(tiny, pre
         c = base_config()
         c.cache.capacity_frac, c.cache.warm_start = 1.0, "all"
         c.policies.eviction, c.policies.prefetch = "least_stale", prefetch
-        source = build_cached_experts(c, loaded)
+        source = build_cached_experts(resolve(c), loaded)
         source.defer_complete = defer
         dec = SteppedDecoder(model, source, max_len=MAX_LEN, lookahead=2)
         out = dec.generate(prompt, NEW, keep_logits=True)

@@ -17,11 +17,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from moejax.cache.from_config import hardware_from
 from moejax.calibration import calibrate, fit, measure, profile
 from moejax.calibration import host_cpu as host_mod
 from moejax.errors import ConfigError
 from moejax.families import preset
+from moejax.jobs.specs import hardware_from, resolve
+from moejax.jobs.unapplied import say_unapplied
 from moejax.testing import config_from_flags
 from moejax.timing import hardware
 from moejax.timing import host as host_lib
@@ -366,8 +367,9 @@ def _with_host(doc, profile_dict=None):
 
 
 def test_a_host_section_round_trips_into_the_cache_host_path(tmp_path, capsys):
-    from moejax.cache.from_config import build_cache_for, check_settings, host_cpu_from
+    from moejax.cache import build_cache_for
     from moejax.jobs.schema import base_config
+    from moejax.jobs.specs import host_cpu_from
     from tests.test_host_compute import CFG, SCORED, B, replay_config
 
     path = _write(tmp_path / "hardware.json", _with_host(_document()))
@@ -377,11 +379,11 @@ def test_a_host_section_round_trips_into_the_cache_host_path(tmp_path, capsys):
     assert host_cpu_from(config) == HOST  # the file's host, not host.preset's desktop_ddr5
     config.host.mem_gbps = 7.0  # the group's overrides apply on top of the file
     assert host_cpu_from(config) == dataclasses.replace(HOST, mem_gbps=7.0)
-    cache = build_cache_for(config, CFG, {"native": B}, False)
+    cache = build_cache_for(resolve(config), CFG, {"native": B}, False)
     assert cache.host_path.host == dataclasses.replace(HOST, mem_gbps=7.0)
     assert cache.clock.hw.name == "calibrated:testhost"
     config.host.preset = "server_ddr5"  # given beside the file's host: warned, not used
-    check_settings(config, live=False, defaults=base_config())
+    say_unapplied(config, False, base_config())
     assert (f"host.preset='server_ddr5' does not apply: hardware.file={path!r} gives the host "
             "profile") in capsys.readouterr().err
     assert host_cpu_from(config).name == "calibrated:testhost"
@@ -405,7 +407,7 @@ def test_a_host_section_round_trips_into_the_cache_host_path(tmp_path, capsys):
     ({"profile": {**dataclasses.asdict(HOST), "name": 3}}, "name=3 must be a non-empty"),
 ])
 def test_a_bad_host_section_is_one_error_naming_the_file(tmp_path, section, message):
-    from moejax.cache.from_config import host_cpu_from
+    from moejax.jobs.specs import host_cpu_from
 
     path = _write(tmp_path / "hardware.json", {**_document(), "host": section})
     config = config_from_flags(DEFAULT, f"--config.hardware.file={path}")

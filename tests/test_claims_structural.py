@@ -10,8 +10,9 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from moejax.cache.from_config import build_cache_for
+from moejax.cache import build_cache_for
 from moejax.jobs.schema import base_config
+from moejax.jobs.specs import resolve
 from moejax.replay.engine import replay
 from moejax.testing import random_scored_trace
 from studies.specmd.rules import structural_rule
@@ -27,7 +28,7 @@ def _run(traces, eviction, slots, prefetch="none", engine="reference") -> dict:
     c.cache.slots = slots
     c.policies.eviction, c.policies.prefetch = eviction, prefetch
     t = traces[0]
-    cache = build_cache_for(c, None, {"native": BYTES}, False, layers=tuple(t.layers),
+    cache = build_cache_for(resolve(c), None, {"native": BYTES}, False, layers=tuple(t.layers),
                             num_layers=max(t.layers) + 1, num_experts=t.num_experts,
                             top_k=t.top_k)
     replay(cache, traces, engine=engine)

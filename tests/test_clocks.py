@@ -15,6 +15,7 @@ from moejax.calibration.cells import LiveRuns
 from moejax.jobs import clocks
 from moejax.jobs.common import cache_of, configured_decoder, settle
 from moejax.jobs.schema import base_config
+from moejax.jobs.specs import resolve
 from moejax.model_source import load_model_for
 
 # Every run here has the default prompt's length and 6 tokens: the steps compiled once serve all.
@@ -40,7 +41,7 @@ def _config(**fields):
 
 
 def _run(config, loaded=None, speculation=None):
-    loaded = loaded or load_model_for(config)
+    loaded = loaded or load_model_for(resolve(config))
     out = LiveRuns(config, loaded).run()
     if speculation is not None:
         speculation.update(out["speculation"])
@@ -72,7 +73,7 @@ def test_wall_figures_are_the_requests_own_timings():
 
 def test_a_wall_clock_run_reports_the_virtual_clock_of_the_same_run():
     config = _config(**{"clock.kind": "virtual"})
-    loaded = load_model_for(config)
+    loaded = load_model_for(resolve(config))
     virtual_run = _run(config, loaded)
     assert virtual_run["virtual"]["source"] == "cache clock"
     speculation = {}
@@ -93,10 +94,11 @@ def test_the_recorded_routing_replays_to_the_cache_clock_exactly():
     the same gives traces whose replay reproduces them (and the counters) exactly. (Steps
     read slots only, so that misses fail checks and layers run again.)"""
     config = _config(**{"clock.kind": "virtual", "cache.speculate_from_host": False})
-    loaded = load_model_for(config)
-    experts, decoder = configured_decoder(config, loaded, max_len=MAX_LEN)
+    run = resolve(config)
+    loaded = load_model_for(run)
+    experts, decoder = configured_decoder(run, loaded, max_len=MAX_LEN)
     cache = cache_of(experts)
-    assert clocks.routing_recorder(config, loaded, decoder, experts, cache) is None
+    assert clocks.routing_recorder(run, loaded, decoder, experts, cache) is None
     routing = clocks.RunRouting(loaded.cfg, config.model.lookahead, loaded.source)
     routing.attach(decoder, experts)
     for _ in range(2):
@@ -107,9 +109,9 @@ def test_the_recorded_routing_replays_to_the_cache_clock_exactly():
     traces = routing.traces()
     assert [t.prefill_passes for t in traces] == [1, 1]
     assert [t.num_passes for t in traces] == [6, 6]
-    replayed = clocks.replay_run(clocks.virtual_config(config), loaded.cfg,
+    replayed = clocks.replay_run(clocks.virtual_run(run), loaded.cfg,
                                  loaded.precision_bytes(), traces,
-                                 clocks.replay_specs(config, None))
+                                 clocks.replay_specs(run, None))
     live = settle(cache_of(experts))
     live.finish()
     assert replayed.metrics.timing() == live.metrics.timing()
@@ -129,7 +131,7 @@ def test_several_requests_report_each_clocks_cold_and_warm_ttft():
 
 def test_no_cache_is_timed_as_every_expert_resident_compute_only():
     config = _config(**{"cache.enabled": False, "clock.kind": "wall"})
-    loaded = load_model_for(config)
+    loaded = load_model_for(resolve(config))
     got = _run(config, loaded)["virtual"]
     assert got["source"] == "replay" and got["replay_counters_equal_live"] is None
     assert "every expert resident" in got["what"] and "cache.enabled=False" in got["what"]
@@ -143,8 +145,8 @@ def test_a_batch_above_one_says_why_it_has_no_virtual_figures():
     class Recorded:  # a run's routing, one request recorded (batch row 0)
         requests = 1
 
-    got = clocks.virtual_figures(_config(**{"clock.kind": "wall", "run.batch_size": 2}), None,
-                                 None, Recorded())
+    got = clocks.virtual_figures(resolve(_config(**{"clock.kind": "wall",
+                                                    "run.batch_size": 2})), None, None, Recorded())
     assert all(got[k] is None for k in TIMING)
     assert "run.batch_size=2" in got["what"] and got["hardware"] == "cpu"
 
@@ -154,8 +156,9 @@ def test_a_trace_driven_run_replays_the_trace_it_followed(tmp_path):
     on the wall clock: its virtual figures are the driven run's on the virtual clock (TTFT:
     its first pass, prefilled as the prompt), and its counters the live cache's."""
     config = _config(**{"clock.kind": "virtual"})
-    loaded = load_model_for(config)
-    experts, decoder = configured_decoder(config, loaded, max_len=MAX_LEN)
+    run = resolve(config)
+    loaded = load_model_for(run)
+    experts, decoder = configured_decoder(run, loaded, max_len=MAX_LEN)
     routing = clocks.RunRouting(loaded.cfg, config.model.lookahead, loaded.source)
     routing.attach(decoder, experts)
     decoder.generate(PROMPT, 6)

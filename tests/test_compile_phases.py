@@ -25,6 +25,7 @@ from moejax.jobs.common import cache_of, configured_decoder, settle, xla_compile
 from moejax.jobs.perplexity import score
 from moejax.jobs.replay import run_line
 from moejax.jobs.schema import base_config
+from moejax.jobs.specs import resolve
 from moejax.model_source import load_model_for
 from moejax.replay import compiled
 
@@ -89,9 +90,9 @@ def test_the_compile_phase_leaves_the_scored_cache_alone(tmp_path):
     same scoring on a fresh cache, with no compile phase, counts."""
     c = _perplexity_config(tmp_path)
     res = jobs.run(c, str(tmp_path / "w"))
-    loaded = load_model_for(c)
+    loaded = load_model_for(resolve(c))
     ids = np.asarray(loaded.tokenizer.encode(TEXT), np.int32)
-    experts, decoder = configured_decoder(c, loaded, max_len=WINDOW)
+    experts, decoder = configured_decoder(resolve(c), loaded, max_len=WINDOW)
     score(decoder, ids, WINDOW, STRIDE)
     cache = settle(cache_of(experts))
     cache.finish()

@@ -27,11 +27,18 @@ from hypothesis import given, note, reject, settings
 from hypothesis import strategies as st
 
 from moejax import bundled, jobs
-from moejax.cache import PREFETCH_QUEUES, CacheOptions, CacheShape, ExpertCache, PoolSpec
-from moejax.cache.from_config import build_cache_for
+from moejax.cache import (
+    PREFETCH_QUEUES,
+    CacheOptions,
+    CacheShape,
+    ExpertCache,
+    PoolSpec,
+    build_cache_for,
+)
 from moejax.errors import ConfigError
 from moejax.families import preset
 from moejax.jobs.schema import base_config
+from moejax.jobs.specs import resolve
 from moejax.policies import build
 from moejax.policies.eviction import LRU
 from moejax.policies.registry import names, policy_class
@@ -64,7 +71,7 @@ def _cache(config, trace, hardware=None, model_cfg=None, expert_bytes=None):
     for k, v in (hardware or {}).items():
         config.hardware[k] = v
     sizes = dict(BYTES_AT) if expert_bytes is None else {"native": expert_bytes}
-    return build_cache_for(config, model_cfg, sizes, False, layers=tuple(trace.layers),
+    return build_cache_for(resolve(config), model_cfg, sizes, False, layers=tuple(trace.layers),
                            num_layers=(model_cfg.num_layers if model_cfg else
                                        max(trace.layers) + 1),
                            num_experts=trace.num_experts, top_k=trace.top_k)

@@ -25,6 +25,7 @@ from moejax.cli import UsageError
 from moejax.convert import check_out, convert
 from moejax.errors import CheckpointError, ConfigError
 from moejax.jobs.schema import base_config
+from moejax.jobs.specs import resolve
 from moejax.model_source import load_model
 from tests.test_checkpoint_errors import tiny_hf_model
 
@@ -225,16 +226,16 @@ def _hf_message(d: str) -> str:
 
 
 def test_model_checkpoint_naming_a_hugging_face_dir(hf_dir, converted):
-    model = base_config().model
-    model.checkpoint = hf_dir
+    config = base_config()
+    config.model.checkpoint = hf_dir
     with pytest.raises(ConfigError) as info:
-        load_model(model)  # what a job's run calls (load_model_for)
+        resolve(config)  # what a job's run calls before it loads the model
     assert str(info.value) == f"model.checkpoint={_hf_message(hf_dir)}"
     with pytest.raises(CheckpointError) as info:
         checkpoint.load(hf_dir)  # a tool opening it directly
     assert str(info.value) == _hf_message(hf_dir)
-    model.checkpoint = converted  # a converted one is not taken for a Hugging Face one
-    assert load_model(model, read_experts=False).cfg.family == "olmoe"
+    config.model.checkpoint = converted  # a converted one is not taken for a Hugging Face one
+    assert load_model(resolve(config).model, read_experts=False).cfg.family == "olmoe"
 
 
 @pytest.mark.slow

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from moejax.families import preset
 from moejax.jobs.common import cache_of, report_cache, settle
 from moejax.jobs.schema import base_config
+from moejax.jobs.specs import resolve
 from moejax.model_source import in_memory
 from moejax.models.stepped import SteppedDecoder
 from moejax.policies import names
@@ -44,7 +45,7 @@ def _decoder(tiny, mode, eviction="least_stale", prefetch="score_percentile(p=80
     c.clock.kind = clock
     c.cache.capacity_frac, c.cache.warm_start = capacity, warm
     c.policies.eviction, c.policies.prefetch = eviction, prefetch
-    source = build_cached_experts(c, loaded)
+    source = build_cached_experts(resolve(c), loaded)
     source.defer_complete, source.pipeline_complete = MODES[mode]
     return source, SteppedDecoder(model, source, max_len=MAX_LEN, lookahead=2)
 

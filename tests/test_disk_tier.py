@@ -26,6 +26,7 @@ from moejax import checkpoint, jobs
 from moejax.checkpoint import CheckpointError
 from moejax.families import preset
 from moejax.jobs.schema import base_config
+from moejax.jobs.specs import model_spec, resolve
 from moejax.model_source import load_model
 from moejax.models.random_init import random_model
 from moejax.models.stepped import SteppedDecoder
@@ -69,8 +70,8 @@ def _config(host_frac, slots=6, eviction="lru", host_eviction="lru", prefetch="n
 def _run(model, path, config, prompt):
     m = base_config().model
     m.checkpoint = path
-    loaded = load_model(m, read_experts=False)
-    source = build_cached_experts(config, loaded)
+    loaded = load_model(model_spec(m), read_experts=False)
+    source = build_cached_experts(resolve(config), loaded)
     dec = SteppedDecoder(model, source, max_len=MAX_LEN, lookahead=2)
     out = dec.generate(prompt, NEW, keep_logits=True)
     source.cache.finish()
@@ -117,7 +118,7 @@ def test_int4_experts_on_storage_equal_the_resident_int4_model(tiny):
     model, paths, prompt, _ = tiny
     m = base_config().model
     m.checkpoint = paths["packed"]
-    resident = load_model(m)
+    resident = load_model(model_spec(m))
     from moejax.models.stepped import ResidentExperts
 
     ref = SteppedDecoder(model, ResidentExperts.from_host(*resident.experts_at("int4")),
@@ -133,7 +134,7 @@ def test_a_model_loaded_for_the_disk_tier_reads_no_expert_at_start(tiny):
     _, paths, _, _ = tiny
     m = base_config().model
     m.checkpoint = paths["packed"]
-    loaded = load_model(m, read_experts=False)
+    loaded = load_model(model_spec(m), read_experts=False)
     assert loaded.host_gate_up is None
     gate_up, _ = loaded.experts_at("native")  # a job that wants them all still gets them
     assert set(gate_up) == set(loaded.cfg.moe_layers)
@@ -314,7 +315,7 @@ def _generate_from_a_slow_disk(tiny, config):
     model, paths, prompt, ref = tiny
     m = base_config().model
     m.checkpoint = paths["packed"]
-    source = build_cached_experts(config, load_model(m, read_experts=False))
+    source = build_cached_experts(resolve(config), load_model(model_spec(m), read_experts=False))
     store = source.host_store
     store.reader = _SlowReader(store.reader, 0.02)
     out = SteppedDecoder(model, source, max_len=MAX_LEN, lookahead=2).generate(

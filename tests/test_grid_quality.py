@@ -12,6 +12,7 @@ import pytest
 from launch import cells as cells_lib
 from moejax import bundled
 from moejax.families import preset
+from moejax.jobs.specs import resolve
 from moejax.model_source import embedded_config
 from tests.sweep_fixtures import grid_config
 
@@ -115,7 +116,7 @@ def test_every_cell_builds_its_cache():
     """Each cell's overrides are declared fields and its policy specs, precision levels and
     pools are valid for its model: the cache is built as the quality job builds it (weights
     of the random presets drawn once per model; no forward pass)."""
-    from moejax.cache.from_config import build_cache_for
+    from moejax.cache import build_cache_for
     from moejax.model_source import load_model
 
     loaded = {}
@@ -123,9 +124,9 @@ def test_every_cell_builds_its_cache():
         c = _config(o)
         key = (c.model.family, c.model.preset)
         if key not in loaded:
-            loaded[key] = load_model(c.model, c.seed)
+            loaded[key] = load_model(resolve(c).model)
         m = loaded[key]
-        cache = build_cache_for(c, m.cfg, m.precision_bytes(), m.cfg.norm_topk_prob)
+        cache = build_cache_for(resolve(c), m.cfg, m.precision_bytes(), m.cfg.norm_topk_prob)
         assert all(p.num_slots >= m.cfg.top_k for p in cache.shape.pools)
         levels = [p.precision for p in cache.shape.pools]
         miss = o["policies.miss"]

@@ -13,9 +13,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from moejax.cache.from_config import hardware_from
 from moejax.errors import ConfigError
 from moejax.jobs.schema import base_config
+from moejax.jobs.specs import hardware_from
 from moejax.testing import config_from_flags
 from moejax.timing import hardware
 from moejax.timing.clock import VirtualClock, WallClock

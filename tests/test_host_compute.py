@@ -27,12 +27,13 @@ from hypothesis import example, given, note, settings
 from hypothesis import strategies as st
 
 from moejax import bundled, jobs
-from moejax.cache import CacheOptions, CacheShape, ExpertCache, capacity, summary
-from moejax.cache.from_config import build_cache_for, check_settings, hardware_from
+from moejax.cache import CacheOptions, CacheShape, ExpertCache, build_cache_for, capacity, summary
 from moejax.cache.host_path import HostPath
 from moejax.errors import ConfigError
 from moejax.families import preset
 from moejax.jobs.schema import base_config
+from moejax.jobs.specs import hardware_from, resolve
+from moejax.jobs.unapplied import say_unapplied
 from moejax.policies import build
 from moejax.replay.engine import replay
 from moejax.replay.gates import layer_gates
@@ -417,7 +418,7 @@ def _grid_replay(cell: dict, miss: str, request: int, decode_steps: int):
     cfg = preset(config.model.family, config.model.preset)
     trace = as_requests(load_traces(config.replay.trace)[0], config.replay.request_tokens,
                         config.replay.prefill_tokens)[request]
-    cache = build_cache_for(config, cfg, capacity.precision_bytes_of(cfg), cfg.norm_topk_prob,
+    cache = build_cache_for(resolve(config), cfg, capacity.precision_bytes_of(cfg), cfg.norm_topk_prob,
                             layers=tuple(trace.layers), num_layers=cfg.num_layers,
                             num_experts=trace.num_experts, top_k=trace.top_k)
     seen = _plans_checked(cache) if miss == "latency_aware" else None
@@ -622,7 +623,7 @@ def test_host_compute_without_a_model_names_what_it_needs(tmp_path):
 def test_host_settings_that_do_not_apply_are_warned(capsys):
     config = replay_config(SCORED, "fetch")
     config.host.preset = "server_ddr5"
-    check_settings(config, live=False, defaults=base_config())
+    say_unapplied(config, False, base_config())
     assert ("host.preset='server_ddr5' does not apply: no expert is computed on the host "
             "(policies.miss=fetch, cache.host_compute_layers=0)") in capsys.readouterr().err
 
@@ -641,8 +642,8 @@ def test_a_hardware_file_replaces_the_preset(tmp_path, capsys):
     config.hardware.h2d_latency_s = 0.0  # the overrides still apply
     assert hardware_from(config) == dataclasses.replace(measured, h2d_latency_s=0.0)
     config.hardware.preset = "h100_pcie"  # given beside a file: warned, not used
-    check_settings(config, live=False, defaults=base_config())
+    say_unapplied(config, False, base_config())
     assert (f"hardware.preset='h100_pcie' does not apply: hardware.file={str(path)!r} gives "
             "the profile") in capsys.readouterr().err
-    cache = build_cache_for(config, CFG, {"native": B}, False)
+    cache = build_cache_for(resolve(config), CFG, {"native": B}, False)
     assert cache.clock.hw == dataclasses.replace(measured, h2d_latency_s=0.0)

@@ -12,6 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from moejax.jobs.schema import base_config
+from moejax.jobs.specs import resolve
 from moejax.models.stepped import SteppedDecoder
 from moejax.serving.build import build_cached_experts
 from tests.tiny_reference import tiny_reference
@@ -31,7 +32,7 @@ def _generate(tiny, miss, capacity, prefetch, host_layers=0):
     c.cache.capacity_frac = capacity
     c.cache.host_compute_layers = host_layers
     c.policies.miss, c.policies.prefetch = miss, prefetch
-    source = build_cached_experts(c, loaded)
+    source = build_cached_experts(resolve(c), loaded)
     loads = []
     pool_load = source.pool.load
     source.pool.load = lambda key, slot: (loads.append(key), pool_load(key, slot))[1]

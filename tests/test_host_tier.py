@@ -14,10 +14,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from moejax.cache.from_config import build_cache_for, build_host_tier
+from moejax.cache import build_cache_for, build_host_tier
 from moejax.cache.host_tier import HostTier
 from moejax.errors import ConfigError
 from moejax.jobs.schema import base_config
+from moejax.jobs.specs import resolve
 from moejax.policies import build, names, policy_class
 from moejax.replay.engine import replay
 from moejax.testing import random_scored_trace
@@ -186,7 +187,7 @@ def _config(**cache):
 
 
 def _shape_cache(config, precision_bytes=None):
-    return build_cache_for(config, None, precision_bytes or {"native": B}, True,
+    return build_cache_for(resolve(config), None, precision_bytes or {"native": B}, True,
                            {"eviction": "lru", "prefetch": "none", "miss": "fetch",
                             "routing": "standard"},
                            layers=(0, 1, 2), num_layers=3, num_experts=E, top_k=K)
@@ -224,7 +225,7 @@ def test_a_host_tier_needs_one_precision_pool():
     config = _config(capacity_frac=0.5, host_capacity_frac=0.5)
     config.policies.miss = "fetch_lowest_bit(levels='native:int4')"
     with pytest.raises(ConfigError, match="needs a cache of one precision"):
-        build_cache_for(config, None, {"native": B, "int4": B // 4}, True,
+        build_cache_for(resolve(config), None, {"native": B, "int4": B // 4}, True,
                         layers=(0, 1, 2), num_layers=3, num_experts=E, top_k=K)
 
 
@@ -262,7 +263,7 @@ def test_replay_reports_the_host_tier(tmp_path):
 
 def test_build_host_tier_is_none_without_one():
     cache = _shape_cache(_config(slots=4))
-    assert build_host_tier(_config(slots=4), cache.shape, B, True) is None
+    assert build_host_tier(resolve(_config(slots=4)), cache.shape, B, True) is None
 
 
 def test_a_prefetch_finding_no_host_slot_does_not_go():
@@ -323,7 +324,7 @@ def test_the_seed_config_builds_a_hotlist_into_both_tiers(tmp_path):
     from moejax.traces.format import load
 
     trace = load("moejax/assets/traces/prose_1.npz")
-    cache = build_cache_for(config, None, {"native": B}, True,
+    cache = build_cache_for(resolve(config), None, {"native": B}, True,
                             layers=tuple(trace.layers), num_layers=max(trace.layers) + 1,
                             num_experts=trace.num_experts, top_k=trace.top_k)
     assert cache.seeding["device_seeded"] == 4 and cache.seeding["host_seeded"] == 20
@@ -338,7 +339,7 @@ def _trace_cache(config):
     from moejax.traces.format import load
 
     trace = load("moejax/assets/traces/prose_1.npz")
-    return build_cache_for(config, None, {"native": B}, True, layers=tuple(trace.layers),
+    return build_cache_for(resolve(config), None, {"native": B}, True, layers=tuple(trace.layers),
                            num_layers=max(trace.layers) + 1, num_experts=trace.num_experts,
                            top_k=trace.top_k), trace
 

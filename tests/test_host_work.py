@@ -19,13 +19,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from moejax import bundled
-from moejax.cache.from_config import build_cache_for
+from moejax.cache import build_cache_for
 from moejax.calibration import cells as cells_lib
 from moejax.calibration import host_fit, matrix
 from moejax.errors import ConfigError
 from moejax.families import preset
 from moejax.jobs import clocks
 from moejax.jobs.schema import base_config
+from moejax.jobs.specs import resolve
 from moejax.replay.engine import replay
 from moejax.timing import hardware as hw_lib
 from moejax.timing import host_work
@@ -95,7 +96,7 @@ def _traces(passes: int = 40):
 
 
 def _replayed(config, traces=None):
-    cache = build_cache_for(config, CFG, {"native": CFG.expert_bytes}, CFG.norm_topk_prob)
+    cache = build_cache_for(resolve(config), CFG, {"native": CFG.expert_bytes}, CFG.norm_topk_prob)
     decision = replay(cache, traces or _traces(), [0])
     return cache, decision
 

@@ -14,9 +14,9 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from moejax.cache import PREFETCH_QUEUES
-from moejax.cache.from_config import build_cache_for
+from moejax.cache import PREFETCH_QUEUES, build_cache_for
 from moejax.jobs.schema import base_config
+from moejax.jobs.specs import resolve
 from moejax.replay.engine import replay
 from moejax.testing import random_scored_trace
 from moejax.traces.format import FORMAT, Trace
@@ -68,7 +68,7 @@ def _cache(traces, eviction, prefetch, queue, slots, h2d_gbps=None):
     if h2d_gbps is not None:
         c.hardware.h2d_gbps, c.hardware.h2d_latency_s = h2d_gbps, 0.0
     t = traces[0]
-    return build_cache_for(c, None, {"native": BYTES}, False, layers=tuple(t.layers),
+    return build_cache_for(resolve(c), None, {"native": BYTES}, False, layers=tuple(t.layers),
                            num_layers=max(t.layers) + 1, num_experts=t.num_experts,
                            top_k=t.top_k)
 

@@ -31,6 +31,7 @@ from moejax import checkpoint
 from moejax.errors import ConfigError
 from moejax.families import preset
 from moejax.jobs.schema import base_config
+from moejax.jobs.specs import model_spec, resolve
 from moejax.model_source import load_model
 from moejax.models.random_init import random_model
 from moejax.models.stepped import ResidentExperts, SteppedDecoder
@@ -168,7 +169,7 @@ def tiny(tmp_path_factory):
                           expert_layout="packed")
     m = base_config().model
     m.checkpoint = path
-    return model, load_model(m), path
+    return model, load_model(model_spec(m)), path
 
 
 def _prompt(cfg):
@@ -187,7 +188,7 @@ def _config(load_path, slots, precision="", eviction="lru", prefetch="none", mis
 
 
 def _run(model, loaded, config, prompt):
-    source = build_cached_experts(config, loaded)
+    source = build_cached_experts(resolve(config), loaded)
     dec = SteppedDecoder(model, source, max_len=MAX_LEN, lookahead=2)
     out = dec.generate(prompt, NEW, keep_logits=True)
     source.cache.finish()
@@ -235,7 +236,7 @@ def test_both_load_paths_give_the_same_logits_and_keep_the_resident_models(
     if host_frac < 1:  # the disk tier reads the experts from the checkpoint
         m = base_config().model
         m.checkpoint = path
-        loaded = load_model(m, read_experts=False)
+        loaded = load_model(model_spec(m), read_experts=False)
     prompt = _prompt(model.cfg)
     outs = {}
     for load_path in PATHS:
@@ -330,7 +331,7 @@ def _pinned_bytes() -> int:
 def _fresh(path: str):
     m = base_config().model
     m.checkpoint = path
-    return load_model(m)
+    return load_model(model_spec(m))
 
 
 @pytest.mark.parametrize("precision", ("native", "int4"))
@@ -347,7 +348,7 @@ def test_copy_stream_holds_each_expert_once_in_host_memory(tiny, precision):
     want = jax.tree.map(lambda a: np.array(a, copy=True), tables)  # (a view holds the buffer)
     del tables
     before = _pinned_bytes()
-    source = build_cached_experts(_config("copy_stream", 5, level), loaded)
+    source = build_cached_experts(resolve(_config("copy_stream", 5, level)), loaded)
     grown = _pinned_bytes() - before
     pool = source.pool.pools[0]
     keys = [(layer, e) for layer in model.cfg.moe_layers for e in range(model.cfg.num_experts)]
@@ -360,7 +361,7 @@ def test_copy_stream_holds_each_expert_once_in_host_memory(tiny, precision):
                                                                pool.host_down)))
     # A second runtime from the model reads the same records: nothing is copied again.
     before = _pinned_bytes()
-    other = build_cached_experts(_config("copy_stream", 7, level), loaded)
+    other = build_cached_experts(resolve(_config("copy_stream", 7, level)), loaded)
     assert _pinned_bytes() - before < expected / 4
     assert all(a is b for a, b in zip(other.pool.pools[0].host_entries(keys), records,
                                       strict=True))
@@ -376,14 +377,14 @@ def test_copy_stream_leaves_weights_drawn_in_memory_where_they_are():
     model keeps its own, unchanged; the copy is made once for every runtime built from it."""
     m = base_config().model
     m.preset, m.family = "tiny", "olmoe"
-    loaded = load_model(m)
+    loaded = load_model(model_spec(m))
     held = {layer: np.asarray(v) for layer, v in loaded.host_gate_up.items()}
-    source = build_cached_experts(_config("copy_stream", 5), loaded)
+    source = build_cached_experts(resolve(_config("copy_stream", 5)), loaded)
     assert loaded.host_gate_up is not None and set(loaded.host_gate_up) == set(held)
     for layer, v in held.items():
         np.testing.assert_array_equal(np.asarray(loaded.host_gate_up[layer]), v)
     key = [(loaded.cfg.moe_layers[0], 0)]
-    again = build_cached_experts(_config("copy_stream", 7), loaded)
+    again = build_cached_experts(resolve(_config("copy_stream", 7)), loaded)
     assert again.pool.pools[0].host_entries(key)[0] is source.pool.pools[0].host_entries(key)[0]
 
 
@@ -393,14 +394,14 @@ def test_copy_stream_cuts_the_records_of_weights_drawn_in_memory_from_their_nump
     and the build adds the records alone to pinned host memory, the same bytes."""
     m = base_config().model
     m.preset, m.family, m.width = "olmoe-1b-7b", "olmoe", 32
-    loaded = load_model(m)
+    loaded = load_model(model_spec(m))
     assert loaded.cfg.dtype == "bfloat16"
     tables = loaded.host_gate_up, loaded.host_down
     expected = sum(leaf.nbytes for leaf in jax.tree.leaves(tables))
     gc.collect()
     held = jax.live_arrays()  # (held, so that no new array can take an old one's id)
     before = {id(a) for a in held}
-    source = build_cached_experts(_config("copy_stream", 64), loaded)
+    source = build_cached_experts(resolve(_config("copy_stream", 64)), loaded)
     added = [a for a in jax.live_arrays()
              if id(a) not in before and a.sharding.memory_kind == "pinned_host"]
     del held
@@ -421,7 +422,7 @@ def test_copy_stream_keeps_the_tables_when_experts_run_on_the_host(tiny):
     model, _, path = tiny
     loaded = _fresh(path)
     config = _config("copy_stream", 5, miss="host_compute")
-    source = build_cached_experts(config, loaded)
+    source = build_cached_experts(resolve(config), loaded)
     pool = source.pool.pools[0]
     assert loaded.host_gate_up is not None
     assert set(pool.host_gate_up) == set(model.cfg.moe_layers)

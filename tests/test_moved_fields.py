@@ -22,9 +22,10 @@ from ml_collections import config_flags
 
 from launch.worker import OverrideError, apply_overrides
 from moejax import bundled, cli, jobs
-from moejax.cache.from_config import check_settings, field_value
 from moejax.errors import ConfigError
+from moejax.jobs.declared import field_value
 from moejax.jobs.schema import MOVED, MOVED_FOR_JOB, base_config, current_config
+from moejax.jobs.unapplied import say_unapplied
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REPLAY = os.path.join(ROOT, "configs", "replay.py")
@@ -196,7 +197,7 @@ def test_the_train_config_passes_the_one_check_without_a_warning(capsys):
         c = _train_config(arg)
         assert c.job == "train" and set(c.keys()) == set(base_config().keys())
         jobs.check(c)
-        check_settings(c, live=True, defaults=base_config())  # its cache fields: defaults
+        say_unapplied(c, True, base_config())  # its cache fields: defaults
     assert capsys.readouterr().err == ""
     smoke = _train_config("smoke")
     assert (smoke.train.steps, smoke.train.model.hidden_size, smoke.train.log_every) == (6, 32, 2)

@@ -11,6 +11,7 @@ import pytest
 
 from moejax.errors import ConfigError
 from moejax.jobs.schema import base_config
+from moejax.jobs.specs import resolve
 from moejax.policies import presets
 from moejax.testing import config_from_flags
 
@@ -105,13 +106,12 @@ def test_sweep_overrides_follow_the_same_rule():
 
 
 def test_the_cache_builds_the_resolved_policies():
-    from moejax.cache import CacheShape
-    from moejax.cache.from_config import build_policies
+    from moejax.cache import CacheShape, build_policies
 
     shape = CacheShape((0, 1), 2, 8, 2, 1000, 6)
     c = base_config()
     c.policies.preset, c.policies.eviction = "specmd_1", "least_stale"
-    eviction, prefetch, miss, routing = build_policies(c, shape, False)
+    eviction, prefetch, miss, routing = build_policies(resolve(c), shape, False)
     assert (eviction.name, prefetch.name, miss.name, routing.name) == (
         "least_stale", "topk", "fetch", "standard")
 

@@ -17,12 +17,12 @@ from hypothesis import strategies as st
 
 from moejax import jobs
 from moejax.bundled import SCORED_TRACES_DIR, capture_path
-from moejax.cache import CacheOptions, ExpertCache, capacity
-from moejax.cache.from_config import build_cache_for
+from moejax.cache import CacheOptions, ExpertCache, build_cache_for, capacity
 from moejax.cache.summary import table
 from moejax.errors import ConfigError
 from moejax.families import preset
 from moejax.jobs.schema import base_config
+from moejax.jobs.specs import resolve
 from moejax.model_config import ModelConfig
 from moejax.models import sizes
 from moejax.policies import build, names
@@ -51,7 +51,7 @@ def _config(miss="fetch", eviction="lru", prefetch="none", **cache):
 
 
 def _cache(config, layers=(0,), num_experts=E, top_k=K, precision_bytes=BYTES) -> ExpertCache:
-    return build_cache_for(config, None, precision_bytes, True, layers=tuple(layers),
+    return build_cache_for(resolve(config), None, precision_bytes, True, layers=tuple(layers),
                            num_layers=len(layers), num_experts=num_experts, top_k=top_k)
 
 
@@ -384,7 +384,7 @@ def test_the_same_gates_give_the_same_counters():
     cfg = ModelConfig.from_dict(trace.meta["model"])
     runs = []
     for _ in range(2):
-        cache = build_cache_for(_scored_config(), cfg, capacity.precision_bytes_of(cfg), True)
+        cache = build_cache_for(resolve(_scored_config()), cfg, capacity.precision_bytes_of(cfg), True)
         for p in range(trace.num_passes):
             cache.begin_pass("prefill" if p < trace.prefill_passes else "decode", 1, p + 1)
             for gate in layer_gates(trace, p):
@@ -403,7 +403,7 @@ def test_the_replay_job_equals_the_cache_driven_directly(tmp_path):
     res = jobs.run(c, str(tmp_path))
     trace = load(SCORED[0])
     cfg = ModelConfig.from_dict(trace.meta["model"])
-    cache = build_cache_for(c, cfg, capacity.precision_bytes_of(cfg), cfg.norm_topk_prob)
+    cache = build_cache_for(resolve(c), cfg, capacity.precision_bytes_of(cfg), cfg.norm_topk_prob)
     replay(cache, [trace])
     direct = cache.metrics.to_dict()
     assert res["cache"]["total"] == direct["total"]

@@ -11,6 +11,7 @@ import pytest
 
 from moejax.families import preset
 from moejax.jobs.schema import base_config
+from moejax.jobs.specs import resolve
 from moejax.model_source import in_memory
 from moejax.models.stepped import ResidentExperts, SteppedDecoder
 from moejax.policies import names
@@ -47,7 +48,7 @@ def _cached(loaded, prompt, precision, slots, eviction, prefetch, miss="fetch"):
     c = base_config()
     c.cache.slots, c.cache.precision = slots, precision
     c.policies.eviction, c.policies.prefetch, c.policies.miss = eviction, prefetch, miss
-    source = build_cached_experts(c, loaded)
+    source = build_cached_experts(resolve(c), loaded)
     cache = source.cache
 
     def after_pass(_tokens):
@@ -121,7 +122,7 @@ def test_fetch_priority_runs_live_at_several_precisions(tiny):
     c.cache.capacity_frac = 0.5
     c.policies.eviction, c.policies.prefetch = "lhu", "none"
     c.policies.miss = 'fetch_priority(levels="int8:int4:int2", percentile=60)'
-    source = build_cached_experts(c, tiny)
+    source = build_cached_experts(resolve(c), tiny)
     dec = SteppedDecoder(tiny.model, source, max_len=MAX_LEN, lookahead=2,
                          pass_observers=(lambda _t: source.cache.check_invariants(),))
     out = dec.generate(prompt, NEW, keep_logits=True)

@@ -22,6 +22,7 @@ from moejax.errors import ConfigError
 from moejax.families import preset
 from moejax.jobs.quality import greedy_drift, teacher_forced
 from moejax.jobs.schema import base_config
+from moejax.jobs.specs import resolve
 from moejax.model_source import in_memory
 from moejax.models.stepped import ResidentExperts, SteppedDecoder
 from moejax.policies import names
@@ -52,7 +53,7 @@ def _cached(tiny, slots, eviction="lru", prefetch="none", queue="immediate", mis
     c.cache.slots, c.cache.prefetch_queue, c.cache.precision = slots, queue, precision
     c.policies.eviction, c.policies.prefetch, c.policies.miss = eviction, prefetch, miss
     c.policies.routing = "standard"
-    return SteppedDecoder(model, build_cached_experts(c, loaded), max_len=MAX_LEN, lookahead=2)
+    return SteppedDecoder(model, build_cached_experts(resolve(c), loaded), max_len=MAX_LEN, lookahead=2)
 
 
 def _tokens(cfg, seed, n):

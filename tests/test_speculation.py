@@ -16,6 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from moejax.jobs.schema import base_config
+from moejax.jobs.specs import resolve
 from moejax.models import stepped
 from moejax.models.stepped import SteppedDecoder
 from moejax.policies import names
@@ -45,7 +46,7 @@ def _run(tiny, speculate, capacity, eviction, prefetch, observe=False, clock="vi
         c.hardware.h2d_latency_s = latency_s
     c.cache.capacity_frac = capacity
     c.policies.eviction, c.policies.prefetch = eviction, prefetch
-    source = build_cached_experts(c, loaded)
+    source = build_cached_experts(resolve(c), loaded)
     source.speculate = speculate
     source.read_host_copies = from_host  # (the job sets it from the config)
     source.mid_pass_checks = mid_pass
@@ -263,7 +264,7 @@ def test_only_decode_passes_speculate(tiny):
     _, model, loaded, prompt, _ = tiny
     c = base_config()
     c.cache.capacity_frac, c.cache.warm_start = 0.5, "all"
-    source = build_cached_experts(c, loaded)
+    source = build_cached_experts(resolve(c), loaded)
     assert source.cache_unsynced.residency  # warm: the prefill finds experts resident
     dec = SteppedDecoder(model, source, max_len=MAX_LEN, lookahead=2)
     dec.generate(prompt, 1)  # the prefill alone

@@ -9,11 +9,26 @@ prefetch), `watchdog_queue.py`, `precision_pools.py`, `host_stage.py` (host comp
 holds the cache's shape and turns a byte budget into per-precision slot pools;
 `host_tier.py` is the bounded host tier in front of storage; `host_path.py` the host path
 of experts computed on the host and the planner a miss policy reads to choose it;
-`hotlist.py` the placement a trace's request counts give; `from_config.py` builds a cache from a job config; `summary.py`
-prints its table, writes its TensorBoard series and its results.json section.
+`hotlist.py` the placement a trace's request counts give; `build.py` builds a run's cache
+from its specs (`moejax.run_spec`); `summary.py` prints its table, writes its TensorBoard
+series and its results.json section.
 """
 
 from moejax.cache import hotlist, summary
+from moejax.cache.build import (
+    CLOCKS,
+    LOAD_PATHS,
+    WARM_STARTS,
+    build_cache,
+    build_cache_for,
+    build_host_tier,
+    build_policies,
+    clock_kind,
+    model_bytes_of,
+    num_slots,
+    policy_context,
+    seed_cache,
+)
 from moejax.cache.cache_options import PIN_SCOPES, PREFETCH_QUEUES, CacheOptions
 from moejax.cache.capacity import (
     CAPACITY_OF,
@@ -26,31 +41,6 @@ from moejax.cache.capacity import (
     slots_for,
 )
 from moejax.cache.expert_cache import ExpertCache, SlotSink
-from moejax.cache.from_config import (
-    CLOCKS,
-    LOAD_PATHS,
-    WARM_STARTS,
-    build_cache,
-    build_cache_for,
-    build_host_tier,
-    build_policies,
-    check_settings,
-    clock_kind,
-    computes_on_host,
-    field_value,
-    given_precision,
-    hardware_from,
-    host_cpu_from,
-    host_tier_enabled,
-    model_bytes_of,
-    num_slots,
-    policy_context,
-    seed_cache,
-    storage_from,
-    trace_driven,
-    warn_unapplied,
-    warned,
-)
 from moejax.cache.host_path import HostPath, HostSpan, LayerPlan, LayerPlanner
 from moejax.cache.host_tier import HostTier
 from moejax.cache.metrics import (
@@ -68,15 +58,12 @@ from moejax.cache.speculation import SpeculationSchedule
 from moejax.cache.summary import WALL_CLOCK, host_work_section, model_words
 
 __all__ = [
-    "BYTES", "CAPACITY_OF", "CLOCKS", "LOAD_PATHS", "SpeculationSchedule", "WALL_CLOCK",
-    "check_settings", "field_value", "host_work_section", "model_words", "trace_driven",
-    "warn_unapplied", "warned", "COUNTERS", "HOST_BYTES", "HOST_COUNTERS", "HOST_SECONDS",
-    "PIN_SCOPES", "PREFETCH_QUEUES", "SECONDS", "WARM_STARTS", "Budget", "CacheMetrics",
-    "CacheOptions", "CacheShape", "ExpertCache", "HostPath", "HostSpan", "HostTier", "LayerPlan", "LayerPlanner",
-    "PassTiming", "PoolSpec", "SlotSink", "WaveOutcome", "build_cache", "build_cache_for",
-    "build_host_tier", "build_policies", "clock_kind", "computes_on_host", "given_precision",
-    "hardware_from", "host_cpu_from", "host_tier_enabled", "hotlist", "model_bytes_of",
-    "num_slots", "parse_shares",
-    "policy_context", "pools_for", "precision_bytes_of", "seed_cache", "slots_for",
-    "storage_from", "summary",
+    "BYTES", "CAPACITY_OF", "CLOCKS", "COUNTERS", "HOST_BYTES", "HOST_COUNTERS", "HOST_SECONDS",
+    "LOAD_PATHS", "PIN_SCOPES", "PREFETCH_QUEUES", "SECONDS", "WALL_CLOCK", "WARM_STARTS",
+    "Budget", "CacheMetrics", "CacheOptions", "CacheShape", "ExpertCache", "HostPath",
+    "HostSpan", "HostTier", "LayerPlan", "LayerPlanner", "PassTiming", "PoolSpec", "SlotSink",
+    "SpeculationSchedule", "WaveOutcome", "build_cache", "build_cache_for", "build_host_tier",
+    "build_policies", "clock_kind", "host_work_section", "hotlist", "model_bytes_of",
+    "model_words", "num_slots", "parse_shares", "policy_context", "pools_for",
+    "precision_bytes_of", "seed_cache", "slots_for", "summary",
 ]

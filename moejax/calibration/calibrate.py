@@ -147,11 +147,12 @@ def cells_model(plan: Plan, base):
     """The cells' model: OLMoE-1B-7B at `plan.width` with its experts drawn on the device
     (`cells.drawn_model`: at its real size too), or the one `base` names (the embedded)."""
     from moejax.calibration import cells as cells_lib
+    from moejax.jobs.specs import resolve
     from moejax.model_source import load_model_for
 
     if plan.model == "olmoe":
         return cells_lib.drawn_model("olmoe", "olmoe-1b-7b", plan.width)
-    return load_model_for(base)
+    return load_model_for(resolve(base))
 
 
 def cell_prefetch(plan: Plan) -> str:
@@ -244,10 +245,10 @@ def step_table(steps: list[dict], reps: int, roofline) -> str:
 def calibrate(workdir: str, plan: Plan, command: str, out=print) -> dict:
     """Steps 1-6 into `workdir` (claimed by the caller). Returns what calibration.json holds:
     the profile, its file, and the cells' rows."""
-    from moejax.cache import hardware_from
     from moejax.calibration import cells as cells_lib
     from moejax.calibration import host_fit, matrix, measure, profile
     from moejax.jobs.common import progress
+    from moejax.jobs.specs import hardware_from
     from moejax.timing import hardware as hw_lib
 
     hw, measured = measure_machine(plan, out)
@@ -273,7 +274,7 @@ def calibrate(workdir: str, plan: Plan, command: str, out=print) -> dict:
         ran = hardware_from(entries[0].config)
         if ran.name != hw.name:  # fail closed: the cells must run on the profile just measured
             raise RuntimeError(f"hardware.file={path} gave the profile {ran.name!r}, not "
-                               f"{hw.name!r}: moejax.cache.from_config.hardware_from does not "
+                               f"{hw.name!r}: moejax.jobs.specs.hardware_from does not "
                                "read hardware.file")
         out(f"live cells ({len(entries)} x {plan.reps} runs: {fit_description(plan, groups)}) "
             f"on {ran.name} at {ran.h2d_gbps:.3g} GB/s host->device, the host's work fitted "

@@ -28,13 +28,13 @@ import ml_collections
 import numpy as np
 from flax import nnx
 
-from moejax.cache import hardware_from
 from moejax.calibration.fit import relative_error
 from moejax.calibration.host_fit import Sample
 from moejax.families import preset
 from moejax.jobs import clocks
 from moejax.jobs import generate as generate_job
 from moejax.jobs.common import cache_of, configured_decoder, settle
+from moejax.jobs.specs import resolve
 from moejax.model_source import LoadedModel, in_memory
 from moejax.models.decoder import MoEDecoder
 from moejax.traces import driven
@@ -115,18 +115,20 @@ class LiveRuns:
 
     def __init__(self, config: ml_collections.ConfigDict, loaded):
         self.config, self.loaded = config, loaded
-        path = driven.trace_path(config)
+        self.spec = spec = resolve(config)
+        path = driven.trace_path(spec.policies)
         self.driving = None
         if path is not None:
-            driven.check_run(config)
-            self.driving = driven.load(config, path)
+            driven.check_run(spec)
+            self.driving = driven.load(spec.trace, path)
             driven.check_model(loaded.cfg, self.driving)
             self.requests = generate_job.driven_requests(config, loaded, self.driving)
         else:
             self.requests = generate_job.requests_of(config, loaded)
         self.max_len = max(len(q.ids) + self.new_tokens(q) for q in self.requests)
         if config.run.warmup:
-            generate_job.warm_up(config, loaded, self.requests, max_len=self.max_len, batch=1)
+            generate_job.warm_up(config, spec, loaded, self.requests, max_len=self.max_len,
+                                 batch=1)
 
     def new_tokens(self, request) -> int:
         return request.new_tokens or self.config.run.max_new_tokens
@@ -138,10 +140,10 @@ class LiveRuns:
         `keep_routing`: also its routing, request by request (`routing`: the traces a replay
         of the run takes; on the wall clock only, where the run records it)."""
         config = self.config
-        experts, decoder = configured_decoder(config, self.loaded, max_len=self.max_len)
+        experts, decoder = configured_decoder(self.spec, self.loaded, max_len=self.max_len)
         cache = cache_of(experts)
         driver = driven.driver_of(experts)
-        routing = clocks.routing_recorder(config, self.loaded, decoder, experts, cache)
+        routing = clocks.routing_recorder(self.spec, self.loaded, decoder, experts, cache)
         eos = (self.loaded.cfg.eos_token_id if config.run.stop_at_eos and self.driving is None
                else None)
         generations = []
@@ -164,7 +166,8 @@ class LiveRuns:
         if keep_routing and routing is not None:
             out["routing"] = routing.traces()
             out["driven"] = routing.driving is not None
-        return {"clocks": clocks.section(config, self.loaded, generations, cache, routing),
+        return {"clocks": clocks.section(self.spec, self.loaded, generations, cache, routing,
+                                         warmup=bool(config.run.warmup)),
                 **out}
 
 
@@ -222,7 +225,7 @@ def run_entries(entries: list[Entry], reps: int = 3, progress=None,
             "settings": dict(cell.settings),
             "slots": runs[0]["slots"], "total_experts": runs[0]["total_experts"],
             "hit_rate": runs[0]["hit_rate"], "requests": runs[0]["requests"],
-            "misses": runs[0]["misses"], "hardware": hardware_from(config).name,
+            "misses": runs[0]["misses"], "hardware": runner.spec.hardware.device.name,
             "wall": {**wall, "runs": [{k: w[k] for k in ("ttft_s", "decode_s")} for w in walls],
                      "what": f"median of {len(walls)} live runs: {walls[0]['what']}"},
             "virtual": {**predicted, "what": virtual["what"],
@@ -243,7 +246,7 @@ def run_entries(entries: list[Entry], reps: int = 3, progress=None,
             passes = [statistics.median(p) for p in zip(*(run["wall_passes"] for run in runs))]
             samples.append(Sample(f"{entry.group} {cell.name}".strip(), config, entry.loaded,
                                   runs[0]["routing"],
-                                  clocks.replay_specs(config, runner.driving),
+                                  clocks.replay_specs(runner.spec, runner.driving),
                                   runs[0]["driven"], passes))
     return rows
 

@@ -21,6 +21,7 @@ import ml_collections
 
 from moejax.calibration import fit as fit_lib
 from moejax.jobs import clocks
+from moejax.jobs.specs import resolve
 from moejax.model_source import LoadedModel
 from moejax.results import write_json_atomic
 from moejax.traces.format import Trace
@@ -50,10 +51,10 @@ def predict(sample: Sample, hardware_file: str, host_work: bool = True
     """The virtual clock's time of each of `sample`'s passes on the profile in `hardware_file`
     (with its host work; `host_work=False`: the device-only model), and the terms each charged
     ([] without the host's work)."""
-    c = clocks.virtual_config(sample.config)
+    c = ml_collections.ConfigDict(sample.config.to_dict())
     c.hardware.file = hardware_file
     c.clock.host_work = host_work
-    cache = clocks.replay_run(c, sample.loaded.cfg, sample.loaded.precision_bytes(),
+    cache = clocks.replay_run(clocks.virtual_run(resolve(c)), sample.loaded.cfg, sample.loaded.precision_bytes(),
                               sample.traces, sample.specs, driven=sample.driven)
     if host_work and cache.timing is None:
         raise ValueError(f"{hardware_file} has no host_work section to fit")

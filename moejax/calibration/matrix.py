@@ -92,6 +92,7 @@ def loader(width: int):
     """A function giving each group's model, each shape built once: a capture's family preset
     at `width` with experts drawn (`cells.drawn_model`), or the embedded model."""
     from moejax.calibration.cells import drawn_model
+    from moejax.jobs.specs import resolve
     from moejax.model_source import load_model_for
 
     built: dict = {}
@@ -100,7 +101,7 @@ def loader(width: int):
         key = group.family() or ("embedded", group.settings)
         if key not in built:
             built[key] = (drawn_model(key[0], key[1], width) if group.trace
-                          else load_model_for(base))
+                          else load_model_for(resolve(base)))
         return built[key]
     return model_of
 

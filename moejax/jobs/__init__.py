@@ -78,7 +78,7 @@ def _record_warnings(config: ml_collections.ConfigDict, workdir: str, results) -
     a setting accepted and not applied is never only a line on a terminal."""
     if not isinstance(results, dict):
         return
-    from moejax.cache import warned
+    from moejax.jobs.unapplied import warned
     from moejax.results import write_json_atomic
 
     said = warned(config)
@@ -97,7 +97,7 @@ CONFLICTS = (("cache.slots", "cache.capacity_frac", "a slot count or a fraction 
 
 def _check_conflicts(config: ml_collections.ConfigDict,
                      defaults: ml_collections.ConfigDict) -> None:
-    from moejax.cache import field_value as value
+    from moejax.jobs.declared import field_value as value
 
     for a, b, what in CONFLICTS:
         if value(config, a) != value(defaults, a) and value(config, b) != value(defaults, b):
@@ -108,12 +108,14 @@ def _check_conflicts(config: ml_collections.ConfigDict,
 def check(config: ml_collections.ConfigDict, warn: bool = True) -> None:
     """What a run checks before its job starts: every field declared (a field that moved into
     its job's section, `schema.MOVED`, named with where it went); `config.job`; the cache,
-    clock, storage, io and policy fields (`check_settings`; with `warn`, one line on stderr for
-    each setting given that does not apply); the job's own fields (its module's `validate`,
+    clock, storage, io and policy fields (`specs.check_settings`) and the model's
+    (`specs.check_model`); with `warn`, one line on stderr for each setting given that does not
+    apply (`unapplied`); the job's own fields (its module's `validate`,
     where it has one). A value outside a field is a ConfigError naming it. The sweep launcher
     checks every cell with it before the first one runs (`launch/preflight.py`)."""
-    from moejax.cache import check_settings
-    from moejax.cache import field_value as value
+    from moejax.jobs.declared import field_value as value
+    from moejax.jobs.specs import check_model, check_settings, trace_driven
+    from moejax.jobs.unapplied import say_unapplied, warn_unapplied
 
     schema = base_config()  # once per check: a sweep's launch checks every cell
     check_declared(config, schema, moved=MOVED)
@@ -125,13 +127,12 @@ def check(config: ml_collections.ConfigDict, warn: bool = True) -> None:
                               f"job: it moved to {new}")
     # Each value against its field first, then the pairs that cannot both be given. The
     # train job runs no cache: what it does not read is said below, by `unread_by_job`.
-    runs_cache = config.job in (*LIVE, "replay")
-    check_settings(config, live=config.job != "replay",
-                   defaults=schema if warn and runs_cache else None)
+    check_model(config)
+    check_settings(config)
     _check_conflicts(config, schema)
     if warn:
-        from moejax.cache import trace_driven, warn_unapplied
-
+        if config.job in (*LIVE, "replay"):
+            say_unapplied(config, config.job != "replay", schema)
         unread = unread_by_job(config, schema, READ_BY, LIVE, unnamed=(*LIVE, "replay"),
                                every_job=EVERY_JOB)
         if config.job == "generate" and trace_driven(config):

@@ -23,14 +23,16 @@ cache saw the driving trace's gates, and the replay is of those.
 
 from __future__ import annotations
 
-import ml_collections
+import dataclasses
+
 import numpy as np
 
-from moejax.cache import ExpertCache, build_cache_for, hardware_from, host_work_section, model_words
+from moejax.cache import ExpertCache, build_cache_for, host_work_section, model_words
 from moejax.jobs.common import settle
 from moejax.model_config import ModelConfig
 from moejax.policies import presets
 from moejax.replay.engine import replay
+from moejax.run_spec import PolicySpec, RunSpec
 from moejax.seam import GateOutputs
 from moejax.traces import driven
 from moejax.traces.format import Trace
@@ -132,19 +134,19 @@ def _first_passes(trace: Trace, passes: int, cfg: ModelConfig) -> Trace:
                  trace.ids[:rows], cut(trace.weights), cut(trace.probs), cut(trace.spec))
 
 
-def needs_replay(config: ml_collections.ConfigDict, cache: ExpertCache | None) -> bool:
+def needs_replay(cache: ExpertCache | None) -> bool:
     """Whether the virtual figures come from a replay of the run's routing: the cache ran on
     the wall clock, or there was no cache."""
     return cache is None or cache.clock.kind != "virtual"
 
 
-def routing_recorder(config: ml_collections.ConfigDict, loaded, decoder, experts,
+def routing_recorder(run: RunSpec, loaded, decoder, experts,
                      cache: ExpertCache | None) -> RunRouting | None:
     """A `RunRouting` attached to `decoder` (over `experts`) when `section` will replay the run
     (`needs_replay`); None when the cache's own clock is the virtual one."""
-    if not needs_replay(config, cache):
+    if not needs_replay(cache):
         return None
-    return RunRouting(loaded.cfg, config.model.lookahead, loaded.source).attach(decoder, experts)
+    return RunRouting(loaded.cfg, run.model.lookahead, loaded.source).attach(decoder, experts)
 
 
 def wall_figures(generations, warmup: bool) -> dict:
@@ -163,51 +165,44 @@ def wall_figures(generations, warmup: bool) -> dict:
             "what": what}
 
 
-def resident_config(config: ml_collections.ConfigDict,
-                    precision: str) -> ml_collections.ConfigDict:
-    """`config` as a cache that holds every expert from the start at `precision`, on the
+def resident_run(run: RunSpec, precision: str) -> RunSpec:
+    """`run` as a cache that holds every expert from the start at `precision`, on the
     virtual clock: a run with every expert resident, timed by the virtual clock (compute
     only: no transfer, no stall)."""
-    c = virtual_config(config)
-    c.cache.enabled = True
-    c.cache.precision = "" if precision == "native" else precision
-    c.cache.capacity_frac, c.cache.capacity_of, c.cache.slots, c.cache.min_slots = (
-        1.0, "experts", 0, 0)
-    c.cache.precision_shares = ""
-    c.cache.warm_start, c.cache.seed, c.cache.full_layers = "all", "", 0
-    c.cache.host_capacity_frac, c.cache.host_bytes, c.cache.host_compute_layers = 1.0, 0, 0
-    c.policies.preset = ""
-    c.policies.eviction, c.policies.prefetch = "lru", "none"
-    c.policies.miss, c.policies.routing = "fetch", "standard"
-    return c
+    cache = dataclasses.replace(
+        run.cache, enabled=True, precision="" if precision == "native" else precision,
+        capacity_frac=1.0, capacity_of="experts", slots=0, min_slots=0, precision_shares="",
+        warm_start="all", seed="", full_layers=0, host_capacity_frac=1.0, host_bytes=0,
+        host_compute_layers=0)
+    policies = PolicySpec(preset="", eviction="lru", prefetch="none", miss="fetch",
+                          routing="standard")
+    return dataclasses.replace(virtual_run(run), cache=cache, policies=policies,
+                               trace_driven=run.job == "replay")
 
 
-def virtual_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-    """A copy of `config` (unlocked) with the virtual clock."""
-    c = ml_collections.ConfigDict(config.to_dict())
-    c.clock.kind = "virtual"
-    return c
+def virtual_run(run: RunSpec) -> RunSpec:
+    """`run` on the virtual clock."""
+    return dataclasses.replace(run, hardware=dataclasses.replace(run.hardware, clock="virtual"))
 
 
-def replay_specs(config: ml_collections.ConfigDict,
-                 driving: driven.DrivingTrace | None) -> dict[str, str]:
+def replay_specs(run: RunSpec, driving: driven.DrivingTrace | None) -> dict[str, str]:
     """The four policies the replay runs: the run's (a trace-driven run's as it adjusted them,
     `driven.policies_for`), with a trace-driven run's routing as `standard`: its gates are the
     driving trace's already, as the cache saw them."""
     if driving is None:
-        return presets.resolve(config.policies)
-    chosen = driven.policies_for(config, driving)
+        return presets.resolve(run.policies)
+    chosen = driven.policies_for(run.policies, driving)
     return {**{k: chosen[k] for k in presets.FIELDS}, "routing": "standard"}
 
 
-def replay_run(config: ml_collections.ConfigDict, cfg: ModelConfig,
-               precision_bytes: dict[str, int], traces: list[Trace],
-               specs: dict[str, str] | None = None, driven: bool | None = None) -> ExpertCache:
-    """The cache of `config` (its clock whatever `config` says: give `virtual_config`'s), with
-    the policies `specs` (None: the config's), after replaying `traces` through it, request
-    after request, each from position 0. On the reference engine: a live run's passes are few,
-    and the compiled engine's one-time load would cost more than it saves."""
-    cache = build_cache_for(config, cfg, precision_bytes, cfg.norm_topk_prob, specs,
+def replay_run(run: RunSpec, cfg: ModelConfig, precision_bytes: dict[str, int],
+               traces: list[Trace], specs: dict[str, str] | None = None,
+               driven: bool | None = None) -> ExpertCache:
+    """The cache of `run` (its clock whatever `run` says: give `virtual_run`'s), with the
+    policies `specs` (None: the run's), after replaying `traces` through it, request after
+    request, each from position 0. On the reference engine: a live run's passes are few, and
+    the compiled engine's one-time load would cost more than it saves."""
+    cache = build_cache_for(run, cfg, precision_bytes, cfg.norm_topk_prob, specs,
                             driven=driven)
     replay(cache, traces, [0] * len(traces), engine="reference")
     return cache
@@ -223,11 +218,11 @@ def _modelled(cache: ExpertCache) -> dict:
     return {"parts": cache.metrics.timing()["parts"], "host_work": host_work_section(cache)}
 
 
-def virtual_figures(config: ml_collections.ConfigDict, loaded, cache: ExpertCache | None,
+def virtual_figures(run: RunSpec, loaded, cache: ExpertCache | None,
                     routing: RunRouting | None) -> dict:
     """The virtual clock's figures of the run: its cache's clock, or the replay of its
     routing (`needs_replay`)."""
-    if not needs_replay(config, cache):
+    if not needs_replay(cache):
         settle(cache)
         hw = cache.clock.hw
         return {**_figures(cache.metrics.timing()), "hardware": hw.name, "source": "cache clock",
@@ -236,20 +231,20 @@ def virtual_figures(config: ml_collections.ConfigDict, loaded, cache: ExpertCach
                         f"host->device; {model_words(cache)}): the compiled steps, the stalls "
                         "of the modelled transfers and the modelled host work, for this run's "
                         "passes"}
-    hw = hardware_from(config)
+    hw = run.hardware.device
     unavailable = {**dict.fromkeys(FIGURES), "hardware": hw.name, "source": "replay"}
     if routing is None or not routing.requests:
         return {**unavailable, "what": "not measured: the run's routing was not recorded"}
-    if config.run.batch_size != 1:
+    if run.batch_size != 1:
         return {**unavailable,
-                "what": f"not measured: run.batch_size={config.run.batch_size}, and a replay of "
+                "what": f"not measured: run.batch_size={run.batch_size}, and a replay of "
                         "a run's routing covers batch row 0 only"}
     traces = routing.traces()
     if cache is None:
         from moejax.serving.build import resident_precision
 
-        precision = resident_precision(config)
-        replayed = replay_run(resident_config(config, precision), loaded.cfg,
+        precision = resident_precision(run)
+        replayed = replay_run(resident_run(run, precision), loaded.cfg,
                               loaded.precision_bytes(), traces)
         what = (f"this run's routing replayed on the virtual clock (modelled {hw.name}) with "
                 f"every expert resident at {precision} (the run had cache.enabled=False): "
@@ -257,8 +252,8 @@ def virtual_figures(config: ml_collections.ConfigDict, loaded, cache: ExpertCach
         equal = None
     else:
         settle(cache)
-        replayed = replay_run(virtual_config(config), loaded.cfg, loaded.precision_bytes(),
-                              traces, replay_specs(config, routing.driving),
+        replayed = replay_run(virtual_run(run), loaded.cfg, loaded.precision_bytes(),
+                              traces, replay_specs(run, routing.driving),
                               driven=routing.driving is not None)
         what = (f"this run's routing replayed on the virtual clock (modelled {hw.name}, "
                 f"{hw.h2d_gbps:g} GB/s host->device; {model_words(replayed)}) through a "
@@ -270,14 +265,14 @@ def virtual_figures(config: ml_collections.ConfigDict, loaded, cache: ExpertCach
             **_modelled(replayed), "replay_counters_equal_live": equal, "what": what}
 
 
-def section(config: ml_collections.ConfigDict, loaded, generations,
-            cache: ExpertCache | None, routing: RunRouting | None) -> dict:
+def section(run: RunSpec, loaded, generations, cache: ExpertCache | None,
+            routing: RunRouting | None, *, warmup: bool) -> dict:
     """results.json's `clocks`: `{"wall": ..., "virtual": ...}` of a live run whose requests
-    gave `generations` (in order), through `cache` (None: every expert resident), its routing
-    recorded by `routing` (`routing_recorder`'s; None when the cache ran on the virtual
-    clock)."""
-    return {"wall": wall_figures(generations, bool(config.run.warmup)),
-            "virtual": virtual_figures(config, loaded, cache, routing)}
+    gave `generations` (in order; `warmup`: compiled before they ran), through `cache` (None:
+    every expert resident), its routing recorded by `routing` (`routing_recorder`'s; None when
+    the cache ran on the virtual clock)."""
+    return {"wall": wall_figures(generations, warmup),
+            "virtual": virtual_figures(run, loaded, cache, routing)}
 
 
 def _ms(seconds: float | None) -> str:

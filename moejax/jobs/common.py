@@ -28,6 +28,7 @@ from moejax.metrics_writer import MetricsWriter
 from moejax.model_source import LoadedModel
 from moejax.models.stepped import SteppedDecoder
 from moejax.policies import presets
+from moejax.run_spec import RunSpec
 from moejax.seam import ExpertSource
 from moejax.serving.build import expert_source, resident_precision
 from moejax.serving.runtime import CachedExperts
@@ -137,26 +138,25 @@ def scored_bytes(tokenizer: Tokenizer, ids: np.ndarray) -> int:
     return len(tokenizer.decode(np.asarray(ids[1:]).tolist()).encode("utf-8"))
 
 
-def make_decoder(config: ml_collections.ConfigDict, loaded: LoadedModel, experts: ExpertSource,
-                 *, max_len: int, batch: int = 1, gate_observers=(),
-                 pass_observers=()) -> SteppedDecoder:
-    """A decoder of `loaded.model` over `experts`, with the config's `model.*` options."""
-    m = config.model
+def make_decoder(run: RunSpec, loaded: LoadedModel, experts: ExpertSource, *, max_len: int,
+                 batch: int = 1, gate_observers=(), pass_observers=()) -> SteppedDecoder:
+    """A decoder of `loaded.model` over `experts`, with the run's `model.*` options."""
+    m = run.model
     return SteppedDecoder(loaded.model, experts, max_len=max_len, batch=batch,
                           lookahead=m.lookahead, gmm_impl=m.gmm_impl, gate_path=m.gate_path,
                           gate_observers=tuple(gate_observers),
                           pass_observers=tuple(pass_observers))
 
 
-def configured_decoder(config: ml_collections.ConfigDict, loaded: LoadedModel, *, max_len: int,
+def configured_decoder(run: RunSpec, loaded: LoadedModel, *, max_len: int,
                        batch: int = 1) -> tuple[ExpertSource, SteppedDecoder]:
-    """The configured expert source (the cache runtime, or every expert resident when
+    """The run's expert source (the cache runtime, or every expert resident when
     `cache.enabled` is False) and a decoder over it."""
-    experts = expert_source(config, loaded)
+    experts = expert_source(run, loaded)
     if isinstance(experts, CachedExperts):
-        experts.speculate = config.cache.speculate
-        experts.read_host_copies = config.cache.speculate_from_host
-    return experts, make_decoder(config, loaded, experts, max_len=max_len, batch=batch)
+        experts.speculate = run.cache.speculate
+        experts.read_host_copies = run.cache.speculate_from_host
+    return experts, make_decoder(run, loaded, experts, max_len=max_len, batch=batch)
 
 
 def cache_of(experts: ExpertSource) -> ExpertCache | None:
@@ -174,11 +174,11 @@ def settle(cache: ExpertCache) -> ExpertCache:
     return cache
 
 
-def experts_precision(config: ml_collections.ConfigDict, experts: ExpertSource) -> str:
+def experts_precision(run: RunSpec, experts: ExpertSource) -> str:
     """The precision the experts run at: every resident expert's (`cache.enabled` False), or
     the cache's plain precision (its pools, in results.json's `cache` section, say the rest)."""
     cache = cache_of(experts)
-    return cache.shape.precision if cache is not None else resident_precision(config)
+    return cache.shape.precision if cache is not None else resident_precision(run)
 
 
 def requested_capacity(config: ml_collections.ConfigDict) -> str:
@@ -188,7 +188,7 @@ def requested_capacity(config: ml_collections.ConfigDict) -> str:
     if c.slots > 0:
         asked = f"cache.slots={c.slots}"
     else:
-        of = ("the model's native bytes" if c.get("capacity_of", "experts") == "model"
+        of = ("the model's native bytes" if c.capacity_of == "model"
               else "the routed experts' native bytes")
         asked = f"{100 * c.capacity_frac:g}% of {of}"
     return asked + (f", at least cache.min_slots={c.min_slots} per pool" if c.min_slots else "")

@@ -24,6 +24,13 @@ import ml_collections
 from moejax.errors import ConfigError
 
 
+def field_value(config, field: str):
+    """The value of dotted `field` (`cache.slots`) in `config` (a ConfigDict or a dict)."""
+    for part in field.split("."):
+        config = config[part]
+    return config
+
+
 def _kind(schema: ml_collections.ConfigDict, key: str) -> type | None:
     """The type a schema field takes (a placeholder's declared type), or None for any."""
     try:
@@ -120,8 +127,6 @@ def unread_by_job(config: ml_collections.ConfigDict, defaults: ml_collections.Co
     read, by `read_by` (`schema.READ_BY`: a field, or a section with a trailing dot -> the
     jobs that read it; `live`: the jobs that run the model). A field `read_by` does not name is
     read by the jobs `unnamed` (`live` and the replay job), `every_job`'s by every job."""
-    from moejax.cache import field_value
-
     job, out, named = config.job, [], set(every_job)
 
     def given(f):
@@ -187,8 +192,6 @@ def check_typed(argv: list[str], config: ml_collections.ConfigDict, not_given: d
     the flag were absent; a `run.prompts` item that is not a quoted string or a list of them
     (`--config.run.prompts='not json'` would otherwise be one prompt, the text `not json`)."""
     import ast
-
-    from moejax.cache import field_value
 
     for field, typed in _typed(argv):
         flag = f"--config.{field}={typed}"

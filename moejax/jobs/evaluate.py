@@ -48,8 +48,10 @@ from moejax.jobs.common import (
     scored_bytes,
 )
 from moejax.jobs.perplexity import score
+from moejax.jobs.specs import resolve
 from moejax.model_source import LoadedModel, load_model_for
 from moejax.results import write_json_atomic
+from moejax.run_spec import RunSpec
 
 # A record keeps a prompt up to this many characters; a longer one (few-shot prompts) keeps
 # its length and its last INPUTS_TAIL characters (the evaluated question).
@@ -91,13 +93,14 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     data_s = time.perf_counter() - t0
     os.makedirs(workdir, exist_ok=True)
     t0 = time.perf_counter()
-    loaded = load_model_for(config)
+    spec = resolve(config)
+    loaded = load_model_for(spec)
     load_s = time.perf_counter() - t0
 
     kind = data.KIND[e.task]
     runner = {"generate": _generate, "choice": _choices, "bits": _bits}[kind]
     t0 = time.perf_counter()
-    experts, records, outputs, extra = runner(config, loaded, examples)
+    experts, records, outputs, extra = runner(config, spec, loaded, examples)
     eval_s = time.perf_counter() - t0
     seqio_examples = [tasks.seqio_example(ex) for ex in examples]
     postprocess, metric_fns = tasks.POSTPROCESS[e.task], tasks.METRICS[e.task]
@@ -121,7 +124,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     results = {
         "job": "eval",
         "model": {"source": loaded.source, "family": cfg.family,
-                  "precision": experts_precision(config, experts)},
+                  "precision": experts_precision(spec, experts)},
         "tokenizer": loaded.tokenizer.name,
         "eval": {
             "task": e.task,
@@ -185,7 +188,7 @@ def cut_at_stop(text: str, stops: tuple[str, ...]) -> tuple[str, bool]:
     return (text, False) if at < 0 else (text[:at], True)
 
 
-def _generate(config: ml_collections.ConfigDict, loaded: LoadedModel,
+def _generate(config: ml_collections.ConfigDict, spec: RunSpec, loaded: LoadedModel,
               examples: list[data.Example]):
     e, cfg, tok = config.eval, loaded.cfg, loaded.tokenizer
     limit = cfg.max_position_embeddings - e.max_new_tokens
@@ -203,7 +206,7 @@ def _generate(config: ml_collections.ConfigDict, loaded: LoadedModel,
         return cut_at_stop(tok.decode(generated), stops)[1]
 
     max_len = max(len(ids) for ids, _ in prompts) + e.max_new_tokens
-    experts, decoder = configured_decoder(config, loaded, max_len=max_len)
+    experts, decoder = configured_decoder(spec, loaded, max_len=max_len)
     eos = cfg.eos_token_id
     records, outputs = [], []
     with progress(config.log.progress, len(examples), e.task, "example") as bar:
@@ -237,7 +240,7 @@ def fit_context(context: list[int], continuation: list[int], limit: int) -> tupl
     return ctx + cont, len(cont), len(ctx) < len(context) or len(cont) < len(continuation)
 
 
-def _choices(config: ml_collections.ConfigDict, loaded: LoadedModel,
+def _choices(config: ml_collections.ConfigDict, spec: RunSpec, loaded: LoadedModel,
              examples: list[data.Example]):
     limit = loaded.cfg.max_position_embeddings
     plans = []
@@ -247,7 +250,7 @@ def _choices(config: ml_collections.ConfigDict, loaded: LoadedModel,
         plans.append((ctx, {c: fit_context(ctx, _encode(loaded, data.choice_text(c), "choice", ex),
                                     limit) for c in choices}))
     max_len = max(len(ids) for _, fits in plans for ids, _, _ in fits.values())
-    experts, decoder = configured_decoder(config, loaded, max_len=max_len)
+    experts, decoder = configured_decoder(spec, loaded, max_len=max_len)
     records, outputs = [], []
     with progress(config.log.progress, len(examples), config.eval.task, "example") as bar:
         for ex, (ctx, fits) in zip(examples, plans):
@@ -272,7 +275,8 @@ def _choices(config: ml_collections.ConfigDict, loaded: LoadedModel,
     return experts, records, outputs, extra
 
 
-def _bits(config: ml_collections.ConfigDict, loaded: LoadedModel, examples: list[data.Example]):
+def _bits(config: ml_collections.ConfigDict, spec: RunSpec, loaded: LoadedModel,
+          examples: list[data.Example]):
     e, tok = config.eval, loaded.tokenizer
     texts = []
     for ex in examples:
@@ -283,7 +287,7 @@ def _bits(config: ml_collections.ConfigDict, loaded: LoadedModel, examples: list
                               f"(eval.max_tokens={e.max_tokens})")
         window = min(e.window, len(ids), loaded.cfg.max_position_embeddings)
         texts.append((ids, window, min(e.stride, window - 1)))
-    experts, decoder = configured_decoder(config, loaded, max_len=max(w for _, w, _ in texts))
+    experts, decoder = configured_decoder(spec, loaded, max_len=max(w for _, w, _ in texts))
     records, outputs = [], []
     with progress(config.log.progress, len(examples), e.task, "example") as bar:
         for ex, (ids, window, stride) in zip(examples, texts):

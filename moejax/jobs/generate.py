@@ -40,8 +40,10 @@ from moejax.jobs.common import (
     report_cache,
 )
 from moejax.jobs.schema import base_config
+from moejax.jobs.specs import resolve
 from moejax.model_source import LoadedModel, load_model_for
 from moejax.results import write_json_atomic
+from moejax.run_spec import RunSpec
 from moejax.tokenizer import parse_ids
 from moejax.traces import driven
 from moejax.traces.recorder import TraceRecorder
@@ -145,14 +147,14 @@ def _batch(ids: list[int], batch: int) -> np.ndarray:
     return np.tile(np.asarray(ids, np.int32)[None], (batch, 1))
 
 
-def warm_up(config: ml_collections.ConfigDict, loaded: LoadedModel, reqs: list[Request], *,
-             max_len: int, batch: int) -> None:
+def warm_up(config: ml_collections.ConfigDict, run: RunSpec, loaded: LoadedModel,
+            reqs: list[Request], *, max_len: int, batch: int) -> None:
     """Compiles every step shape the timed requests use on a throwaway cache and decoder (same
     `max_len`, so the same KV cache shapes): the prefill of each distinct prompt length, and
     one decode step. Wall TTFT of every request is then free of compile time. Trace-driven, the
     throwaway runtime has a trace driver of its own, started at each request's sequence: the
     warm-up walks its own copy of the trace's first passes, not the timed run's."""
-    experts, warmup = configured_decoder(config, loaded, max_len=max_len, batch=batch)
+    experts, warmup = configured_decoder(run, loaded, max_len=max_len, batch=batch)
     driver = driven.driver_of(experts)
     seen: set[int] = set()
     for q in reqs:
@@ -173,27 +175,28 @@ def _mean(xs: list[float]) -> float | None:
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     validate(config)
+    spec = resolve(config)
     driving = None
-    path = driven.trace_path(config)
+    path = driven.trace_path(spec.policies)
     if path is not None:  # checked before the model loads
-        driven.check_run(config)
-        driving = driven.load(config, path)
+        driven.check_run(spec)
+        driving = driven.load(spec.trace, path)
     os.makedirs(workdir, exist_ok=True)
     t0 = time.perf_counter()
-    loaded = load_model_for(config)
+    loaded = load_model_for(spec)
     cfg = loaded.cfg
     load_s = time.perf_counter() - t0
 
     if driving is not None:
         driven.check_model(cfg, driving)
         reqs = driven_requests(config, loaded, driving)
-        policies = driven.policies_for(config, driving, warn=True)
+        policies = driven.policies_for(spec.policies, driving, warn=True)
     else:
         reqs, policies = requests_of(config, loaded), None
     # One decoder (KV caches of the longest request) serves every request.
     max_len = max(len(q.ids) + _new_tokens(config, q) for q in reqs)
     batch = config.run.batch_size
-    experts, decoder = configured_decoder(config, loaded, max_len=max_len, batch=batch)
+    experts, decoder = configured_decoder(spec, loaded, max_len=max_len, batch=batch)
     driver = driven.driver_of(experts)
     recorder = None
     eos = cfg.eos_token_id if config.run.stop_at_eos and driving is None else None
@@ -203,7 +206,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
         print("generate: compiling its steps (each prompt length's prefill and a decode step, "
               "untimed, on a throwaway cache) ...", end=" ", flush=True)
         t0 = time.perf_counter()
-        warm_up(config, loaded, reqs, max_len=max_len, batch=batch)
+        warm_up(config, spec, loaded, reqs, max_len=max_len, batch=batch)
         compile_s = time.perf_counter() - t0
         print(f"done in {compile_s:.1f} s, {WALL_CLOCK}", flush=True)
 
@@ -217,7 +220,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     tracing = (jax.profiler.trace(profile_dir) if config.profile.enabled
                else contextlib.nullcontext())
     cache = cache_of(experts)
-    routing = clocks.routing_recorder(config, loaded, decoder, experts, cache)
+    routing = clocks.routing_recorder(spec, loaded, decoder, experts, cache)
     if config.profile.enabled:
         decoder.annotate = jax.profiler.TraceAnnotation
         if cache is not None:
@@ -249,7 +252,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     results = {
         "job": "generate",
         "model": {"source": loaded.source, "family": cfg.family, "config": cfg.to_dict(),
-                  "precision": experts_precision(config, experts)},
+                  "precision": experts_precision(spec, experts)},
         "tokenizer": loaded.tokenizer.name,
         # The first request, as a single-prompt run reports it; `requests` has them all.
         "prompt": first["prompt"],
@@ -281,7 +284,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
                                              **cache.metrics.timing()}
     if hasattr(experts, "speculation_report"):  # the live cache's runtime
         results["speculation"] = experts.speculation_report()
-    results["clocks"] = clocks.section(config, loaded, gens, cache, routing)
+    results["clocks"] = clocks.section(spec, loaded, gens, cache, routing,
+                                        warmup=bool(config.run.warmup))
     if driving is not None:
         results["trace_driven"] = _driven_section(driving, driver, cfg.vocab_size)
     if config.profile.enabled:

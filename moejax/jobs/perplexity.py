@@ -38,9 +38,11 @@ from moejax.jobs.common import (
     scored_bytes,
     xla_compiles,
 )
+from moejax.jobs.specs import resolve
 from moejax.model_source import LoadedModel, load_model_for
 from moejax.models.stepped import SteppedDecoder
 from moejax.results import write_json_atomic
+from moejax.run_spec import RunSpec
 from moejax.seam import ExpertSource
 
 
@@ -90,16 +92,15 @@ def score(decoder: SteppedDecoder, ids: np.ndarray, window: int, stride: int,
     return nll[1:]
 
 
-def compile_steps(config: ml_collections.ConfigDict, loaded: LoadedModel, experts: ExpertSource,
-                  decoder: SteppedDecoder,
-                  ids: np.ndarray, window: int, stride: int) -> int:
+def compile_steps(run: RunSpec, loaded: LoadedModel, experts: ExpertSource,
+                  decoder: SteppedDecoder, ids: np.ndarray, window: int, stride: int) -> int:
     """Runs the first window of each distinct length once, scored by nobody: the XLA compiles
     of its steps, before the scored pass is timed. Through a cache, on a throwaway cache and
     decoder (the scored run's cache must start cold and count only the scored pass); with every
     expert resident, on `decoder` itself (no state outlives `reset`, and a second copy of every
     expert could not fit where one barely does). Returns the windows run."""
     if cache_of(experts) is not None:
-        _, decoder = configured_decoder(config, loaded, max_len=window)
+        _, decoder = configured_decoder(run, loaded, max_len=window)
     lengths = {}
     for s, e in windows(len(ids), window, stride):
         lengths.setdefault(e - s, (s, e))
@@ -114,8 +115,9 @@ def compile_steps(config: ml_collections.ConfigDict, loaded: LoadedModel, expert
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     validate(config)
+    spec = resolve(config)
     os.makedirs(workdir, exist_ok=True)
-    loaded = load_model_for(config)
+    loaded = load_model_for(spec)
     p = config.perplexity
     with open(p.text_file, encoding="utf-8", errors="replace") as f:
         text = f.read()
@@ -127,12 +129,12 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     window = min(p.window, len(ids), loaded.cfg.max_position_embeddings)
     stride = min(p.stride, window - 1)
     # Under the configured cache: drop, substitution and cache-aware routing change quality.
-    experts, decoder = configured_decoder(config, loaded, max_len=window)
+    experts, decoder = configured_decoder(spec, loaded, max_len=window)
     where = " on a throwaway cache" if cache_of(experts) is not None else ""
     print(f"perplexity: compiling its steps (one untimed, unscored window of {window} tokens"
           f"{where}) ...", end=" ", flush=True)
     t0 = time.perf_counter()
-    compile_steps(config, loaded, experts, decoder, ids, window, stride)
+    compile_steps(spec, loaded, experts, decoder, ids, window, stride)
     compile_s = time.perf_counter() - t0
     print(f"done in {compile_s:.1f} s, {WALL_CLOCK}", flush=True)
     with xla_compiles() as late, \
@@ -146,7 +148,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     results = {
         "job": "perplexity",
         "model": {"source": loaded.source, "family": loaded.cfg.family,
-                  "precision": experts_precision(config, experts)},
+                  "precision": experts_precision(spec, experts)},
         "tokenizer": loaded.tokenizer.name,
         "text_file": os.path.abspath(p.text_file),
         "tokens_scored": int(len(nll)),

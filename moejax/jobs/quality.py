@@ -47,6 +47,7 @@ from moejax.jobs.common import (
     scored_bytes,
     settle,
 )
+from moejax.jobs.specs import resolve
 from moejax.metrics_writer import MetricsWriter
 from moejax.model_source import LoadedModel, load_model_for
 from moejax.models.stepped import ResidentExperts, SteppedDecoder
@@ -195,7 +196,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     validate(config)
     os.makedirs(workdir, exist_ok=True)
     q = config.quality
-    loaded = load_model_for(config)
+    spec = resolve(config)
+    loaded = load_model_for(spec)
     cfg = loaded.cfg
     sequences, prompts, source = _sequences(config, loaded)
     max_pos = cfg.max_position_embeddings
@@ -207,10 +209,10 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     max_len = max(segment_tokens, max((len(p) for p in prompts), default=0) + q.drift_new_tokens)
     segments = _segments(sequences, segment_tokens)
 
-    reference = make_decoder(config, loaded,
+    reference = make_decoder(spec, loaded,
                              ResidentExperts.from_host(*loaded.experts_at("native")),
                              max_len=max_len)
-    experts, cached = configured_decoder(config, loaded, max_len=max_len)
+    experts, cached = configured_decoder(spec, loaded, max_len=max_len)
     cache = cache_of(experts)
 
     t0 = time.perf_counter()
@@ -246,7 +248,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     results = {
         "job": "quality",
         "model": {"source": loaded.source, "family": cfg.family,
-                  "precision": experts_precision(config, experts)},
+                  "precision": experts_precision(spec, experts)},
         "tokenizer": loaded.tokenizer.name,
         **source,
         "quality": quality,

@@ -30,9 +30,11 @@ import numpy as np
 
 from moejax.errors import ConfigError
 from moejax.jobs.common import announce_results, make_decoder, progress
+from moejax.jobs.specs import resolve
 from moejax.model_source import load_model_for
 from moejax.models.stepped import ResidentExperts
 from moejax.results import write_json_atomic
+from moejax.run_spec import RunSpec
 from moejax.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer
 from moejax.traces.recorder import TraceRecorder
 from moejax.train import corpus
@@ -97,7 +99,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     if t.prompts_per_domain < 1 or t.prompt_tokens < 1 or steps < 1:
         raise ConfigError("tracing.prompts_per_domain, tracing.prompt_tokens and "
                           "run.max_new_tokens must be >= 1")
-    loaded = load_model_for(config)
+    spec = resolve(config)
+    loaded = load_model_for(spec)
     cfg, tok = loaded.cfg, loaded.tokenizer
     total = t.prompt_tokens + steps
     if total > cfg.max_position_embeddings:
@@ -112,7 +115,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     with progress(config.log.progress, len(corpus.DOMAINS) * t.prompts_per_domain * steps,
                   "record_traces", unit="step") as bar:
         for domain in corpus.DOMAINS:
-            written += _record_domain(config, loaded, experts, heldout[domain].data, domain,
+            written += _record_domain(config, spec, loaded, experts, heldout[domain].data, domain,
                                       window, workdir, bar)
     results = {"job": "record_traces", "model": loaded.source, "traces": written,
                "config": config.to_dict()}
@@ -122,8 +125,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     return results
 
 
-def _record_domain(config: ml_collections.ConfigDict, loaded, experts: ResidentExperts,
-                   data: np.ndarray, domain: str, window: int, workdir: str, bar) -> list[dict]:
+def _record_domain(config: ml_collections.ConfigDict, spec: RunSpec, loaded,
+                   experts: ResidentExperts, data: np.ndarray, domain: str, window: int, workdir: str, bar) -> list[dict]:
     """The traces of one domain's held-out text, each written as it is done; what results.json
     lists of each. `bar`: the progress bar (None when off), one step per decode step."""
     t, steps = config.tracing, config.run.max_new_tokens
@@ -143,7 +146,7 @@ def _record_domain(config: ml_collections.ConfigDict, loaded, experts: ResidentE
                 "prompt": tok.decode(text[:t.prompt_tokens].tolist())}
         rec = TraceRecorder(cfg, config.model.lookahead, loaded.source, info,
                             score_dtype=np.float16)  # committed test data: keep it small
-        dec = make_decoder(config, loaded, experts, max_len=total,
+        dec = make_decoder(spec, loaded, experts, max_len=total,
                            gate_observers=(rec.on_gate,), pass_observers=(rec.end_pass,))
         logits = dec.forward(text[None, :t.prompt_tokens])
         nll, generated = [], []

@@ -31,7 +31,7 @@ import ml_collections
 
 from moejax.cache import build_cache_for, clock_kind, precision_bytes_of, summary
 from moejax.errors import ConfigError
-from moejax.families import FAMILIES, preset
+from moejax.families import preset
 from moejax.jobs.common import (
     announce_results,
     cache_header,
@@ -39,6 +39,7 @@ from moejax.jobs.common import (
     progress,
     report_cache,
 )
+from moejax.jobs.specs import resolve
 from moejax.model_config import ModelConfig
 from moejax.policies import presets
 from moejax.policies.registry import policy_class
@@ -58,9 +59,7 @@ def _model_config(config: ml_collections.ConfigDict, trace: Trace) -> ModelConfi
     m = config.model
     if m.preset in ("", "embedded"):
         return None
-    if m.family not in FAMILIES:
-        raise ConfigError(f"model.family={m.family!r} is not one of {sorted(FAMILIES)}")
-    cfg = preset(m.family, m.preset, m.get("width", 0))
+    cfg = preset(m.family, m.preset, m.width)  # (a preset of the family: `specs.check_model`)
     if (cfg.num_moe_layers, cfg.num_experts, cfg.top_k) != (len(trace.layers), trace.num_experts,
                                                            trace.top_k):
         raise ConfigError(
@@ -97,8 +96,6 @@ def _precision_bytes(config: ml_collections.ConfigDict, trace: Trace,
         return dict.fromkeys(formats.PRECISIONS, 1), False
     if cfg is None:
         return {"native": int(native)}, True
-    if config.cache.group_size < 1:
-        raise ConfigError(f"cache.group_size={config.cache.group_size} must be >= 1")
     out = precision_bytes_of(cfg, config.cache.group_size)
     out["native"] = int(native)
     return out, True
@@ -107,9 +104,7 @@ def _precision_bytes(config: ml_collections.ConfigDict, trace: Trace,
 def _import(config: ml_collections.ConfigDict) -> ImportedTraces:
     """The trace file's sequences and the import's notes (`replay.num_experts`,
     `replay.strict`; moejax/traces/importers.py)."""
-    num_experts = config.replay.num_experts
-    if num_experts < 0:
-        raise ConfigError(f"replay.num_experts={num_experts} must be >= 0 (0: from the trace)")
+    num_experts = config.replay.num_experts  # (checked: `moejax.jobs.specs.check_settings`)
     try:
         return import_traces(config.replay.trace, num_experts=num_experts or None,
                              strict=config.replay.strict)
@@ -125,7 +120,8 @@ def _policies_for(config: ml_collections.ConfigDict, trace: Trace) -> dict:
 
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
-    routing = presets.resolve(config.policies)["routing"]
+    spec = resolve(config)
+    routing = presets.resolve(spec.policies)["routing"]
     if policy_class("routing", routing).name == "trace":
         raise ConfigError(f"policies.routing={routing!r} drives a live run by a trace; a replay "
                           "already follows its own (replay.trace): leave policies.routing unset")
@@ -134,7 +130,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
         raise ConfigError("replay.trace is empty: pass --config.replay.trace=PATH")
     if not os.path.isfile(rp.trace):
         raise ConfigError(f"replay.trace={rp.trace!r} is not a file")
-    if clock_kind(config) != "virtual":
+    if clock_kind(spec.hardware) != "virtual":
         raise ConfigError("replay runs on the virtual clock: set clock.kind=virtual (or auto)")
     imported = _import(config)
     traces = [r for t in imported.traces
@@ -148,7 +144,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     layers = first.layers
     policies = _policies_for(config, first)
     specs = {k: policies[k] for k in presets.FIELDS}
-    cache = build_cache_for(config, cfg, precision_bytes, cfg.norm_topk_prob if cfg else False,
+    cache = build_cache_for(spec, cfg, precision_bytes, cfg.norm_topk_prob if cfg else False,
                             specs, layers=tuple(layers),
                             num_layers=cfg.num_layers if cfg else max(layers) + 1,
                             num_experts=first.num_experts, top_k=first.top_k)

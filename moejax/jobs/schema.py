@@ -368,7 +368,7 @@ MOVED_FOR_JOB = {
 
 # Which jobs read each field (or section: its name with a trailing dot). A field not named
 # here is read by every job of this schema that runs the model or a replay (the cache, the
-# policies, the clocks, ...; `moejax/cache/from_config.py` says which of those a setting of
+# policies, the clocks, ...; `moejax/jobs/unapplied.py` says which of those a setting of
 # the rest of the config leaves unread), and not by the train job, which reads its own section
 # and `seed` (`EVERY_JOB`: the fields every job reads). A field given (away from its default) to a job that
 # does not read it is said in one warning line and kept in results.json's `warnings`

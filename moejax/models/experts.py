@@ -27,10 +27,9 @@ from typing import Union
 import jax
 import jax.numpy as jnp
 
+from moejax.model_config import GMM_IMPLS
 from moejax.models.layers import activation
 from moejax.quant.weights import QuantizedWeights, dequantize
-
-GMM_IMPLS = ("tiled", "ragged_dot")
 
 ExpertPool = Union[jax.Array, QuantizedWeights]  # [S, K, N] native, or packed quantized
 ExpertPools = Union[jax.Array, tuple[ExpertPool, ...]]

@@ -29,6 +29,7 @@ import numpy as np
 from flax import nnx
 from jax.experimental import io_callback
 
+from moejax.model_config import GATE_PATHS
 from moejax.models.attention import KVCache
 from moejax.models.decoder import MoEDecoder
 from moejax.models.experts import ExpertPool, combine, expert_outputs, moe_ffn, pool_slots
@@ -36,8 +37,6 @@ from moejax.models.layers import norm
 from moejax.models.router import route
 from moejax.quant.weights import QuantizedWeights
 from moejax.seam import ExpertSource, ExpertWave, GateOutputs, Rewind
-
-GATE_PATHS = ("returned", "io_callback")
 
 
 class ResidentExperts:

@@ -53,7 +53,8 @@ UNAVAILABLE: dict[str, str] = {}
 
 
 def _given(policies, field: str) -> str:
-    value = policies.get(field, "")
+    """`policies.FIELD` as given ("" when not), `policies` a config group or a `PolicySpec`."""
+    value = getattr(policies, field, "")
     if value is None:
         return ""
     if not isinstance(value, str):

@@ -1,4 +1,4 @@
-"""The live cache runtime of a loaded model: its `ExpertCache` (`moejax.cache.from_config`) with
+"""The live cache runtime of a loaded model: its `ExpertCache` (`moejax.cache.build`) with
 the device slot pools that hold real expert bytes, fed from host memory or, behind a host tier,
 from the checkpoint on storage. Under `policies.routing='trace(path=T)'` the runtime is driven
 by the trace (`moejax/traces/driven.py`): its cache sees T's gates instead of the router's."""
@@ -6,38 +6,38 @@ by the trace (`moejax/traces/driven.py`): its cache sees T's gates instead of th
 from __future__ import annotations
 
 import jax
-import ml_collections
 
-from moejax.cache import ExpertCache, build_cache_for, check_settings, given_precision
+from moejax.cache import ExpertCache, build_cache_for
 from moejax.errors import ConfigError
 from moejax.models.stepped import ResidentExperts
 from moejax.policies import presets
+from moejax.run_spec import RunSpec
 from moejax.serving.runtime import CachedExperts
 from moejax.serving.slot_pool import HostRecords, SlotPool, SlotPools, resolve_load_path
 from moejax.traces import driven
 
 
-def build_cached_experts(config: ml_collections.ConfigDict, loaded) -> CachedExperts:
+def build_cached_experts(run: RunSpec, loaded) -> CachedExperts:
     """The live cache runtime over `loaded` (a `moejax.model_source.LoadedModel`): the cache
     sized from the bytes of the precisions the model has, and one device slot pool per
     precision the cache uses, fed from the host tables at that precision. Trace-driven
     (`policies.routing='trace(path=T)'`): the model must have T's shape, the policies are those
     the replay of T runs (`driven.policies_for`), and a `TraceDriver` of its own replaces the
     router's gates with T's (`CachedExperts.gate_source`)."""
-    if config.cache.pin_scope != "layer":
-        raise ConfigError(f"cache.pin_scope={config.cache.pin_scope!r}: a live run computes a "
+    if run.cache.pin_scope != "layer":
+        raise ConfigError(f"cache.pin_scope={run.cache.pin_scope!r}: a live run computes a "
                           "layer's experts as one grouped matmul, so they must be resident "
                           "together (pin_scope='layer'); 'request' is for replay")
     cfg = loaded.cfg
     driving, specs = None, None
-    path = driven.trace_path(config)
+    path = driven.trace_path(run.policies)
     if path is not None:
-        driven.check_run(config)
-        driving = driven.load(config, path)
+        driven.check_run(run)
+        driving = driven.load(run.trace, path)
         driven.check_model(cfg, driving)
-        specs = {k: v for k, v in driven.policies_for(config, driving).items()
+        specs = {k: v for k, v in driven.policies_for(run.policies, driving).items()
                  if k in presets.FIELDS}
-    cache = build_cache_for(config, cfg, loaded.precision_bytes(), cfg.norm_topk_prob, specs)
+    cache = build_cache_for(run, cfg, loaded.precision_bytes(), cfg.norm_topk_prob, specs)
     if (cache.miss.computes_on_host or cache.host_layers) and \
             jax.devices()[0].platform != "cpu":
         what = (f"policies.miss={cache.miss.name}" if cache.miss.computes_on_host
@@ -53,14 +53,14 @@ def build_cached_experts(config: ml_collections.ConfigDict, loaded) -> CachedExp
         # copy_stream holds each expert as a record in host memory (`HostRecords`), built once
         # per model from its tables, which it takes over (`records_of`), unless a step computes
         # experts on the host, which reads the tables: then the pool keeps both.
-        if resolve_load_path(config.cache.load_path) == "copy_stream" and not (
+        if resolve_load_path(run.cache.load_path) == "copy_stream" and not (
                 cache.miss.computes_on_host or cache.host_layers):
             pools = SlotPools.from_records(cache.shape, lambda p: records_of(loaded, p))
         else:
-            pools = SlotPools.for_shape(cache.shape, loaded.experts_at, config.cache.load_path)
+            pools = SlotPools.for_shape(cache.shape, loaded.experts_at, run.cache.load_path)
         runtime = CachedExperts(cache, pools, cfg.num_experts)
     else:
-        runtime = _storage_backed(config, cache, loaded)
+        runtime = _storage_backed(run, cache, loaded)
     if driving is not None:
         runtime.gate_source = driven.TraceDriver(driving, cfg.moe_layers)
     return runtime
@@ -80,8 +80,7 @@ def records_of(loaded, precision: str) -> HostRecords:
     return held
 
 
-def _storage_backed(config: ml_collections.ConfigDict, cache: ExpertCache,
-                    loaded) -> CachedExperts:
+def _storage_backed(run: RunSpec, cache: ExpertCache, loaded) -> CachedExperts:
     """The live runtime of a cache with a host tier: its device pool is fed from a
     `HostExperts` store that reads experts from the checkpoint on storage as the host tier
     says (`io.split` range reads over `io.workers` threads)."""
@@ -95,28 +94,26 @@ def _storage_backed(config: ml_collections.ConfigDict, cache: ExpertCache,
                           "moejax.convert, or use the embedded model)")
     cfg, precision = loaded.cfg, cache.shape.precision
     reader = ExpertReader(loaded.path, cfg, checkpoint.read_precisions(loaded.path),
-                          split=config.io.split, workers=config.io.workers,
-                          mode=config.io.mode)
+                          split=run.hardware.io.split, workers=run.hardware.io.workers,
+                          mode=run.hardware.io.mode)
     store = HostExperts(reader, precision, checkpoint.to_host, capacity=cache.host.capacity)
     gate_up, down = expert_templates(cfg, precision, loaded.groups.get(precision))
     first = cfg.moe_layers[0]
     pool = SlotPool(cache.shape.num_slots, {first: gate_up}, {first: down}, store,
-                    config.cache.load_path)
+                    run.cache.load_path)
     return CachedExperts(cache, SlotPools([pool]), cfg.num_experts, store)
 
 
-def resident_precision(config: ml_collections.ConfigDict) -> str:
+def resident_precision(run: RunSpec) -> str:
     """The precision every expert runs at when `cache.enabled` is False."""
-    return given_precision(config) or "native"
+    return run.cache.precision or "native"
 
 
-def expert_source(config: ml_collections.ConfigDict, loaded):
+def expert_source(run: RunSpec, loaded):
     """The cache runtime for a loaded model, or every expert on the device (at
-    `cache.precision`) when `cache.enabled` is False. The settings are checked first (and
-    those that do not apply to a run of the model said), the cache's with it or not."""
-    check_settings(config, live=True)
-    if driven.trace_path(config) is not None:
-        driven.check_run(config)  # (a trace-driven run needs the cache)
-    if not config.cache.enabled:
-        return ResidentExperts.from_host(*loaded.experts_at(resident_precision(config)))
-    return build_cached_experts(config, loaded)
+    `cache.precision`) when `cache.enabled` is False."""
+    if driven.trace_path(run.policies) is not None:
+        driven.check_run(run)  # (a trace-driven run needs the cache)
+    if not run.cache.enabled:
+        return ResidentExperts.from_host(*loaded.experts_at(resident_precision(run)))
+    return build_cached_experts(run, loaded)

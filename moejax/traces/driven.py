@@ -32,6 +32,7 @@ from moejax.errors import ConfigError
 from moejax.policies import build, policy_class, presets
 from moejax.policies.routing import TraceRouting
 from moejax.replay.gates import layer_gates
+from moejax.run_spec import PolicySpec, RunSpec, TraceReading
 from moejax.seam import LayerGate
 from moejax.traces.format import Trace, TraceError
 from moejax.traces.importers import ImportNotes, import_traces
@@ -55,10 +56,10 @@ class DrivingTrace:
         return self.first.weights is not None
 
 
-def trace_path(config) -> str | None:
+def trace_path(policies: PolicySpec) -> str | None:
     """The path T of `policies.routing='trace(path=T)'` (checked to be a file), None when the
     routing policy is another."""
-    spec = presets.resolve(config.policies)["routing"]
+    spec = presets.resolve(policies)["routing"]
     if policy_class("routing", spec) is not TraceRouting:
         return None
     path = build("routing", spec).path
@@ -70,30 +71,30 @@ def trace_path(config) -> str | None:
     return path
 
 
-def check_run(config) -> None:
-    """What a trace-driven run needs of the rest of the config, each refusal one line."""
-    routing = presets.resolve(config.policies)["routing"]
-    if config.job != "generate":
+def check_run(run: RunSpec) -> None:
+    """What a trace-driven run needs of the rest of the run, each refusal one line."""
+    routing = presets.resolve(run.policies)["routing"]
+    if run.job != "generate":
         raise ConfigError(f"policies.routing={routing!r} drives the generate job, whose passes "
-                          f"follow the trace; job={config.job!r} feeds its own tokens")
-    if not config.cache.enabled:
+                          f"follow the trace; job={run.job!r} feeds its own tokens")
+    if not run.cache.enabled:
         raise ConfigError(f"policies.routing={routing!r} hands the trace's choice to the expert "
                           "cache, and cache.enabled=False runs none: enable it (for every expert "
                           "resident: cache.capacity_frac=1.0 cache.warm_start=all)")
-    if config.run.batch_size != 1:
-        raise ConfigError(f"run.batch_size={config.run.batch_size}: a trace-driven run follows "
+    if run.batch_size != 1:
+        raise ConfigError(f"run.batch_size={run.batch_size}: a trace-driven run follows "
                           "one sequence's passes (batch_size=1)")
-    if config.tracing.record:
+    if run.records_trace:
         raise ConfigError(f"tracing.record with policies.routing={routing!r} would record the "
                           "router's choice, not the trace's that ran: the trace is its record")
 
 
-def load(config, path: str) -> DrivingTrace:
+def load(reading: TraceReading, path: str) -> DrivingTrace:
     """T's sequences as the replay job reads them (`replay.num_experts`, `replay.strict`,
     `replay.request_tokens`, `replay.prefill_tokens`), each checked to be a run's passes: at
     most one prefill pass, then decode passes of one token. Read once per file and options."""
     stat = os.stat(path)
-    r = config.replay
+    r = reading
     return _load(os.path.abspath(path), stat.st_mtime_ns, stat.st_size,
                  r.num_experts, r.strict, r.request_tokens, r.prefill_tokens)
 
@@ -101,8 +102,6 @@ def load(config, path: str) -> DrivingTrace:
 @functools.lru_cache(maxsize=4)
 def _load(path: str, _mtime: int, _size: int, num_experts: int, strict: bool,
           request_tokens: int, prefill_tokens: int) -> DrivingTrace:
-    if num_experts < 0:
-        raise ConfigError(f"replay.num_experts={num_experts} must be >= 0 (0: from the trace)")
     try:
         imported = import_traces(path, num_experts=num_experts or None, strict=strict)
     except TraceError as e:
@@ -139,11 +138,11 @@ def check_model(cfg, driving: DrivingTrace) -> None:
                "model's with --config.replay.num_experts=N)" if inferred else ""))
 
 
-def policies_for(config, driving: DrivingTrace, warn: bool = False) -> dict:
+def policies_for(policies: PolicySpec, driving: DrivingTrace, warn: bool = False) -> dict:
     """What runs: the replay job's choice for the same trace (`presets.report_for_trace`),
     so that a live run and the replay of its trace run the same policies (`warn`: say so
     when a default prefetcher is dropped, once per run)."""
-    return presets.report_for_trace(config.policies, driving.first.spec is not None,
+    return presets.report_for_trace(policies, driving.first.spec is not None,
                                     driving.path, warn)
 
 

@@ -1,0 +1,135 @@
+"""What a run is, typed: the specs a job resolves its config into once
+(`moejax.jobs.specs.resolve`), which the layers below the jobs take instead of the config —
+the model (`ModelSpec`), the cache (`CacheSpec`), the policies (`PolicySpec`), the hardware
+the clocks model (`HardwareSpec`), how a trace is read (`TraceReading`) and the run that holds
+them (`RunSpec`).
+
+Each spec is frozen and has no defaults: its values come from a checked config, so the
+schema (`moejax/jobs/schema.py`) stays the one place a default is written. A section's spec
+has exactly the section's fields (`tests/test_run_spec.py` holds the two to each other).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from moejax.timing.hardware import Hardware
+from moejax.timing.host import HostCPU
+from moejax.timing.host_work import HostWork
+from moejax.timing.storage import Storage
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSpec:
+    """`model.*`, and the seed random weights are drawn from."""
+
+    checkpoint: str
+    preset: str
+    family: str
+    gmm_impl: str
+    lookahead: int
+    width: int
+    gate_path: str
+    seed: int
+
+
+@dataclasses.dataclass(frozen=True)
+class CacheSpec:
+    """`cache.*`, as given (`moejax/jobs/schema.py` says what each field takes)."""
+
+    enabled: bool
+    capacity_frac: float
+    capacity_of: str
+    slots: int
+    precision: str
+    precision_shares: str
+    group_size: int
+    min_slots: int
+    pin_scope: str
+    prefetch_queue: str
+    expert_bytes: int
+    host_capacity_frac: float
+    host_bytes: int
+    host_eviction: str
+    seed: str
+    warm_start: str
+    load_path: str
+    full_layers: int
+    host_compute_layers: int
+    speculate: bool
+    speculate_from_host: bool
+
+    @property
+    def given_slots(self) -> int | None:
+        """`slots` when given (None: 0, the default, lets `capacity_frac` size the cache)."""
+        return self.slots or None
+
+    @property
+    def host_tier(self) -> bool:
+        """Whether experts stay on storage behind a bounded host tier (`host_bytes`, or
+        `host_capacity_frac` below 1)."""
+        return self.host_bytes > 0 or self.host_capacity_frac < 1
+
+
+@dataclasses.dataclass(frozen=True)
+class PolicySpec:
+    """`policies.*` as given: a field left "" is the preset's or the default's
+    (`moejax.policies.presets.resolve` says which spec runs, `report` where it came from)."""
+
+    preset: str
+    eviction: str
+    prefetch: str
+    miss: str
+    routing: str
+
+
+@dataclasses.dataclass(frozen=True)
+class IOSpec:
+    """`io.*`: how the live reader reads experts from a checkpoint on storage."""
+
+    split: int
+    workers: int
+    mode: str
+
+
+@dataclasses.dataclass(frozen=True)
+class HardwareSpec:
+    """The machine the clocks model and the run reads from: the device profile (a preset or
+    `hardware.file`, with the overrides), the host CPU that computes missed experts, the
+    host's measured work (None: the device-only model), storage, `clock.kind` as given
+    ("auto" resolves where the backend is known: `moejax.cache.build.clock_kind`) and io."""
+
+    device: Hardware
+    host_cpu: HostCPU
+    host_work: HostWork | None
+    storage: Storage
+    clock: str
+    io: IOSpec
+
+
+@dataclasses.dataclass(frozen=True)
+class TraceReading:
+    """How a trace becomes requests (`replay.*` less the job's own `trace` and `engine`)."""
+
+    num_experts: int
+    strict: bool
+    request_tokens: int
+    prefill_tokens: int
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSpec:
+    """One run: its job, seed and the specs above; `batch_size` and `records_trace`
+    (`tracing.record`) are what a trace-driven run is checked against; `trace_driven`: the
+    run the cache times follows a trace's routing (a replay, or `policies.routing='trace(...)'`)."""
+
+    job: str
+    seed: int
+    model: ModelSpec
+    cache: CacheSpec
+    policies: PolicySpec
+    hardware: HardwareSpec
+    trace: TraceReading
+    batch_size: int
+    records_trace: bool
+    trace_driven: bool
