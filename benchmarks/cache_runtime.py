@@ -49,14 +49,13 @@ from moejax.checkpoint import to_host
 from moejax.jobs.schema import base_config
 from moejax.jobs.specs import resolve
 from moejax.model_source import load_model
-from moejax.models.stepped import ResidentExperts, SteppedDecoder
+from moejax.models import ResidentExperts, SteppedDecoder
 from moejax.policies import build
 from moejax.seam import LayerGate
 from moejax.serving.build import build_cached_experts
 from moejax.serving.slot_pool import SlotPool
-from moejax.timing import hardware
-from moejax.timing.clock import VirtualClock
-from moejax.traces.importers import load_traces
+from moejax.timing import VirtualClock, hardware
+from moejax.traces import load_traces
 
 TRACE = bundled.capture_path("olmoe_prose")
 

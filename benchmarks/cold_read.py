@@ -45,7 +45,7 @@ import time
 
 import numpy as np
 
-from moejax.checkpoint.read_buffers import PAGE, page_aligned
+from moejax.checkpoint import PAGE, page_aligned
 
 MIN_FILE = 64 << 20
 DAY_S = 24 * 3600

@@ -25,10 +25,8 @@ from moejax.checkpoint import to_host
 from moejax.jobs.schema import base_config
 from moejax.jobs.specs import resolve
 from moejax.model_source import load_model
-from moejax.models.experts import moe_ffn
-from moejax.models.stepped import SteppedDecoder
-from moejax.quant import formats
-from moejax.quant.quantize import quantize
+from moejax.models import SteppedDecoder, moe_ffn
+from moejax.quant import formats, quantize
 from moejax.serving.build import build_cached_experts, expert_source
 from moejax.serving.slot_pool import SlotPool
 

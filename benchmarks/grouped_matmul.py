@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 import slot_loads  # benchmarks/slot_loads.py, beside this script: the alternated rounds
 
-from moejax.models.experts import grouped_matmul
+from moejax.models import grouped_matmul
 
 SHAPES = [  # (groups, rows, K, N): decode and prefill of OLMoE-like and tiny shapes
     ("decode, OLMoE top-8 over 64", 64, 8, 2048, 2048),

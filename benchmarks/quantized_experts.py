@@ -22,9 +22,8 @@ import jax.numpy as jnp
 import numpy as np
 import slot_loads  # benchmarks/slot_loads.py, beside this script: the alternated rounds
 
-from moejax.models.experts import moe_ffn
-from moejax.quant import formats
-from moejax.quant.quantize import quantize
+from moejax.models import moe_ffn
+from moejax.quant import formats, quantize
 
 REPS = 7
 SHAPES = [  # (name, tokens, top-k, slots, H, I)

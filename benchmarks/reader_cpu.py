@@ -29,7 +29,7 @@ import time
 from storage_read import synthetic_checkpoint  # benchmarks/ is the script's directory
 
 from moejax import checkpoint
-from moejax.checkpoint.expert_reader import ExpertReader
+from moejax.checkpoint import ExpertReader
 
 WORKERS = 8
 METHODS = (("pread", True), ("pread", False), ("direct", True), ("direct", False))

@@ -27,7 +27,7 @@ from moejax.jobs.schema import base_config
 from moejax.jobs.specs import resolve
 from moejax.replay.engine import replay
 from moejax.seam import requests_in_rank_order
-from moejax.traces.importers import load_traces
+from moejax.traces import load_traces
 
 CAPACITIES = (0.05, 0.25)
 POLICIES = ("lru", "belady")

@@ -44,8 +44,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from moejax.checkpoint import to_host
-from moejax.models.experts import moe_ffn
-from moejax.quant.quantize import quantize
+from moejax.models import moe_ffn
+from moejax.quant import quantize
 from moejax.serving.slot_pool import SlotPool, SlotPools
 
 HIDDEN, INTERMEDIATE = 2048, 1024  # OLMoE-1B-7B's expert

@@ -58,11 +58,9 @@ import ml_dtypes
 import numpy as np
 
 from moejax import checkpoint
-from moejax.checkpoint import packed
-from moejax.checkpoint.expert_reader import IO_MODES, ExpertReader
-from moejax.checkpoint.params import flat_params
+from moejax.checkpoint import IO_MODES, ExpertReader, flat_params, packed
 from moejax.families import preset
-from moejax.models.decoder import abstract_decoder
+from moejax.models import abstract_decoder
 
 EXPERTS = 64
 SPLITS = (1, 2, 4, 8)

@@ -27,16 +27,20 @@ import numpy as np
 from absl import app, flags, logging
 
 from moejax import checkpoint, workdir
-from moejax.checkpoint.hf_names import dense_sources, read_layer_experts
-from moejax.checkpoint.meta import hugging_face_message, is_hugging_face_dir
-from moejax.checkpoint.params import flat_params
-from moejax.checkpoint.safetensors_dir import SafetensorsDir
+from moejax.checkpoint import (
+    SafetensorsDir,
+    dense_sources,
+    flat_params,
+    hugging_face_message,
+    is_hugging_face_dir,
+    read_layer_experts,
+)
 from moejax.cli import UsageError
 from moejax.errors import CheckpointError, ConfigError
 from moejax.families import config_from_hf
 from moejax.model_config import DTYPES, ModelConfig
-from moejax.models.decoder import abstract_decoder
-from moejax.quant.formats import CALIBRATIONS, DEFAULT_CALIBRATION, DEFAULT_GROUP_SIZE, QUANTIZED
+from moejax.models import abstract_decoder
+from moejax.quant import CALIBRATIONS, DEFAULT_CALIBRATION, DEFAULT_GROUP_SIZE, QUANTIZED
 
 
 def read_hf_config(hf_dir: str) -> dict:

@@ -14,10 +14,8 @@ from moejax import bundled, checkpoint
 from moejax.errors import ConfigError
 from moejax.families import preset
 from moejax.model_config import ModelConfig
-from moejax.models.decoder import MoEDecoder
-from moejax.models.random_init import random_model
-from moejax.quant import formats
-from moejax.quant.quantize import quantize
+from moejax.models import MoEDecoder, random_model
+from moejax.quant import formats, quantize
 from moejax.run_spec import ModelSpec, RunSpec
 from moejax.tokenizer import Tokenizer, load_tokenizer
 

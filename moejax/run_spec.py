@@ -13,10 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from moejax.timing.hardware import Hardware
-from moejax.timing.host import HostCPU
-from moejax.timing.host_work import HostWork
-from moejax.timing.storage import Storage
+from moejax.timing import Hardware, HostCPU, HostWork, Storage
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,7 +94,7 @@ class HardwareSpec:
     """The machine the clocks model and the run reads from: the device profile (a preset or
     `hardware.file`, with the overrides), the host CPU that computes missed experts, the
     host's measured work (None: the device-only model), storage, `clock.kind` as given
-    ("auto" resolves where the backend is known: `moejax.cache.build.clock_kind`) and io."""
+    ("auto" resolves where the backend is known: `moejax.cache.from_spec.clock_kind`) and io."""
 
     device: Hardware
     host_cpu: HostCPU

@@ -10,9 +10,7 @@ import os
 
 import jax
 
-from moejax.models.decoder import MoEDecoder
-from moejax.models.random_init import random_experts, random_model  # noqa: F401 (re-export)
-from moejax.models.stepped import ResidentExperts, SteppedDecoder
+from moejax.models import MoEDecoder, ResidentExperts, SteppedDecoder, random_experts, random_model  # noqa: F401 (re-export)
 
 
 def config_from_flags(config_file: str, *flags: str):
@@ -97,7 +95,7 @@ def random_scored_trace(rng, layers: int, experts: int, k: int, passes: list[int
     imported capture."""
     import numpy as np
 
-    from moejax.traces.format import FORMAT, Trace
+    from moejax.traces import FORMAT, Trace
 
     layer_ids = list(range(layers)) if layer_ids is None else list(layer_ids)
     if len(layer_ids) != layers:

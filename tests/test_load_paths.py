@@ -36,7 +36,7 @@ from moejax.model_source import load_model
 from moejax.models.random_init import random_model
 from moejax.models.stepped import ResidentExperts, SteppedDecoder
 from moejax.policies import names
-from moejax.quant.quantize import quantize
+from moejax.quant.quantizer import quantize
 from moejax.serving import slot_pool
 from moejax.serving.build import build_cached_experts
 from moejax.serving.runtime import CachedExperts

@@ -342,28 +342,43 @@ def test_no_module_of_the_library_holds_a_papers_numbers():
     assert "1.26" in open(os.path.join(ROOT, "studies", "fiddler", "claims.py")).read()
 
 
-def _cache_internals_reached(path: str) -> list[str]:
-    """Imports of a module inside `moejax.cache` (`from moejax.cache.x import ...`,
-    `import moejax.cache.x`) in `path`."""
-    out = []
+# The packages whose face (`__init__.py`, its `__all__`) is the only way in from outside.
+FACED = ("cache", "models", "traces", "quant", "timing", "checkpoint")
+
+
+def _internals_reached(path: str, package: str) -> list[str]:
+    """Imports of a module inside `moejax.<package>` (`from moejax.<package>.x import ...`,
+    `import moejax.<package>.x`) in `path`."""
+    inside, out = f"moejax.{package}.", []
     for node in ast.walk(ast.parse(open(path).read())):
-        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("moejax.cache."):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(inside):
             out.append(f"{os.path.relpath(path, ROOT)}:{node.lineno}: from {node.module}")
         elif isinstance(node, ast.Import):
             out += [f"{os.path.relpath(path, ROOT)}:{node.lineno}: import {a.name}"
-                    for a in node.names if a.name.startswith("moejax.cache.")]
+                    for a in node.names if a.name.startswith(inside)]
     return out
 
 
-def test_code_outside_the_cache_imports_it_through_its_face():
-    """The library, the launcher, the studies, the benchmarks and the configs import the
-    cache as `from moejax.cache import ...` (its `__all__`); only the cache's own modules and
-    the tests of its parts reach inside it."""
+@pytest.mark.parametrize("package", FACED)
+def test_code_outside_a_package_imports_it_through_its_face(package):
+    """The library, the launcher, the studies, the benchmarks and the configs import each of
+    these packages as `from moejax.<package> import ...` (its `__all__`); only its own modules
+    and the tests of its parts reach inside it."""
     found = [hit for path in _python_files()
              if not os.path.relpath(path, ROOT).startswith(("tests", os.path.join("moejax",
-                                                                                   "cache")))
-             for hit in _cache_internals_reached(path)]
+                                                                                   package)))
+             for hit in _internals_reached(path, package)]
     assert found == []
+
+
+@pytest.mark.parametrize("package", FACED)
+def test_every_name_a_face_offers_resolves(package):
+    """Each name in a face's `__all__` is there (the names that load JAX resolve when asked)."""
+    code = (f"import moejax.{package} as p; "
+            "print([n for n in p.__all__ if getattr(p, n, None) is None])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, cwd=ROOT)
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr
 
 
 def test_the_cache_and_replay_load_no_jax_and_no_command_line():

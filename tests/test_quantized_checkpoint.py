@@ -20,7 +20,7 @@ from moejax.errors import ConfigError
 from moejax.families import preset
 from moejax.models.random_init import random_model
 from moejax.quant import formats, weights
-from moejax.quant.quantize import quantize
+from moejax.quant.quantizer import quantize
 
 PRECS = ("int8", "int4", "int2")
 

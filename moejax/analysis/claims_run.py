@@ -132,8 +132,7 @@ def model_for(path: str, shape: tuple, model_flag: str | None) -> dict:
 
 def describe(path: str) -> dict:
     """What a trace file is, from its own metadata: scored or not, its shape, expert bytes."""
-    from moejax.traces.format import TraceError
-    from moejax.traces.importers import import_traces
+    from moejax.traces import TraceError, import_traces
 
     try:
         first = import_traces(path).traces[0]

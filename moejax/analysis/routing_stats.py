@@ -21,8 +21,7 @@ import sys
 import numpy as np
 
 from moejax.cli import UsageError, guarded
-from moejax.traces.format import Trace, TraceError
-from moejax.traces.importers import load_traces
+from moejax.traces import Trace, TraceError, load_traces
 
 PROG = "python -m moejax.analysis.routing_stats"
 

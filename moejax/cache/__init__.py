@@ -9,13 +9,25 @@ prefetch), `watchdog_queue.py`, `precision_pools.py`, `host_stage.py` (host comp
 holds the cache's shape and turns a byte budget into per-precision slot pools;
 `host_tier.py` is the bounded host tier in front of storage; `host_path.py` the host path
 of experts computed on the host and the planner a miss policy reads to choose it;
-`hotlist.py` the placement a trace's request counts give; `build.py` builds a run's cache
+`hotlist.py` the placement a trace's request counts give; `from_spec.py` builds a run's cache
 from its specs (`moejax.run_spec`); `summary.py` prints its table, writes its TensorBoard
 series and its results.json section.
 """
 
 from moejax.cache import hotlist, summary
-from moejax.cache.build import (
+from moejax.cache.cache_options import PIN_SCOPES, PREFETCH_QUEUES, CacheOptions
+from moejax.cache.capacity import (
+    CAPACITY_OF,
+    Budget,
+    CacheShape,
+    PoolSpec,
+    parse_shares,
+    pools_for,
+    precision_bytes_of,
+    slots_for,
+)
+from moejax.cache.expert_cache import ExpertCache, SlotSink
+from moejax.cache.from_spec import (
     CLOCKS,
     LOAD_PATHS,
     WARM_STARTS,
@@ -29,18 +41,6 @@ from moejax.cache.build import (
     policy_context,
     seed_cache,
 )
-from moejax.cache.cache_options import PIN_SCOPES, PREFETCH_QUEUES, CacheOptions
-from moejax.cache.capacity import (
-    CAPACITY_OF,
-    Budget,
-    CacheShape,
-    PoolSpec,
-    parse_shares,
-    pools_for,
-    precision_bytes_of,
-    slots_for,
-)
-from moejax.cache.expert_cache import ExpertCache, SlotSink
 from moejax.cache.host_path import HostPath, HostSpan, LayerPlan, LayerPlanner
 from moejax.cache.host_tier import HostTier
 from moejax.cache.metrics import (

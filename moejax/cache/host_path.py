@@ -36,10 +36,7 @@ import numpy as np
 
 from moejax.model_config import ModelConfig, dtype_bytes
 from moejax.seam import requests_in_rank_order
-from moejax.timing import timeline
-from moejax.timing.cost import CostModel
-from moejax.timing.hardware import Hardware
-from moejax.timing.host import HostCPU
+from moejax.timing import CostModel, Hardware, HostCPU, timeline
 
 # Bytes of one returned contribution element: the experts step carries a layer's
 # contributions in float32 and sums them once after its last wave (moejax/seam.py, Wave).

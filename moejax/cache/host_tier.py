@@ -24,7 +24,7 @@ from typing import Callable, Protocol
 
 from moejax.policies.base import EvictionPolicy
 from moejax.seam import Key
-from moejax.timing.storage import StorageQueue
+from moejax.timing import StorageQueue
 
 COUNTERS = ("requests", "hits", "late_hits", "misses", "demand_misses", "read_ahead",
             "storage_reads", "evictions", "preload_reads")

@@ -29,8 +29,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from moejax.errors import ConfigError
-from moejax.traces.format import Trace, TraceError
-from moejax.traces.importers import import_traces
+from moejax.traces import Trace, TraceError, import_traces
 
 __all__ = ["Hotlist", "MAX_PRIORITY", "from_trace", "from_traces", "parse_seed", "priority"]
 

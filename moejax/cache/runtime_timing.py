@@ -36,9 +36,7 @@ from __future__ import annotations
 from typing import Iterator
 
 from moejax.cache.speculation import SpeculationSchedule
-from moejax.timing.clock import HostDeviceClock
-from moejax.timing.cost import CostModel
-from moejax.timing.host_work import TERMS, HostWork
+from moejax.timing import TERMS, CostModel, HostDeviceClock, HostWork
 
 MODES = ("layers", "speculative", "complete")
 # A layer's own part of its pass: decided before its experts step ("layers"), checked after a

@@ -341,7 +341,7 @@ def measure_steps(plan: Plan, groups: list, name: str, out=print) -> dict:
     from moejax.calibration import matrix, steps
     from moejax.families import preset
     from moejax.model_source import embedded_config
-    from moejax.timing.host_work import model_key
+    from moejax.timing import model_key
 
     configs = {}
     if plan.validation_tables:

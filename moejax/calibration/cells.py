@@ -36,7 +36,7 @@ from moejax.jobs import generate as generate_job
 from moejax.jobs.common import cache_of, configured_decoder, settle
 from moejax.jobs.specs import resolve
 from moejax.model_source import LoadedModel, in_memory
-from moejax.models.decoder import MoEDecoder
+from moejax.models import MoEDecoder
 from moejax.traces import driven
 
 

@@ -39,9 +39,8 @@ import numpy as np
 
 from moejax.calibration import fit
 from moejax.calibration.measure import timed
-from moejax.models.experts import expert_outputs
-from moejax.models.layers import activation
-from moejax.timing.host import HostCPU
+from moejax.models import activation, expert_outputs
+from moejax.timing import HostCPU
 
 
 @dataclasses.dataclass(frozen=True)

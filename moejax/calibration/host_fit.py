@@ -24,7 +24,7 @@ from moejax.jobs import clocks
 from moejax.jobs.specs import resolve
 from moejax.model_source import LoadedModel
 from moejax.results import write_json_atomic
-from moejax.traces.format import Trace
+from moejax.traces import Trace
 
 # The terms fitted to live passes (every one of `host_work.TERMS`).
 FITTED = ("pass_s", "round_trip_s", "speculative_layer_s", "request_s", "load_s",
@@ -157,7 +157,7 @@ def repredicted(row: dict, sample: Sample, hardware_file: str) -> dict:
 
 def table(record: dict) -> str:
     """The fitted terms, printed with what each is and how well they fit."""
-    from moejax.timing.host_work import TERMS
+    from moejax.timing import TERMS
 
     lines = [f"the host's work, fitted to {len(record['cells'])} cells' passes "
              f"({record['points']} rows: each prefill, decode passes in {DECODE_GROUPS} "

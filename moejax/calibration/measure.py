@@ -29,8 +29,8 @@ from flax import nnx
 
 from moejax.checkpoint import host_memory_kind
 from moejax.model_config import ModelConfig
-from moejax.models.decoder import MoEDecoder
-from moejax.models.stepped import (
+from moejax.models import (
+    MoEDecoder,
     ResidentExperts,
     SteppedDecoder,
     attention_router_step,
@@ -38,8 +38,7 @@ from moejax.models.stepped import (
     experts_step,
     logits_step,
 )
-from moejax.timing.cost import CostModel
-from moejax.timing.hardware import Hardware
+from moejax.timing import CostModel, Hardware
 
 KiB, MiB = 1 << 10, 1 << 20
 # 4 KiB to 64 MiB, a factor 4 apart: from latency-bound to bandwidth-bound on any link.

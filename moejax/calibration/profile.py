@@ -24,8 +24,8 @@ import datetime
 import socket
 
 from moejax.calibration.fit import RooflineFit, TransferFit
+from moejax.timing import Hardware
 from moejax.timing import hardware as hw_lib
-from moejax.timing.hardware import Hardware
 
 
 def calibrated_name(hostname: str | None = None) -> str:

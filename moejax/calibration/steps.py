@@ -26,8 +26,8 @@ from flax import nnx
 from moejax.calibration.measure import one_layer
 from moejax.model_config import ModelConfig
 from moejax.model_source import in_memory
-from moejax.models.decoder import MoEDecoder
-from moejax.models.stepped import (
+from moejax.models import (
+    MoEDecoder,
     ResidentExperts,
     SteppedDecoder,
     attention_router_step,
@@ -37,7 +37,7 @@ from moejax.models.stepped import (
     logits_next_step,
 )
 from moejax.serving.slot_pool import SlotPool
-from moejax.timing.host_work import StepTable, model_key
+from moejax.timing import StepTable, model_key
 
 # Token counts a table spans by default: a decode step to a long prompt's prefill.
 TOKENS = (1, 2, 4, 8, 16, 32, 64, 128)

@@ -34,8 +34,7 @@ import numpy as np
 import tensorstore as ts
 
 from moejax.errors import CheckpointError
-from moejax.quant.formats import BITS, SCALE_DTYPE
-from moejax.quant.weights import QuantizedWeights
+from moejax.quant import BITS, SCALE_DTYPE, QuantizedWeights
 
 KINDS = ("gate_up", "down")
 PARTS = ("values", "scale", "zero")

@@ -34,8 +34,7 @@ import shlex
 from moejax.checkpoint import expert_store, packed
 from moejax.errors import CheckpointError, ConfigError
 from moejax.model_config import ModelConfig
-from moejax.quant import formats
-from moejax.quant.formats import QUANTIZED
+from moejax.quant import QUANTIZED, formats
 from moejax.results import write_text_atomic
 
 PRECISIONS_KEY = "precisions"

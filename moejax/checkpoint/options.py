@@ -8,7 +8,7 @@ import numpy as np
 
 from moejax.checkpoint.meta import LAYOUTS
 from moejax.errors import ConfigError
-from moejax.quant.formats import CALIBRATIONS, QUANTIZED, check_calibration
+from moejax.quant import CALIBRATIONS, QUANTIZED, check_calibration
 
 
 def parse_precisions(precisions, what: str = "--precisions") -> tuple[str, ...]:

@@ -45,8 +45,7 @@ import numpy as np
 from moejax.checkpoint import expert_store
 from moejax.errors import CheckpointError
 from moejax.model_config import ModelConfig
-from moejax.quant.formats import BITS, SCALE_DTYPE
-from moejax.quant.weights import QuantizedWeights
+from moejax.quant import BITS, SCALE_DTYPE, QuantizedWeights
 
 KIND = "packed"
 PAGE_BYTES = 4096

@@ -16,9 +16,8 @@ from moejax.checkpoint.meta import ADD_PRECISIONS_HINT, read_expert_index, read_
 from moejax.checkpoint.params import flat_params, load_flat_params
 from moejax.errors import CheckpointError
 from moejax.model_config import ModelConfig
-from moejax.models.decoder import MoEDecoder, abstract_decoder
-from moejax.quant import formats
-from moejax.quant.weights import QuantizedWeights
+from moejax.models import MoEDecoder, abstract_decoder
+from moejax.quant import QuantizedWeights, formats
 
 
 @dataclasses.dataclass

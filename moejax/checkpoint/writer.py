@@ -22,9 +22,8 @@ from moejax.checkpoint.params import flat_params
 from moejax.checkpoint.reader import load, read_native_layer
 from moejax.errors import CheckpointError, ConfigError
 from moejax.model_config import ModelConfig
-from moejax.models.decoder import MoEDecoder
-from moejax.quant.formats import DEFAULT_GROUP_SIZE, QUANTIZED
-from moejax.quant.quantize import quantize
+from moejax.models import MoEDecoder
+from moejax.quant import DEFAULT_GROUP_SIZE, QUANTIZED, quantize
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                    "tokenizer.model", "vocab.json", "merges.txt", "generation_config.json")

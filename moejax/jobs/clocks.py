@@ -34,9 +34,7 @@ from moejax.policies import presets
 from moejax.replay.engine import replay
 from moejax.run_spec import PolicySpec, RunSpec
 from moejax.seam import GateOutputs
-from moejax.traces import driven
-from moejax.traces.format import Trace
-from moejax.traces.recorder import TraceRecorder
+from moejax.traces import Trace, TraceRecorder, driven
 
 WALL_WHAT = ("wall clock (this machine), as the job timed its requests: TTFT from the prompt's "
              "forward pass to its first token, decode over the later tokens' passes")

@@ -26,7 +26,7 @@ from moejax.cache import ExpertCache, summary
 from moejax.errors import ConfigError
 from moejax.metrics_writer import MetricsWriter
 from moejax.model_source import LoadedModel
-from moejax.models.stepped import SteppedDecoder
+from moejax.models import SteppedDecoder
 from moejax.policies import presets
 from moejax.run_spec import RunSpec
 from moejax.seam import ExpertSource

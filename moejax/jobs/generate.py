@@ -45,8 +45,7 @@ from moejax.model_source import LoadedModel, load_model_for
 from moejax.results import write_json_atomic
 from moejax.run_spec import RunSpec
 from moejax.tokenizer import parse_ids
-from moejax.traces import driven
-from moejax.traces.recorder import TraceRecorder
+from moejax.traces import TraceRecorder, driven
 
 
 @dataclasses.dataclass

@@ -40,7 +40,7 @@ from moejax.jobs.common import (
 )
 from moejax.jobs.specs import resolve
 from moejax.model_source import LoadedModel, load_model_for
-from moejax.models.stepped import SteppedDecoder
+from moejax.models import SteppedDecoder
 from moejax.results import write_json_atomic
 from moejax.run_spec import RunSpec
 from moejax.seam import ExpertSource

@@ -50,7 +50,7 @@ from moejax.jobs.common import (
 from moejax.jobs.specs import resolve
 from moejax.metrics_writer import MetricsWriter
 from moejax.model_source import LoadedModel, load_model_for
-from moejax.models.stepped import ResidentExperts, SteppedDecoder
+from moejax.models import ResidentExperts, SteppedDecoder
 from moejax.quality import drift as drift_lib
 from moejax.quality import token_comparison
 from moejax.results import write_json_atomic

@@ -32,11 +32,11 @@ from moejax.errors import ConfigError
 from moejax.jobs.common import announce_results, make_decoder, progress
 from moejax.jobs.specs import resolve
 from moejax.model_source import load_model_for
-from moejax.models.stepped import ResidentExperts
+from moejax.models import ResidentExperts
 from moejax.results import write_json_atomic
 from moejax.run_spec import RunSpec
 from moejax.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer
-from moejax.traces.recorder import TraceRecorder
+from moejax.traces import TraceRecorder
 from moejax.train import corpus
 
 # Bytes of held-out text read per token wanted, for a subword tokenizer (a token of English

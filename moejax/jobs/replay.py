@@ -47,9 +47,7 @@ from moejax.quant import formats
 from moejax.replay import compiled
 from moejax.replay.engine import replay
 from moejax.results import write_json_atomic
-from moejax.traces.format import Trace, TraceError
-from moejax.traces.importers import ImportedTraces, import_traces
-from moejax.traces.requests import as_requests
+from moejax.traces import ImportedTraces, Trace, TraceError, as_requests, import_traces
 
 
 def _model_config(config: ml_collections.ConfigDict, trace: Trace) -> ModelConfig | None:

@@ -163,7 +163,7 @@ def check_settings(config: ml_collections.ConfigDict) -> None:
 
 def _check_io(config: ml_collections.ConfigDict) -> None:
     """`io.*` checked as the live reader would, where no reader is built too."""
-    from moejax.checkpoint.expert_reader import IO_MODES, check_io  # (jax: only here)
+    from moejax.checkpoint import IO_MODES, check_io  # (jax: only here)
 
     check_io(config.io.split, config.io.workers)
     if config.io.mode not in IO_MODES:
@@ -189,7 +189,7 @@ def check_model(config: ml_collections.ConfigDict) -> None:
     if m.checkpoint and config.job != "replay":
         if not os.path.isdir(m.checkpoint):
             raise ConfigError(f"model.checkpoint={m.checkpoint!r} is not a directory")
-        from moejax.checkpoint.meta import hugging_face_message, is_hugging_face_dir
+        from moejax.checkpoint import hugging_face_message, is_hugging_face_dir
 
         if is_hugging_face_dir(m.checkpoint):  # refused here, before a job loads anything
             raise ConfigError(f"model.checkpoint={hugging_face_message(m.checkpoint)}")

@@ -29,7 +29,7 @@ import jax.numpy as jnp
 
 from moejax.model_config import GMM_IMPLS
 from moejax.models.layers import activation
-from moejax.quant.weights import QuantizedWeights, dequantize
+from moejax.quant import QuantizedWeights, dequantize
 
 ExpertPool = Union[jax.Array, QuantizedWeights]  # [S, K, N] native, or packed quantized
 ExpertPools = Union[jax.Array, tuple[ExpertPool, ...]]

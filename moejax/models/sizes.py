@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from moejax.checkpoint.params import flat_params
+from moejax.checkpoint import flat_params
 from moejax.model_config import ModelConfig, dtype_bytes
 from moejax.models.decoder import abstract_decoder
 

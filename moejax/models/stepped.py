@@ -35,7 +35,7 @@ from moejax.models.decoder import MoEDecoder
 from moejax.models.experts import ExpertPool, combine, expert_outputs, moe_ffn, pool_slots
 from moejax.models.layers import norm
 from moejax.models.router import route
-from moejax.quant.weights import QuantizedWeights
+from moejax.quant import QuantizedWeights
 from moejax.seam import ExpertSource, ExpertWave, GateOutputs, Rewind
 
 

@@ -15,7 +15,7 @@ import numpy as np
 
 from moejax import bundled, checkpoint
 from moejax.quant.formats import CALIBRATIONS, DEFAULT_CALIBRATION, DEFAULT_GROUP_SIZE, QUANTIZED
-from moejax.quant.quantize import QWIX_CALIBRATIONS, quantize, reconstruction_error
+from moejax.quant.quantizer import QWIX_CALIBRATIONS, quantize, reconstruction_error
 
 
 def error_table(gate_up: dict, down: dict, group_size: int = DEFAULT_GROUP_SIZE,

@@ -29,7 +29,7 @@ QUANTIZED = PRECISIONS[1:]
 BITS = {"int8": 8, "int4": 4, "int2": 2}
 SCALE_DTYPE = np.float16
 DEFAULT_GROUP_SIZE = 64
-# How a group's scale and zero point are chosen (`moejax.quant.quantize`).
+# How a group's scale and zero point are chosen (`moejax.quant.quantizer`).
 CALIBRATIONS = ("absmax", "minmax", "search", "hqq")
 # Chosen by measurement on the embedded model's experts (docs/findings/precision.md,
 # tests/test_quantize.py): int8 absmax is already ~0.4% error (bitsandbytes-style); at 4 and 2

@@ -20,7 +20,7 @@ from moejax.replay import compiled, coverage
 from moejax.replay.coverage import ENGINES, Decision
 from moejax.replay.future import future_of
 from moejax.replay.gates import layer_gates
-from moejax.traces.format import Trace
+from moejax.traces import Trace
 
 
 def replay(cache: ExpertCache, traces: list[Trace], context_start: list[int] | None = None,

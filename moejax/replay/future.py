@@ -10,7 +10,7 @@ import functools
 import numpy as np
 
 from moejax.seam import Key, requests_in_rank_order
-from moejax.traces.format import Trace
+from moejax.traces import Trace
 
 
 @dataclasses.dataclass

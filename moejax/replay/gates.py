@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from moejax.seam import LayerGate
-from moejax.traces.format import Trace
+from moejax.traces import Trace
 
 
 def layer_gates(trace: Trace, p: int) -> list[LayerGate]:

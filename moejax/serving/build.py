@@ -1,4 +1,4 @@
-"""The live cache runtime of a loaded model: its `ExpertCache` (`moejax.cache.build`) with
+"""The live cache runtime of a loaded model: its `ExpertCache` (`moejax.cache.from_spec`) with
 the device slot pools that hold real expert bytes, fed from host memory or, behind a host tier,
 from the checkpoint on storage. Under `policies.routing='trace(path=T)'` the runtime is driven
 by the trace (`moejax/traces/driven.py`): its cache sees T's gates instead of the router's."""
@@ -9,7 +9,7 @@ import jax
 
 from moejax.cache import ExpertCache, build_cache_for
 from moejax.errors import ConfigError
-from moejax.models.stepped import ResidentExperts
+from moejax.models import ResidentExperts
 from moejax.policies import presets
 from moejax.run_spec import RunSpec
 from moejax.serving.runtime import CachedExperts
@@ -85,7 +85,7 @@ def _storage_backed(run: RunSpec, cache: ExpertCache, loaded) -> CachedExperts:
     `HostExperts` store that reads experts from the checkpoint on storage as the host tier
     says (`io.split` range reads over `io.workers` threads)."""
     from moejax import checkpoint
-    from moejax.checkpoint.expert_reader import ExpertReader
+    from moejax.checkpoint import ExpertReader
     from moejax.serving.host_store import HostExperts, expert_templates
 
     if not loaded.path:

@@ -12,7 +12,7 @@ import functools
 import jax
 import numpy as np
 
-from moejax.quant.weights import QuantizedWeights
+from moejax.quant import QuantizedWeights
 from moejax.seam import ExpertWave, Wave
 
 

@@ -30,8 +30,7 @@ import jax
 import numpy as np
 
 from moejax.model_config import ModelConfig
-from moejax.quant.formats import BITS, SCALE_DTYPE
-from moejax.quant.weights import QuantizedWeights
+from moejax.quant import BITS, SCALE_DTYPE, QuantizedWeights
 from moejax.seam import Key
 
 
@@ -154,7 +153,7 @@ def expert_templates(cfg: ModelConfig, precision: str, groups: dict[str, int] | 
     """Zero `(gate_up, down)` of one expert with a leading axis of 1, at `precision` (`groups`:
     the checkpoint's group length per kind for a quantized one): the shapes a slot pool is
     allocated from when no expert is in host memory yet."""
-    from moejax.checkpoint.expert_store import quantized_shapes
+    from moejax.checkpoint import quantized_shapes
 
     h, i = cfg.hidden_size, cfg.expert_intermediate_size
     native = {"gate_up": (1, h, 2 * i), "down": (1, i, h)}

@@ -56,8 +56,8 @@ import numpy as np
 
 from moejax.cache import LOAD_PATHS
 from moejax.errors import ConfigError
-from moejax.models.experts import ExpertPool
-from moejax.quant.weights import QuantizedWeights
+from moejax.models import ExpertPool
+from moejax.quant import QuantizedWeights
 from moejax.seam import Key
 
 # copy_stream: the most experts moved in one `device_put`, and held on the device unplaced per
@@ -227,7 +227,7 @@ def _records(table, layout: _Layout) -> list:
     memory (the table's memory kind): each expert's bytes, its leaves back to back, one array
     that one `device_put` source moves whole (a packed int4 wave of 8 OLMoE experts as 48
     arrays took 4x the time of 8 records of the same bytes here). A copy of the table."""
-    from moejax.checkpoint.reader import host_memory_kind
+    from moejax.checkpoint import host_memory_kind
 
     leaves = jax.tree.leaves(table)
     kind = getattr(getattr(leaves[0], "sharding", None), "memory_kind", None) or \

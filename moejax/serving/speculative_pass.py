@@ -18,7 +18,7 @@ from typing import Callable
 import numpy as np
 
 from moejax.cache import SpeculationSchedule
-from moejax.models.experts import as_pools
+from moejax.models import as_pools
 from moejax.seam import ExpertWave, GateOutputs, Rewind, Wave
 
 

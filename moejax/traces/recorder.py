@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from moejax.model_config import ModelConfig
-from moejax.models.stepped import GateOutputs
+from moejax.seam import GateOutputs
 from moejax.traces.format import FORMAT, Trace
 
 

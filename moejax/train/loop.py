@@ -18,11 +18,11 @@ from absl import logging
 from flax import nnx
 
 from moejax import checkpoint
-from moejax.checkpoint.params import flat_params
+from moejax.checkpoint import flat_params
 from moejax.errors import ConfigError
 from moejax.families import get_family
 from moejax.metrics_writer import MetricsWriter
-from moejax.models.decoder import MoEDecoder
+from moejax.models import MoEDecoder
 from moejax.results import write_json_atomic
 from moejax.train import corpus
 from moejax.train.model import TrainableMoE, loss_fn

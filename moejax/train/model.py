@@ -13,11 +13,7 @@ import numpy as np
 from flax import nnx
 
 from moejax.model_config import ModelConfig
-from moejax.models.attention import KVCache
-from moejax.models.decoder import MoEDecoder
-from moejax.models.experts import moe_ffn
-from moejax.models.layers import jnp_dtype
-from moejax.models.router import route
+from moejax.models import KVCache, MoEDecoder, jnp_dtype, moe_ffn, route
 
 
 class TrainableMoE(nnx.Module):

@@ -28,9 +28,8 @@ from moejax.model_config import ModelConfig
 from moejax.policies import build, presets
 from moejax.quant import formats
 from moejax.run_spec import CacheSpec, HardwareSpec, RunSpec
+from moejax.timing import CostModel, HostDeviceClock, VirtualClock, WallClock
 from moejax.timing import storage as storage_lib
-from moejax.timing.clock import HostDeviceClock, VirtualClock, WallClock
-from moejax.timing.cost import CostModel
 
 CLOCKS = ("auto", "virtual", "wall")
 
