@@ -1,20 +1,19 @@
-"""Expert-cache runtime benchmarks (issue 4), all in one process on this machine:
+"""Expert-cache runtime benchmarks, all in one process on this machine:
 
     python benchmarks/cache_runtime.py
 
 1. bookkeeping per layer-step (routing + miss + requests + eviction + prefetch decisions and
    the residency update) for the OLMoE-1B-7B shape (16 layers, 64 experts, top-8), driven by
    the real OLMoE decode capture (moejax/assets/captures) with synthetic speculative scores, in µs;
-2. the first command a user runs, as the CLI reports it (issue 24): the generate job of
+2. the first command a user runs, as the CLI reports it: the generate job of
    `configs/default.py` over 64 tokens — its warm-up, its cold cache (SpecMD's cold start),
    its default policies, its wall-clock TTFT and decode tok/s from results.json — at 100%,
    25% and 5% capacity, cold and warm (`cache.warm_start=all`), with speculative passes and
    layer by layer (`cache.speculate=False`), and at 100% cold on the wall clock (the GPU
    default: `clock.kind=wall`), against every expert resident; alternated
-   rounds (`--rounds`), median [min, max]. Goal: 100% cold within 1.15x of resident. (Until
-   issue 24 this part timed a warm cache, best of rounds, on a longer prompt: it left out the
-   cold cache's first passes, where every layer waits for a host round trip, which is what
-   the CLI's figure was made of.)
+   rounds (`--rounds`), median [min, max]. Goal: 100% cold within 1.15x of resident. The
+   cache starts cold, as the CLI's does: its first passes, where every layer waits for a host
+   round trip, are part of what the CLI's figure is made of.
 3. one expert moved through the runtime (`SlotPool.load`) against a raw `jax.device_put` of
    the same bytes from pinned host memory: time ratio, goal <= 1.2;
 4. the io_callback gate path against the returned-outputs path: overhead per MoE layer;
@@ -248,7 +247,7 @@ def part2():
               f"  decode {med:6.1f} tok/s [{rate.min():.1f}, {rate.max():.1f}]"
               f"  resident/this {base / med:5.2f}x, by round {np.median(paired):5.2f}x "
               f"[{paired.min():.2f}, {paired.max():.2f}]")
-    print("   goal: 100% cold within 1.15x of resident (issue 24)")
+    print("   goal: 100% cold within 1.15x of resident")
 
 
 # Part 5: the done-when's commands, as their extra flags.
@@ -302,7 +301,7 @@ def part5(pairs: int, before: str | None = None):
                      f"[{np.percentile(ratio, 25):.3f}, {np.percentile(ratio, 75):.3f}]: "
                      + " ".join(f"{x:.2f}" for x in ratio))
         print(line)
-    print("   goal: 100% cold within 1.15x of resident (issue 24: the median of 3 pairs)")
+    print("   goal: 100% cold within 1.15x of resident (the median of 3 pairs)")
 
 
 def part4():

@@ -1,6 +1,6 @@
 """The virtual clock against the command itself: a trace-driven live run on the wall clock with a
 calibrated profile, each its own `python -m moejax.main` process, at 5%, 25% and 100% capacity,
-alternated over rounds (issue 37's done-when).
+alternated over rounds.
 
     python -m moejax.calibration --workdir=W      # first
     python benchmarks/clock_check.py --hardware_file=W/hardware.json [--rounds 3] [--trace olmoe_code]

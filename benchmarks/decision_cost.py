@@ -1,4 +1,4 @@
-"""What the live cache's decisions cost the host thread (issue 24, part 5), in one process:
+"""What the live cache's decisions cost the host thread, in one process:
 
     python benchmarks/decision_cost.py [--rounds 12] [--parts 123456] [--model fresh|once]
 

@@ -1,4 +1,4 @@
-"""The device check of the GPU path (issue 24), one run of at most 6 minutes on one GPU.
+"""The device check of the GPU path, one run of at most 6 minutes on one GPU.
 
     python benchmarks/gpu_check.py [--quick] [--out=DIR]
 
@@ -8,7 +8,7 @@ OLMoE capture (`policies.routing='trace(path=T)'`), at an emulated 5 GB/s host->
 
 0. slot loads on the copy stream (`benchmarks/slot_loads.py`, `cache.load_path=copy_stream`):
    a wave of 8 experts' host->device rate as a share of a raw `jax.device_put` from pinned
-   host, native and int4 (issue 24 asks >= 0.9), and the share of a wave's load hidden behind
+   host, native and int4 (the goal: >= 0.9), and the share of a wave's load hidden behind
    an experts step dispatched before it (>= 0.8 where the step is the longer);
 1. calibration (`moejax.calibration.calibrate`): host->device transfers 4 KiB to 64 MiB, the
    compiled steps of one layer at the real size, and the profile they give (`OUT/hardware.json`);
@@ -18,7 +18,7 @@ OLMoE capture (`policies.routing='trace(path=T)'`), at an emulated 5 GB/s host->
    and how many decode passes speculated, with their failed checks (these cells follow a
    capture, `routing=trace(...)`: a trace-driven pass speculates on the trace's selection);
    the 100% prefetching cell also runs layer by layer (`cache.speculate=False`, its twin);
-2b. the host's work (issue 37): the step tables at this size (`moejax.calibration.steps`), the host
+2b. the host's work: the step tables at this size (`moejax.calibration.steps`), the host
    terms fitted to part 2's cells (`moejax.calibration.host_fit`), then part of the validation
    (`python -m moejax.calibration.validate`) at this size on the capture the fit did not see
    (`olmoe_code`: capacities 25% and 100% x eviction lru / least_stale x prefetch none /
@@ -106,7 +106,7 @@ def gpu_only(platform: str, why: str) -> str:
 
 
 def load_rows(platform: str, quick: bool) -> list[Row]:
-    """Point 2 of issue 24 at OLMoE's expert size (tiny with `quick`), along copy_stream."""
+    """Part 0 (slot loads) at OLMoE's expert size (tiny with `quick`), along copy_stream."""
     size = dict(hidden=64, intermediate=32, reps=2) if quick else {}
     why = gpu_only(platform, "the CPU backend has no copy stream; cache.load_path=auto takes "
                              "fused on it")

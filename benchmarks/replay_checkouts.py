@@ -29,7 +29,7 @@ import json, sys, tempfile
 from moejax import jobs, bundled
 try:
     from moejax.jobs.schema import base_config
-except ImportError:  # a checkout from before the package layout of issue 20
+except ImportError:  # a checkout from before `moejax/jobs/` (the config module's old home)
     from moejax.job_config import base_config
 eviction, prefetch, miss, queue, engine = sys.argv[1:6]
 c = base_config()

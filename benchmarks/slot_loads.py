@@ -16,7 +16,7 @@ machine hits them alike, and each is reported as min / median / max over the rou
   packed int4) sits in `pinned_host` memory; "raw" is one `jax.device_put` of the wave's
   per-expert host arrays to device memory; "load" is `SlotPools.load_many` of the same wave
   into a slot pool, placed (`SlotPools.arrays`). fraction = median raw / median load: 1.0
-  is a load as fast as the raw copy (issue 24 asks >= 0.9 on a GPU).
+  is a load as fast as the raw copy (the goal: >= 0.9 on a GPU).
 * **overlap_fraction(precision, load_path)**: the share of a wave's load time hidden behind a
   concurrently running experts step, when the step is longer than the load. The step
   (`moe_ffn` over the pool being loaded, `tokens` tokens, top-k over the wave's experts) is

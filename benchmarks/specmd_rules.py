@@ -1,4 +1,4 @@
-"""SpecMD's rules as defaults (issue 21), checked on every shipped real capture: what a new user
+"""SpecMD's rules as defaults, checked on every shipped real capture: what a new user
 gets replaying a capture at the paper's setting (5% of the model's bytes, int4 experts, SpecMD's
 A100 profile at 5 GB/s) with the defaults, against the readings and rules they replaced.
 
@@ -28,7 +28,7 @@ CHECKS = [
         ("LS, oracle, watchdog", {"policies.prefetch": "oracle",
                                   "cache.prefetch_queue": "watchdog"}),
         ("LS, no prefetch", {"policies.prefetch": "none"}),
-        ("LS(left_first), oracle, watchdog_idle (issue 10's defaults)",
+        ("LS(left_first), oracle, watchdog_idle (the earlier defaults)",
          {"policies.eviction": "least_stale(order=left_first)",
           "policies.prefetch": "oracle", "cache.prefetch_queue": "watchdog_idle"}),
     ]),

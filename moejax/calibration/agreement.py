@@ -12,7 +12,7 @@ and matplotlib only; the cells are `moejax.calibration.cells.run_entries`' rows)
   the same decisions (at 100% capacity nothing is evicted), a result that holds by
   construction. The predicted winner *holds* when the measured winner is among the predicted
   fastest or the spreads cannot tell it from one of them.
-* **Goals** (issue 37): median |error| <= 10% and 90th percentile <= 20%, for both; tau >= 0.8
+* **Goals**: median |error| <= 10% and 90th percentile <= 20%, for both; tau >= 0.8
   in every condition; no predicted winner that loses outside the spread.
 """
 

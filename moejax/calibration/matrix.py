@@ -165,7 +165,7 @@ CALIBRATION_GROUPS = (Group("olmoe_prose", trace="olmoe_prose"),
 
 
 def validation_matrix(quick: bool = False) -> list[tuple[Group, list[Cell]]]:
-    """The validation's cells (issue 37's matrix): on OLMoE's code capture, capacity {5, 25,
+    """The validation's cells: on OLMoE's code capture, capacity {5, 25,
     100%} x eviction {lru, lru_per_layer, least_stale} x prefetch {none, temporal} x precision
     {native, int4}; on Qwen1.5-MoE's code capture and on the embedded model (its own scored
     routing: score_percentile), capacity x eviction {lru, least_stale} x prefetch; on the

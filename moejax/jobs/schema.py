@@ -31,7 +31,7 @@ def base_config() -> ml_collections.ConfigDict:
     # them.
     c.model.gate_path = "returned"
 
-    # The expert cache (issue 4). With cache.enabled=False every expert is on the device.
+    # The expert cache. With cache.enabled=False every expert is on the device.
     c.cache = ml_collections.ConfigDict()
     c.cache.enabled = True
     c.cache.capacity_frac = 0.05  # of `capacity_of`'s bytes; not with cache.slots > 0 (both: an error)
@@ -62,8 +62,8 @@ def base_config() -> ml_collections.ConfigDict:
     # books its transfer when made), "watchdog" (SpecMD's: predictions wait in a queue; a
     # watchdog issues one as soon as a slot can be had under the eviction policy, its transfer
     # queued on the copy engines; it drops one once its target layer has started, and demand
-    # misses go ahead of those not issued) or "watchdog_idle" (the same, issue 10's rule: a
-    # transfer is issued only onto an idle copy engine).
+    # misses go ahead of those not issued) or "watchdog_idle" (the same, with a stricter
+    # reading, a named variant: a transfer is issued only onto an idle copy engine).
     c.cache.prefetch_queue = "immediate"
     # Replay of traces that do not record expert sizes (capture / vLLM logs): bytes per expert
     # (0: from the trace or model.preset; unknown sizes still give exact counts).
@@ -79,7 +79,7 @@ def base_config() -> ml_collections.ConfigDict:
     # hottest experts of a trace (or of a run's work directory with its trace.npz) fill the
     # device and host tiers, and enter a `priority` eviction policy as priorities 1..32.
     c.cache.seed = ""
-    # Experts loaded before the first token without priorities (issue 13): "none" (SpecMD's
+    # Experts loaded before the first token without priorities: "none" (SpecMD's
     # cold start, the default), "all" (every expert that fits: all at 100% capacity, else an
     # equal share of each layer) or "hotlist(trace=PATH, top=N)" (a trace's hottest).
     c.cache.warm_start = "none"

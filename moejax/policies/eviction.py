@@ -304,8 +304,8 @@ class LeastStale(_Base):
       layers while protecting experts needed for upcoming layers"). Walk: stale-left,
       current-left, stale-right, current-right, each by ascending position (0..p, then
       p+1..L-1). It breaks §4's rule in one place: a current expert of a layer already run
-      goes before a stale expert of an upcoming layer (issue 10's default; issue 21 measured
-      what it costs: a perfect predictor through the watchdog loses hits against no prefetch).
+      goes before a stale expert of an upcoming layer (the default once, a named variant now;
+      measured: a perfect predictor through the watchdog loses hits against no prefetch).
     * `order="cyclic"` — Belady's intuition over the pass cycle: after layer p, layer q's
       experts are next needed at distance (q - p) mod L, with q = p farthest (L: the next
       pass), so the layer that comes round last goes first: positions p, p-1, ..., 0 (left,

@@ -72,7 +72,7 @@ def stall(ready: float, now: float) -> float:
 
 @register_jitable
 def watchdog_issue_time(queued_at: float, engine_free) -> float:
-    """When the queue head would go under `watchdog_idle` (issue 10's rule, which waits for an
+    """When the queue head would go under `watchdog_idle` (the variant that waits for an
     idle copy engine): once it is queued and a copy engine is free. (SpecMD's `watchdog`
     issues at once when a slot can be had; its transfer queues on the engine.)"""
     free = engine_free[earliest(engine_free)]

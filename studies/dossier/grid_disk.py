@@ -35,7 +35,7 @@ EVICTIONS = ("lru", "lru_per_layer", "least_stale", "least_stale(order=cyclic)")
 # benchmarks/README.md): O_DIRECT reads of bytes never read since boot — 8 records of 6.75 MiB
 # in flight at once, medians 0.82 and 0.62 GB/s; one 4 KiB page at queue depth 1, medians 169
 # and 161 us — each the mean of the two runs' medians; the reader's 8 workers as the queue
-# depth. (Before issue 22 this was 1.05 GB/s and 65 us, measured on pages dropped with
+# depth. (An earlier measurement gave 1.05 GB/s and 65 us, on pages dropped with
 # posix_fadvise, which this VM's host serves from its cache.)
 THIS_DISK = {"storage.preset": "nvme_gen4", "storage.read_gbps": 0.72,
              "storage.read_latency_s": 1.65e-4, "storage.queue_depth": 8}

@@ -47,8 +47,8 @@ from moejax.analysis.sweep_cells import report_main
 
 PROG = "python -m studies.fiddler.claims"
 
-# Fiddler's claims (issue 25's reading of the paper; the ids are claims.json's): measure, the
-# speedup the source states, and what it states it of.
+# Fiddler's claims (this study's reading of the paper, studies/fiddler/README.md; the ids are
+# claims.json's): measure, the speedup the source states, and what it states it of.
 FIDDLER_CLAIMS = {"fiddler.decode": ("decode", 1.26, "single-batch decode"),
                   "fiddler.prefill": ("ttft", 1.30, "prefill")}
 # The baselines Fiddler's claims are held against, each apart (`baseline_cell`).

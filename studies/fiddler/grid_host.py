@@ -1,4 +1,4 @@
-"""The host-compute grid (issue 25): cache it, fetch it, or compute it where it is?
+"""The host-compute grid: cache it, fetch it, or compute it where it is?
 
 python -m launch.sweep --config=studies/fiddler/grid_host.py --sweep_dir=grid_host --workers=2
 python -m launch.sweep --config=studies/fiddler/grid_host.py:traces=captures,precisions=native \

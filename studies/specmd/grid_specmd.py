@@ -10,7 +10,7 @@ python -m launch.sweep --config=studies/specmd/grid_specmd.py:traces=long,parts=
 The paper's settings: capacity {1%, 5%, 25%} of the whole model's bytes
 (`cache.capacity_of=model`), four-bit experts (`cache.precision=int4`), 5 GB/s host->device on
 SpecMD's A100 profile; both prefetch queues (`immediate`, and SpecMD's `watchdog`, which issues
-when space allows; issue 10's idle-engine rule, `watchdog_idle`, is not in the grid). Parts:
+when space allows; the idle-engine variant, `watchdog_idle`, is not in the grid). Parts:
 
 * `policies` — eviction {lru, lru_per_layer, lfu, fld, score, least_stale (two_queue, the
   default: §4's rule), least_stale(left_first), least_stale(cyclic), belady} x prefetch;
