@@ -14,6 +14,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from moejax import jobs
 from moejax.errors import ConfigError
 from moejax.jobs.schema import base_config
 from moejax.jobs.specs import resolve
@@ -93,6 +94,21 @@ def test_the_host_tier_is_on_exactly_when_a_bound_is_given(frac, host_bytes, hos
 def test_a_config_resolves_only_checked(field, value, says):
     with pytest.raises(ConfigError) as info:
         resolve(with_fields(base_config(), **{field: value}))
+    assert says in str(info.value)
+
+
+@pytest.mark.parametrize("fields, says", [
+    ({"model.preset": "nope"}, "model.preset='nope' is not a preset of olmoe"),
+    ({"model.checkpoint": "/nonexistent/ckpt"}, "model.checkpoint='/nonexistent/ckpt' is not a "
+                                                "directory"),
+    ({"model.width": 64}, "model.width=64 draws a family preset at another width, and "
+                          "model.preset='embedded'"),
+])
+def test_the_check_before_a_job_refuses_a_bad_model(fields, says):
+    """`jobs.check` (what `moejax.main` and a sweep's launch run on every cell) refuses the
+    model before any job loads it."""
+    with pytest.raises(ConfigError) as info:
+        jobs.check(with_fields(base_config(), **fields), warn=False)
     assert says in str(info.value)
 
 

@@ -1,7 +1,9 @@
 """The jobs `python -m moejax.main` runs, by `config.job` (each a library function
 `run(config, workdir)`): generate, perplexity, quality, eval, record_traces, replay and train.
-`schema.py` declares every field a job config has (`base_config`); `common.py` is what the jobs
-share (the decoder over the configured expert source, the cache report).
+`schema.py` declares every field a job config has (`base_config`); `specs.py` checks a config
+and resolves it, once per job, into the typed specs the layers below take (`moejax.run_spec`);
+`unapplied.py` says each setting given that a run does not use; `common.py` is what the jobs
+share (the decoder over the run's expert source, the cache report).
 
 `run` is the one door every job goes through (`python -m moejax.main`, a sweep's cells): it
 claims the workdir (`moejax.workdir`: checked before anything is written, one run at a time,
@@ -110,9 +112,9 @@ def check(config: ml_collections.ConfigDict, warn: bool = True) -> None:
     its job's section, `schema.MOVED`, named with where it went); `config.job`; the cache,
     clock, storage, io and policy fields (`specs.check_settings`) and the model's
     (`specs.check_model`); with `warn`, one line on stderr for each setting given that does not
-    apply (`unapplied`); the job's own fields (its module's `validate`,
-    where it has one). A value outside a field is a ConfigError naming it. The sweep launcher
-    checks every cell with it before the first one runs (`launch/preflight.py`)."""
+    apply (`unapplied`); the job's own fields (its module's `validate`, where it has one). A
+    value outside a field is a ConfigError naming it. The sweep launcher checks every cell with
+    it before the first one runs (`launch/preflight.py`)."""
     from moejax.jobs.declared import field_value as value
     from moejax.jobs.specs import check_model, check_settings, trace_driven
     from moejax.jobs.unapplied import say_unapplied, warn_unapplied

@@ -1,9 +1,10 @@
 """A job config checked and resolved, once, into the typed specs the layers below the jobs
 take (`moejax.run_spec`): `check_settings` checks the fields that feed the cache, the clocks,
 storage, io and the policies against what each means (a value outside it is a `ConfigError`
-naming `field=value` and what the field takes); `resolve` makes the `RunSpec`, reading the
-hardware, host and storage profiles (`hardware_from`, `host_cpu_from`, `host_work_from`,
-`storage_from`). What a given setting does not apply to is said by `moejax.jobs.unapplied`.
+naming `field=value` and what the field takes), `check_model` the model's fields and the model
+they name; `resolve` runs both and makes the `RunSpec`, reading the hardware, host and storage
+profiles (`hardware_from`, `host_cpu_from`, `host_work_from`, `storage_from`). What a given
+setting does not apply to is said by `moejax.jobs.unapplied`.
 """
 
 from __future__ import annotations
@@ -172,9 +173,9 @@ def _check_io(config: ml_collections.ConfigDict) -> None:
 
 def check_model(config: ml_collections.ConfigDict) -> None:
     """`model.*` against what each field takes, and the model it names: a directory that is a
-    converted checkpoint, or a preset of the family (JAX is not loaded: a sweep's launch
-    checks every cell with this). A replay reads no checkpoint, and `model.preset=""` is the
-    trace's own model config there."""
+    converted checkpoint (not a Hugging Face one), or a preset of the family; before any
+    model loads, so a sweep's launch refuses a cell's bad model before the first cell runs. A
+    replay reads no checkpoint, and `model.preset=""` is the trace's own model config there."""
     m = config.model
     if m.gmm_impl not in GMM_IMPLS:
         raise ConfigError(f"model.gmm_impl={m.gmm_impl!r} is not one of {GMM_IMPLS}")
@@ -208,7 +209,8 @@ def check_model(config: ml_collections.ConfigDict) -> None:
 
 
 def model_spec(model: ml_collections.ConfigDict, seed: int = 0) -> ModelSpec:
-    """The `model` section as a `ModelSpec` (`resolve` checks it first: `check_model`)."""
+    """The `model` section as a `ModelSpec`, as given (`resolve` checks it first, `check_model`;
+    a test that builds a model from a section it wrote calls this)."""
     return _section(ModelSpec, model, seed=seed)
 
 
