@@ -124,14 +124,14 @@ def build_host_tier(run: RunSpec, shape: CacheShape, read_bytes: int,
 WARM_STARTS = ("none", "all", "hotlist(trace=PATH, top=N)")
 
 
-def _placement(spec: CacheSpec, cache: ExpertCache):
+def _placement(c: CacheSpec, cache: ExpertCache):
     """What to place before the first pass: `(spec, source, keys hottest first, priorities or
     None)`, from `cache.seed` (ds4: placement and priorities) or `cache.warm_start` (a preload
     only); None when neither is set."""
     from moejax.cache import hotlist as hotlist_lib
 
-    seed = spec.seed or ""
-    warm = spec.warm_start or "none"
+    seed = c.seed or ""
+    warm = c.warm_start or "none"
     if seed and warm != "none":
         raise ConfigError(f"cache.seed={seed!r} and cache.warm_start={warm!r}: set one (seed "
                           "places a hotlist and gives its priorities; warm_start only preloads)")
@@ -153,12 +153,12 @@ def _placement(spec: CacheSpec, cache: ExpertCache):
     return f"{what}={spec}", hot.source, list(hot.keys), (hot.priorities() if seed else None)
 
 
-def seed_cache(spec: CacheSpec, cache: ExpertCache) -> dict | None:
+def seed_cache(c: CacheSpec, cache: ExpertCache) -> dict | None:
     """Applies `cache.seed` or `cache.warm_start` before the first pass: the experts fill the
     device slots and the host tier (loaded before the first token, not counted as fetches),
     and a seed's priorities go to the policies that take them. Returns results.json's
     `cache.seed` (None when nothing is placed)."""
-    placement = _placement(spec, cache)
+    placement = _placement(c, cache)
     if placement is None:
         return None
     spec, source, keys, priorities = placement
@@ -181,8 +181,8 @@ def build_cache(run: RunSpec, shape: CacheShape,
                 driven: bool | None = None) -> ExpertCache:
     """The cache of a given `shape` (`policies`: the four already built, else from the
     run's / `specs`), with its host tier, full layers and seed. On the virtual clock with a
-    model, a profile with the host's work (`host_work_from`) times the live runtime
-    (`RuntimeTiming`; `driven`: the run follows a trace's routing, None: `trace_driven`)."""
+    model, a profile with the host's work (`run.hardware.host_work`) times the live runtime
+    (`RuntimeTiming`; `driven`: the run follows a trace's routing, None: `run.trace_driven`)."""
     eviction, prefetch, miss, routing = (policies if policies is not None else
                                          build_policies(run, shape, renormalize, specs))
     hw = run.hardware.device
@@ -238,7 +238,7 @@ def build_cache_for(run: RunSpec, model_cfg: ModelConfig | None,
     `{"native": bytes}` when no model is known). The shape (`layers` in pass order, all
     `num_layers` decoder layers, `num_experts`, `top_k`) comes from `model_cfg` unless given
     (a trace without a model config). `specs`: the four policy specs, when the job adjusted
-    the config's choice."""
+    the run's choice."""
     if model_cfg is not None:
         layers = tuple(model_cfg.moe_layers) if layers is None else layers
         num_layers = model_cfg.num_layers if num_layers is None else num_layers
