@@ -91,14 +91,16 @@ def pytest_configure(config):
         "still part of the default run, left out of the quick loop by -m 'not slow'")
 
 
-@pytest.fixture
-def subprocess_env(pytestconfig) -> dict[str, str]:
+@pytest.fixture(scope="session")
+def subprocess_env(pytestconfig) -> types.MappingProxyType:
     """The environment for a test's `python -m ...` subprocess: this one's, with the suite's
     persistent compilation cache (above) where it is on, so that a subprocess reads the steps
-    the suite already compiled instead of compiling them again (results cannot depend on it)."""
+    the suite already compiled instead of compiling them again (results cannot depend on it).
+    One for the session (a module-scoped fixture may use it too), read-only: a test that needs
+    more copies it (`{**subprocess_env, ...}`)."""
     env = dict(os.environ)
     if pytestconfig.pluginmanager.hasplugin("cacheprovider"):
         env.update(JAX_COMPILATION_CACHE_DIR=str(pytestconfig.cache.mkdir("jax")),
                    JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
                    JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
-    return env
+    return types.MappingProxyType(env)

@@ -409,8 +409,10 @@ def test_add_precisions_failing_part_way_leaves_the_checkpoint_as_it_was(tiny, t
                                                                          monkeypatch, layout):
     model, gate_up, down = tiny
     out = str(tmp_path / "ckpt")
+    # minmax: the calibration quickest to compile (the default, search, takes seconds per
+    # shape); what is checked here does not depend on the calibration.
     checkpoint.save_model(out, model, gate_up, down, precisions=("int4",), group_size=16,
-                          expert_layout=layout)
+                          calibration="minmax", expert_layout=layout)
     config_before = open(os.path.join(out, "config.json"), "rb").read()
     int4_before = _quantized(out, "int4")
     real_write = writer.ExpertWriter.write
@@ -427,7 +429,7 @@ def test_add_precisions_failing_part_way_leaves_the_checkpoint_as_it_was(tiny, t
     for precisions in (["int4"], ["int2"]):
         layers_written.clear()
         with pytest.raises(OSError, match="No space left"):
-            checkpoint.add_precisions(out, precisions, group_size=8)
+            checkpoint.add_precisions(out, precisions, group_size=8, calibration="minmax")
         assert open(os.path.join(out, "config.json"), "rb").read() == config_before
         assert not os.path.exists(os.path.join(out, writer.STAGING))  # staged copies removed
     assert list(checkpoint.read_precisions(out)) == ["native", "int4"]
@@ -436,7 +438,8 @@ def test_add_precisions_failing_part_way_leaves_the_checkpoint_as_it_was(tiny, t
     for key, value in int4_before.items():
         np.testing.assert_array_equal(after[key], value)
     monkeypatch.undo()
-    assert list(checkpoint.add_precisions(out, ["int2"])) == ["native", "int4", "int2"]
+    assert list(checkpoint.add_precisions(out, ["int2"], group_size=8, calibration="minmax")) \
+        == ["native", "int4", "int2"]
 
 
 # --- the command lines: main and convert -----------------------------------------------------

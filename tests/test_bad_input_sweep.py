@@ -66,14 +66,8 @@ def tiny_config(tmp_path):
     return str(path)
 
 
-@pytest.fixture
-def checks_in_process(monkeypatch) -> list[list[str]]:
-    """The cells' config check (`launch/preflight.py`) run in this process: `preflight.checked`,
-    the very function the spawned process runs, without the ~2.5 s of starting that process
-    and importing JAX in it. For the tests about something else; the spawned process itself is
-    tested by `test_cells_whose_config_does_not_check_are_refused_before_anything_runs` and
-    `test_the_launching_process_checks_the_cells_without_importing_jax`. Yields the names of
-    the cells each check was given, one list per check."""
+def _check_in_process(monkeypatch) -> list[list[str]]:
+    """`checks_in_process` (below), set up by a test part-way."""
     from launch import preflight
 
     checked = []
@@ -84,6 +78,17 @@ def checks_in_process(monkeypatch) -> list[list[str]]:
 
     monkeypatch.setattr(sweep.preflight, "check_in_subprocess", check)
     return checked
+
+
+@pytest.fixture
+def checks_in_process(monkeypatch) -> list[list[str]]:
+    """The cells' config check (`launch/preflight.py`) run in this process: `preflight.checked`,
+    the very function the spawned process runs, without the ~2.5 s of starting that process
+    and importing JAX in it. For the tests about something else; the spawned process itself is
+    tested by `test_cells_whose_config_does_not_check_are_refused_before_anything_runs` (its
+    dry run) and `test_the_launching_process_checks_the_cells_without_importing_jax`. Yields
+    the names of the cells each check was given, one list per check."""
+    return _check_in_process(monkeypatch)
 
 
 def _error_lines(err: str) -> list[str]:
@@ -267,14 +272,28 @@ REFUSED = [
 ]
 
 
-def test_cells_whose_config_does_not_check_are_refused_before_anything_runs(tmp_path, capsys):
-    """One sweep holding a cell refused by each kind of check (`all`), through the real
-    checking process: every mode refuses it and writes nothing, the dry run names every
-    refused cell with why, and one refused cell selected alone is named in the singular."""
+def test_cells_whose_config_does_not_check_are_refused_before_anything_runs(tmp_path, capsys,
+                                                                            monkeypatch):
+    """One sweep holding a cell refused by each kind of check (`all`): the dry run, through
+    the real checking process, names every refused cell with why; then (the same check in this
+    process, `checks_in_process`) every mode refuses it and writes nothing, and one refused
+    cell selected alone is named in the singular."""
     config = tmp_path / "refused.py"
     config.write_text(REFUSED_CONFIG)
     spec = f"{config}:all"
     sweep_dir = tmp_path / "s"
+    # A dry run lists every cell, each refused one with why, and exits 2 too.
+    status = sweep.main([f"--config={spec}", f"--sweep_dir={sweep_dir}", "--dry_run"])
+    out = capsys.readouterr()
+    assert status == 2
+    lines = out.out.splitlines()
+    refused = [i for i, line in enumerate(lines) if line.startswith("refused")]
+    assert [lines[i].split()[1] for i in refused] == [n for n, _ in REFUSED], out.out
+    for i, (_, words) in zip(refused, REFUSED):
+        assert all(w in lines[i + 1] for w in words), (words, lines[i + 1])
+    assert sum(line.startswith("todo") for line in lines) == 2, out.out
+    assert not sweep_dir.exists()
+    checked = _check_in_process(monkeypatch)
     first, first_words = REFUSED[0]
     status = sweep.main([f"--config={spec}", f"--sweep_dir={sweep_dir}"])
     _usage_error(capsys, status, f"--config={spec}: 4 cells cannot run; cell {first}: ",
@@ -287,20 +306,11 @@ def test_cells_whose_config_does_not_check_are_refused_before_anything_runs(tmp_
                        *words)
     assert "more: --dry_run" not in err, err
     assert not sweep_dir.exists()
-    # A dry run lists every cell, each refused one with why, and exits 2 too.
-    status = sweep.main([f"--config={spec}", f"--sweep_dir={sweep_dir}", "--dry_run"])
-    out = capsys.readouterr()
-    assert status == 2
-    lines = out.out.splitlines()
-    refused = [i for i, line in enumerate(lines) if line.startswith("refused")]
-    assert [lines[i].split()[1] for i in refused] == [n for n, _ in REFUSED], out.out
-    for i, (_, words) in zip(refused, REFUSED):
-        assert all(w in lines[i + 1] for w in words), (words, lines[i + 1])
-    assert sum(line.startswith("todo") for line in lines) == 2, out.out
     # Selected away, the refused cells do not stop the others.
     status = sweep.main([f"--config={spec}", f"--sweep_dir={sweep_dir}", "--dry_run",
                          "--only=capacity_frac=0.25"])
     assert status == 0, capsys.readouterr()
+    assert len(checked) == 3  # (the three runs after the dry run)
 
 
 def test_a_config_argument_get_config_rejects_is_named_once(tmp_path, capsys):
@@ -403,18 +413,34 @@ def test_a_cell_name_with_other_overrides_is_refused_a_grown_sweep_is_not(tmp_pa
     assert (sweep_dir / "sweep.json").read_text() == '{"cells": '
 
 
+# TINY_CONFIG's cells with a long prompt each: a long line (~580 bytes) per cell in a dry run's
+# listing.
+LONG_LINES_CONFIG = textwrap.dedent('''
+    def get_config(arg=None):
+        from moejax.jobs.schema import base_config
+
+        return base_config()
+
+
+    def sweep(add, arg):
+        for i in range(int(arg)):
+            add(**{"cache.capacity_frac": 0.25, "seed": i, "run.prompt": "a prompt " * 40})
+''')
+
+
 def test_a_dry_run_into_a_closed_pipe_stops_quietly(tmp_path):
     config = tmp_path / "big.py"
-    config.write_text(TINY_CONFIG)
-    # 3000 cells' lines are far more than a pipe holds: head has closed it long before.
+    config.write_text(LONG_LINES_CONFIG)
+    # 500 cells' lines (~290 KB) are far more than a pipe holds (64 KiB): head has closed it
+    # long before. (Long lines: fewer cells to check before the listing starts.)
     proc = subprocess.run(
-        f"{sys.executable} -m launch.sweep --config={config}:3000 --sweep_dir={tmp_path / 's'}"
+        f"{sys.executable} -m launch.sweep --config={config}:500 --sweep_dir={tmp_path / 's'}"
         f" --dry_run | head -1; exit ${{PIPESTATUS[0]}}", shell=True, executable="/bin/bash",
         cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("todo ") and proc.stdout.count("\n") == 1
     # The one line on stderr says what the seconds before the listing are spent on.
-    assert proc.stderr.startswith("3000 cells to run; checking each one's config first (about ")
+    assert proc.stderr.startswith("500 cells to run; checking each one's config first (about ")
     assert proc.stderr.count("\n") == 1, proc.stderr
 
 

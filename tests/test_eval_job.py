@@ -231,7 +231,7 @@ def test_eval_command_line(tmp_path, pytestconfig):
     cmd = [sys.executable, "-m", "moejax.main", "--config=configs/eval.py",
            "--config.eval.task=gsm8k", "--config.eval.max_examples=1",
            "--config.eval.max_new_tokens=8", "--config.log.progress=False",
-           f"--workdir={tmp_path}"]
+           "--config.log.tensorboard=False", f"--workdir={tmp_path}"]
     ok = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert ok.returncode == 0, ok.stderr[-3000:]
     ev = json.loads((tmp_path / "results.json").read_text())["eval"]

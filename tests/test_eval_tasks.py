@@ -19,9 +19,16 @@ from moejax.eval import data, tasks
 
 
 @pytest.fixture(scope="module")
-def seqio_worker():
+def fresh_worker():
+    """The module's one seqio worker, and the `tf.config.set_visible_devices` calls it made
+    as it first loaded seqio (`_gpu_hiding_calls`, before any test used it)."""
     with tasks.Isolated() as worker:
-        yield worker
+        yield worker, worker.run(_gpu_hiding_calls)
+
+
+@pytest.fixture(scope="module")
+def seqio_worker(fresh_worker):
+    return fresh_worker[0]
 
 
 def _write(path, rows) -> str:
@@ -65,7 +72,8 @@ def test_gsm8k_from_a_file_of_its_format(seqio_worker, tmp_path):
 
 def _gpu_hiding_calls() -> list:
     """In a fresh seqio worker: every tf.config.set_visible_devices call made while
-    moejax.eval.tasks loads seqio (the original still runs), as (devices, device type)."""
+    moejax.eval.tasks loads seqio (the original still runs), as (devices, device type).
+    (Run by the `fresh_worker` fixture as it starts the module's worker.)"""
     import tensorflow as tf
 
     assert "seqio" not in sys.modules  # a fresh worker: nothing configured TensorFlow yet
@@ -85,12 +93,13 @@ def _gpu_hiding_calls() -> list:
     return calls
 
 
-def test_tensorflow_stays_off_the_gpus_and_out_of_the_plain_modules():
+def test_tensorflow_stays_off_the_gpus_and_out_of_the_plain_modules(fresh_worker):
     # On a machine without GPUs TensorFlow sees none whatever tasks.py does, so the test
-    # watches the call that hides them, in a worker of its own (never this JAX process).
-    with tasks.Isolated() as worker:
-        assert worker.run(_gpu_hiding_calls) == [([], "GPU")]
-        assert worker.run(tasks.tensorflow_gpus) == 0
+    # watches the call that hides them, in the seqio worker as it first loaded seqio (never
+    # this JAX process).
+    worker, calls = fresh_worker
+    assert calls == [([], "GPU")]
+    assert worker.run(tasks.tensorflow_gpus) == 0
     # The plain reader, the scoring and the job modules import neither seqio nor TensorFlow.
     code = ("import sys, moejax.eval.data, moejax.eval.scoring, moejax.eval.tasks, "
             "moejax.jobs.evaluate; "

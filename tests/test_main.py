@@ -88,12 +88,15 @@ def test_bad_config_values_are_named(field, value, message, tmp_path):
 @pytest.mark.slow
 def test_main_cli_door(tmp_path, subprocess_env):
     """The command users type: success writes results; a typo in a field fails loudly."""
+    # The run of `_config()` (test_default_config_generates_and_writes_results): the steps it
+    # compiled are read from the suite's compilation cache.
     cmd = [sys.executable, "-m", "moejax.main", "--config=configs/default.py",
-           f"--workdir={tmp_path}", "--config.run.max_new_tokens=3", "--config.log.progress=False"]
+           f"--workdir={tmp_path}", "--config.run.max_new_tokens=6",
+           "--config.cache.capacity_frac=0.25", "--config.log.progress=False"]
     ok = subprocess.run(cmd, cwd=ROOT, env=subprocess_env, capture_output=True, text=True,
                         timeout=300)
     assert ok.returncode == 0, ok.stderr
-    assert len(json.loads((tmp_path / "results.json").read_text())["generated_token_ids"]) == 3
+    assert len(json.loads((tmp_path / "results.json").read_text())["generated_token_ids"]) == 6
     typo = subprocess.run(cmd + ["--config.run.max_new_token=3"], cwd=ROOT, capture_output=True,
                           text=True, timeout=300)
     assert typo.returncode != 0 and "max_new_token" in typo.stderr

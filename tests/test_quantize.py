@@ -1,4 +1,4 @@
-"""Quantizing expert weights (`moejax.quant.quantize`): the packed format round-trips, codes are
+"""Quantizing expert weights (`moejax.quant.quantizer`): the packed format round-trips, codes are
 self-consistent with the stored float16 scale / zero point, and the reconstruction error on the
 embedded model's real experts stays within the bounds measured when the defaults were chosen
 (`python -m moejax.quant.error_table` prints the full table)."""
@@ -16,7 +16,7 @@ from moejax import bundled, checkpoint
 from moejax.errors import ConfigError
 from moejax.quant import formats, weights
 from moejax.quant.formats import CALIBRATIONS, DEFAULT_CALIBRATION
-from moejax.quant.quantize import QWIX_CALIBRATIONS, quantize, reconstruction_error
+from moejax.quant.quantizer import QWIX_CALIBRATIONS, quantize, reconstruction_error
 
 # Measured on the embedded model (mean / max over its 16 layer arrays, group_size 64 -> 48):
 # int8 absmax 0.0058 / 0.0059; int4 search 0.0788 / 0.0793 (qwix minmax 0.0865, absmax 0.0989);
@@ -49,10 +49,15 @@ def _gauss(shape, seed=0):
     return (np.random.default_rng(seed).standard_normal(shape) * 0.02).astype(np.float32)
 
 
+# The shape of the synthetic weights below: each (precision, calibration) compiles its slab
+# function once for it (group_size 64 -> 48), and the tests after the first reuse it.
+SHAPE = (3, 96, 40)
+
+
 @pytest.mark.parametrize("precision", formats.QUANTIZED)
 @pytest.mark.parametrize("calibration", CALIBRATIONS)
 def test_codes_match_the_stored_f16_scale_and_zero(precision, calibration):
-    w = _gauss((3, 96, 40))
+    w = _gauss(SHAPE)
     q = quantize(w, precision, 64, calibration)
     bits = formats.BITS[precision]
     g = formats.group_size_for(96, 64)
@@ -77,7 +82,7 @@ def test_codes_match_the_stored_f16_scale_and_zero(precision, calibration):
 
 
 def test_error_orders_on_gaussian_weights():
-    w = _gauss((4, 128, 64), seed=1)
+    w = _gauss(SHAPE, seed=1)  # (other weights, the shape above: its compiled steps reused)
     err = {(p, c): reconstruction_error(w, quantize(w, p, 64, c))
            for p in formats.QUANTIZED for c in CALIBRATIONS}
     for c in CALIBRATIONS:
@@ -88,11 +93,11 @@ def test_error_orders_on_gaussian_weights():
 
 
 def test_constant_and_zero_groups_are_exact_enough():
-    w = np.zeros((2, 64, 8), np.float32)
+    w = np.zeros(SHAPE, np.float32)  # two groups of 48 rows per column, each all 0 or all 0.25
     w[1] = 0.25
     for p in formats.QUANTIZED:
         for c in CALIBRATIONS:
-            q = quantize(w, p, 32, c)
+            q = quantize(w, p, 64, c)
             d = np.asarray(weights.dequantize(q, jnp.float32))
             assert np.all(np.isfinite(d))
             np.testing.assert_array_equal(d[0], 0.0)

@@ -151,6 +151,7 @@ def test_calibrate_then_validate_end_to_end(tmp_path, subprocess_env):
          "--config.model.family=olmoe", "--config.model.preset=olmoe-1b-7b",
          "--config.model.width=32", "--config.policies.prefetch=none",
          f"--config.hardware.file={os.path.join(w, 'hardware.json')}",
+         "--config.log.tensorboard=False",  # (its writer imports torch: seconds)
          f"--workdir={tmp_path / 'r'}"], capture_output=True, text=True, env=env, cwd=ROOT)
     assert run.returncode == 0, run.stderr
     assert "with the live runtime's host work (calibrated:" in run.stdout
