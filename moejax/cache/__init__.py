@@ -37,7 +37,6 @@ from moejax.cache.from_spec import (
     build_policies,
     clock_kind,
     model_bytes_of,
-    num_slots,
     policy_context,
     seed_cache,
 )
@@ -64,6 +63,6 @@ __all__ = [
     "HostSpan", "HostTier", "LayerPlan", "LayerPlanner", "PassTiming", "PoolSpec", "SlotSink",
     "SpeculationSchedule", "WaveOutcome", "build_cache", "build_cache_for", "build_host_tier",
     "build_policies", "clock_kind", "host_work_section", "hotlist", "model_bytes_of",
-    "model_words", "num_slots", "parse_shares", "policy_context", "pools_for",
+    "model_words", "parse_shares", "policy_context", "pools_for",
     "precision_bytes_of", "seed_cache", "slots_for", "summary",
 ]

@@ -18,7 +18,7 @@ import math
 
 from moejax.cache import capacity as capacity_lib
 from moejax.cache.cache_options import CacheOptions
-from moejax.cache.capacity import CacheShape, slots_for
+from moejax.cache.capacity import CacheShape
 from moejax.cache.expert_cache import ExpertCache
 from moejax.cache.host_path import HostPath
 from moejax.cache.host_tier import HostTier
@@ -46,18 +46,6 @@ def clock_kind(hardware: HardwareSpec) -> str:
 
         return "wall" if jax.default_backend() == "gpu" else "virtual"
     return hardware.clock
-
-
-def num_slots(cache: CacheSpec, layers: int, num_experts: int, top_k: int,
-              expert_bytes: int) -> int:
-    """The slot count of a single native pool with `capacity_of="experts"` (what
-    `build_cache_for` computes in that case; kept for callers that need only the number)."""
-    slots = cache.given_slots
-    frac = None if slots is not None else cache.capacity_frac
-    if cache.min_slots:
-        wanted = slots if slots is not None else int(frac * layers * num_experts)
-        slots, frac = max(wanted, cache.min_slots), None
-    return slots_for(layers * num_experts, top_k, expert_bytes, frac, slots)
 
 
 def policy_context(shape: CacheShape, cfg_router_renorm: bool, seed: int) -> dict:

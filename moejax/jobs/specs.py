@@ -112,14 +112,15 @@ def _fraction(value, field: str, meaning: str) -> None:
         raise ConfigError(f"{field}={value!r} must be in (0, 1]: {meaning}")
 
 
-def check_settings(config: ml_collections.ConfigDict) -> None:
+def check_settings(config: ml_collections.ConfigDict) -> HardwareSpec:
     """Checks the fields that feed the cache, the clocks, storage, io and the policies against
     what each means, before anything runs: a value outside it is a ConfigError naming
     `field=value` and what the field takes, whether or not this run uses the field; each
     policy's name and arguments against the values it declares (`moejax.policies.check`).
     Limits that need the model (a slot count above its experts, a prefetch lookahead beyond
     its MoE layers) are checked where the model is known (`capacity.pools_for`,
-    `build_host_tier`, the policy's constructor)."""
+    `build_host_tier`, the policy's constructor). Returns the run's hardware as read while
+    checking it (each profile read once)."""
     c = config.cache
     _count(c.slots, "cache.slots", 0, "a slot count >= 1, or 0 (the schema's default: "
            "cache.capacity_frac sizes the cache)")
@@ -148,10 +149,9 @@ def check_settings(config: ml_collections.ConfigDict) -> None:
               "1.0: every expert in host memory, no storage tier")
     _count(c.host_bytes, "cache.host_bytes", 0,
            "an integer >= 0 (0: use cache.host_capacity_frac)")
-    hardware_from(config)
-    host_cpu_from(config)
-    storage_from(config)
     _check_io(config)
+    hardware = HardwareSpec(hardware_from(config), host_cpu_from(config), host_work_from(config),
+                            storage_from(config), config.clock.kind, _section(IOSpec, config.io))
     for kind, spec in presets.resolve(config.policies).items():
         check_policy(kind, spec)
     try:
@@ -160,6 +160,7 @@ def check_settings(config: ml_collections.ConfigDict) -> None:
         raise ConfigError(f"cache.host_eviction: {e}") from e
     _count(config.replay.num_experts, "replay.num_experts", 0,
            "an integer >= 0 (0: from the trace)")
+    return hardware
 
 
 def _check_io(config: ml_collections.ConfigDict) -> None:
@@ -224,9 +225,7 @@ def resolve(config: ml_collections.ConfigDict) -> RunSpec:
     below the jobs take. A job resolves its config once; a config that is not checked here
     does not reach the model, the cache or the clocks."""
     check_model(config)
-    check_settings(config)
-    hardware = HardwareSpec(hardware_from(config), host_cpu_from(config), host_work_from(config),
-                            storage_from(config), config.clock.kind, _section(IOSpec, config.io))
+    hardware = check_settings(config)
     return RunSpec(job=config.job, seed=config.seed,
                    model=model_spec(config.model, config.seed),
                    cache=_section(CacheSpec, config.cache),
