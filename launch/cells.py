@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import importlib.machinery
 import importlib.util
 import inspect
 import json
@@ -56,8 +57,15 @@ def join_config(path: str, arg: str | None) -> str:
     return path if arg is None else f"{path}:{arg}"
 
 
+# A config file's source as last read, and its compiled code, by path: a sweep's worker loads
+# the same file for every cell it runs (a fresh module each time), and compiles it again only
+# when its bytes changed.
+_COMPILED: dict[str, tuple[bytes, types.CodeType]] = {}
+
+
 def load_config_module(path: str) -> types.ModuleType:
-    """Imports a config file from its path (a fresh module object each call)."""
+    """Imports a config file from its path (a fresh module object each call, run from the
+    file's current bytes)."""
     if not os.path.isfile(path):
         raise FileNotFoundError(f"config file {path!r} does not exist")
     name = "_moejax_sweep_config_" + hashlib.sha1(os.path.abspath(path).encode()).hexdigest()[:12]
@@ -66,7 +74,15 @@ def load_config_module(path: str) -> types.ModuleType:
         raise SweepError(f"{path} is not a Python file: a config file is a .py defining "
                          f"get_config()")
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    loader = spec.loader
+    if not isinstance(loader, importlib.machinery.SourceFileLoader):
+        loader.exec_module(module)
+        return module
+    source = loader.get_data(spec.origin)
+    held = _COMPILED.get(spec.origin)
+    if held is None or held[0] != source:
+        held = _COMPILED[spec.origin] = (source, loader.source_to_code(source, spec.origin))
+    exec(held[1], module.__dict__)  # what exec_module does, with the code compiled once
     return module
 
 

@@ -9,7 +9,9 @@ root it ran from; by directory name when there is no sweep.json; a sweep written
 moved into their job's section, `trace` now `replay.trace`, by the current names, overrides and
 results.json's `config` alike). What may differ between two identical runs is left out: the wall
 clock of the replay (`replay.seconds`, `replay.requests_per_s`, `replay.setup_s`, by default)
-and, in paths, the
+and how its kernel was loaded (`replay.setup`: compiled, read from numba's disk cache, or
+already in the process — which depends on the cache's state and on which cell a worker ran
+first), and, in paths, the
 checkout each sweep ran from (`--root_a` / `--root_b`, the repository roots, are replaced by
 `<root>` before comparing). Prints the cells that differ with their first differing fields;
 exits 1 if any cell differs or is missing from one side, 2 for a path that is not a sweep or a
@@ -29,7 +31,7 @@ from moejax.cli import UsageError, guarded
 from moejax.jobs.schema import MOVED, current_config
 
 PROG = "python -m launch.diff"
-DEFAULT_IGNORE = ("replay.seconds", "replay.requests_per_s", "replay.setup_s")
+DEFAULT_IGNORE = ("replay.seconds", "replay.requests_per_s", "replay.setup_s", "replay.setup")
 
 
 def _load_json(path: str):

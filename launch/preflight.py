@@ -11,7 +11,9 @@ About 1-2.5 ms a cell on a 2-core machine, with JAX imported once: `python -m la
 --config=studies/specmd/grid_specmd.py --sweep_dir=D --dry_run` (4,692 cells) takes 5.4-12 s, against
 0.3 s without the check; the launcher says so before the check starts (`expected_seconds`).
 The checks run in one spawned process (`check_in_subprocess`), so
-that the launching process stays free of JAX, as it always was."""
+that the launching process stays free of JAX, as it always was; a local run has them shared by
+the workers of its pool (`check_in_pool`), which then run the cells: they start once, and the
+check takes 1/workers of the time."""
 
 from __future__ import annotations
 
@@ -30,8 +32,9 @@ START_S = 2.5
 PER_CELL_S = 0.002
 
 
-def expected_seconds(cells: int) -> float:
-    return START_S + PER_CELL_S * cells
+def expected_seconds(cells: int, processes: int = 1) -> float:
+    """`cells` checked by `processes` processes at once (a local run's pool)."""
+    return START_S + PER_CELL_S * -(-cells // max(processes, 1))
 
 
 # The checking process's environment defaults (os.environ wins): it needs no accelerator.
@@ -99,6 +102,32 @@ def checked(spec: str, config_path: str, arg: str | None,
             raise e.error from None
         return str(sweep.config_file_error(f"--config={spec}: get_config({arg!r})",
                                            config_path, e.error)), {}
+
+
+def check_in_pool(pool: cf.ProcessPoolExecutor, processes: int, spec: str, config_path: str,
+                  arg: str | None, cells: list[cells_lib.Cell]
+                  ) -> tuple[str | None, dict[str, str]]:
+    """`checked`, shared by the `processes` workers of `pool` (a local run's own pool, which
+    runs the cells next): the cells cut into one consecutive part per worker, the answers
+    joined in the cells' order (the refused cells as one process would list them; a
+    `get_config(arg)` that raises, as the first part says it). A worker that dies is a usage
+    error, as in `check_in_subprocess`."""
+    from moejax.cli import UsageError
+
+    n = max(1, min(processes, len(cells)))
+    size = -(-len(cells) // n)
+    futures = [pool.submit(checked, spec, config_path, arg, cells[i:i + size])
+               for i in range(0, len(cells), size)]
+    message, errors = None, {}
+    try:
+        for fut in futures:
+            said, refused = fut.result()
+            message = message if message is not None else said
+            errors.update(refused)
+    except BrokenProcessPool:
+        raise UsageError(f"--config={spec}: a process checking the cells' configs died; "
+                         "run one cell with python -m moejax.main to see why") from None
+    return message, errors
 
 
 def check_in_subprocess(spec: str, config_path: str, arg: str | None,

@@ -170,6 +170,14 @@ def _stop(pool: cf.ProcessPoolExecutor) -> None:
         p.join(timeout=10)
 
 
+def _finish(pool: cf.ProcessPoolExecutor) -> None:
+    """Ends a pool every cell of which has its outcome. Its workers are idle, and a cell's
+    files are written and closed before its outcome comes back, so they are stopped as `_stop`
+    does rather than left to exit: an exit tears down the interpreter with JAX and numba in it,
+    about a second a worker, which the sweep would wait for."""
+    _stop(pool)
+
+
 class _Runner:
     """The local pool. A worker that dies (segfault, OOM kill) breaks the whole pool: every
     cell still in it fails with BrokenProcessPool. Cells that had not started go to a fresh
@@ -177,11 +185,22 @@ class _Runner:
     time at the end, where a worker's death is the cell's own and fails only that cell."""
 
     def __init__(self, config: str, arg: str | None, sweep_dir: str, workers: int,
-                 progress: Progress):
+                 progress: Progress, pool: cf.ProcessPoolExecutor | None = None):
         self.config, self.arg, self.sweep_dir, self.workers = config, arg, sweep_dir, workers
         self.progress = progress
         self.failures: dict[str, str] = {}
         self.done = 0
+        self._started = pool  # started before (it checked the cells): the first round's
+
+    def _pool(self, cells: list[cells_lib.Cell]) -> cf.ProcessPoolExecutor:
+        pool, self._started = self._started, None
+        return pool or _new_pool(min(self.workers, len(cells)))
+
+    def close(self) -> None:
+        """Stops the pool it was given if no round took it."""
+        if self._started is not None:
+            _stop(self._started)
+            self._started = None
 
     def _marker(self, cell) -> str:
         return os.path.join(cells_lib.cell_dir(self.sweep_dir, cell.name), worker.RUNNING)
@@ -214,7 +233,7 @@ class _Runner:
     def _round(self, cells: list[cells_lib.Cell]) -> list[cells_lib.Cell]:
         """Runs `cells` in a pool; returns those a broken pool left without an outcome."""
         broken = []
-        pool = _new_pool(min(self.workers, len(cells)))
+        pool = self._pool(cells)
         try:
             futures = {self._submit(pool, c): c for c in cells}
             for fut in cf.as_completed(futures):
@@ -226,7 +245,7 @@ class _Runner:
         except BaseException:
             _stop(pool)
             raise
-        pool.shutdown(wait=True)
+        _finish(pool)
         return broken
 
     def _finished_anyway(self, broken: list[cells_lib.Cell]) -> list[cells_lib.Cell]:
@@ -277,11 +296,13 @@ class _Runner:
                 _stop(pool)
             raise
         if pool is not None:
-            pool.shutdown(wait=True)
+            _finish(pool)
 
 
 def run_local(config: str, arg: str | None, sweep_dir: str, selected: list[cells_lib.Cell],
-              workers: int) -> int:
+              workers: int, pool: cf.ProcessPoolExecutor | None = None) -> int:
+    """Runs the selected cells that have not finished, in a pool of `workers` processes
+    (`pool`: one already started, for the first of them; shut down here)."""
     # A finished cell (complete results.json) is skipped; a worker killed just after writing
     # it left its RUNNING marker too, removed here so no finished cell keeps one.
     finished = [c for c in selected
@@ -291,12 +312,13 @@ def run_local(config: str, arg: str | None, sweep_dir: str, selected: list[cells
     t0 = time.perf_counter()
     failures_json = os.path.join(sweep_dir, "failures.json")
     progress = Progress(len(selected), len(finished), workers)
+    runner = _Runner(config, arg, sweep_dir, workers, progress, pool)
     try:
-        runner = _Runner(config, arg, sweep_dir, workers, progress)
         if todo:
             runner.run(todo)
     finally:
         progress.close()
+        runner.close()
     elapsed = time.perf_counter() - t0
     from moejax.results import write_json_atomic
 
@@ -626,14 +648,18 @@ def config_file_error(prefix: str, config: str, e: BaseException) -> UsageError:
     return UsageError(f"{prefix}: {what}{_config_frame(e, config)}")
 
 
-def check_cells(spec: str, config: str, arg: str | None,
-                cells: list[cells_lib.Cell]) -> dict[str, str]:
+def check_cells(spec: str, config: str, arg: str | None, cells: list[cells_lib.Cell],
+                pool: cf.ProcessPoolExecutor | None = None, processes: int = 1
+                ) -> dict[str, str]:
     """Every cell's config built and checked (`launch/preflight.py`), in a spawned process
-    (none for no cells): cell name -> why it is refused. A `get_config(arg)` that raises is a
-    usage error naming `--config`."""
+    (none for no cells), or shared by the `processes` workers of `pool`: cell name -> why it is
+    refused. A `get_config(arg)` that raises is a usage error naming `--config`."""
     if not cells:
         return {}
-    message, errors = preflight.check_in_subprocess(spec, config, arg, cells)
+    if pool is None:
+        message, errors = preflight.check_in_subprocess(spec, config, arg, cells)
+    else:
+        message, errors = preflight.check_in_pool(pool, processes, spec, config, arg, cells)
     if message is not None:
         raise UsageError(message)
     return errors
@@ -670,11 +696,32 @@ def _main(args: argparse.Namespace) -> int:
     finished = {c.name for c in selected
                 if cells_lib.is_finished(cells_lib.results_path(sweep_dir, c.name))}
     to_check = [c for c in selected if c.name not in finished]
+    # A local run checks the cells in the pool that then runs them: its workers start (and
+    # import what a check and a job need) once, and share the check.
+    local = bool(to_check) and not (args.dry_run or args.slurm)
+    checkers = min(args.workers, len(to_check)) if local else 1
     if to_check:  # the check's seconds, said before they pass in silence
         print(f"{len(to_check)} cells to run; checking each one's config first (about "
-              f"{duration(preflight.expected_seconds(len(to_check)))}, at "
+              f"{duration(preflight.expected_seconds(len(to_check), checkers))}, at "
               f"~{preflight.PER_CELL_S * 1000:.0f} ms a cell) ...", file=sys.stderr, flush=True)
-    errors = check_cells(args.config, config, arg, to_check)
+    pool = _new_pool(checkers) if local else None
+    try:
+        return _checked_main(args, config, arg, sweep_dir, all_cells, selected, finished,
+                             to_check, pool, checkers)
+    except BaseException:
+        if pool is not None:
+            _stop(pool)  # (run_local shuts it down itself once it has it)
+        raise
+
+
+def _checked_main(args: argparse.Namespace, config: str, arg: str | None, sweep_dir: str,
+                  all_cells: list[cells_lib.Cell], selected: list[cells_lib.Cell],
+                  finished: set[str], to_check: list[cells_lib.Cell],
+                  pool: cf.ProcessPoolExecutor | None, processes: int) -> int:
+    """`_main` from the cells' check on; `pool`: the local run's pool of `processes` workers
+    (None for a dry run, a Slurm array or nothing to run), which checks the cells and then
+    runs them."""
+    errors = check_cells(args.config, config, arg, to_check, pool, processes)
     if args.dry_run:
         check_same_sweep(sweep_dir, config, arg, all_cells)
         dry_run(sweep_dir, all_cells, selected, args.workers, finished, errors)
@@ -696,7 +743,7 @@ def _main(args: argparse.Namespace) -> int:
         print(size_line(sweep_dir, all_cells, selected, args.workers, running=True),
               flush=True)
         signal.signal(signal.SIGTERM, _on_sigterm)
-        return run_local(config, arg, sweep_dir, selected, args.workers)
+        return run_local(config, arg, sweep_dir, selected, args.workers, pool)
 
 
 def _write_slurm(args, sweep_dir: str, config: str, arg: str | None,

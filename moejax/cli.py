@@ -3,7 +3,8 @@ input and what it takes, never a traceback.
 
 Exit status: `USAGE` (2) for a mistake in what was typed or pointed at (a flag, a config
 field, a path), `FAILED` (1) for a run that started and failed (a corrupt checkpoint found
-mid-run, a disk full), `INTERRUPTED` (130) for Ctrl-C, with one line saying what was kept.
+mid-run, a disk full, a result that differs from the run's own check of it), `INTERRUPTED`
+(130) for Ctrl-C, with one line saying what was kept.
 Setting `MOEJAX_DEBUG=1` in the environment (or `--debug` where an entry point offers it)
 re-raises instead, so a developer sees the traceback.
 
@@ -33,7 +34,7 @@ import threading
 from typing import Callable, NoReturn
 
 from moejax import errors
-from moejax.errors import CheckpointError, ConfigError, UsageError
+from moejax.errors import CheckFailed, CheckpointError, ConfigError, UsageError
 
 USAGE, FAILED, INTERRUPTED = 2, 1, 130
 
@@ -111,7 +112,7 @@ def message_of(e: BaseException) -> tuple[str, int] | None:
         return _one_line(e), USAGE
     if isinstance(e, ConfigError):
         return _one_line(e), USAGE
-    if isinstance(e, CheckpointError):
+    if isinstance(e, (CheckpointError, CheckFailed)):
         return _one_line(e), FAILED
     if isinstance(e, ModuleNotFoundError) and e.name:
         return _missing_module_message(e)

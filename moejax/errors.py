@@ -19,6 +19,11 @@ class CheckpointError(RuntimeError):
     The message always names the file (and the tensor, layer or expert) at fault."""
 
 
+class CheckFailed(RuntimeError):
+    """A result a run checks against an independent computation of the same thing differs
+    from it: the run refuses to report it (the message names both values)."""
+
+
 class UsageError(ConfigError):
     """What was typed or pointed at is wrong (exit status 2)."""
 

@@ -237,7 +237,8 @@ def claim(path: str, flag: str = FLAG) -> Claim:
                   f"({state})", file=sys.stderr)
         me = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.time(),
               "command": " ".join(sys.argv)}
-        os.ftruncate(fd, 0)
+        if os.fstat(fd).st_size:  # a lock left behind: its holder's line goes. (Never an
+            os.ftruncate(fd, 0)  # empty file's: ext4 then flushes the file when it is closed)
         os.pwrite(fd, (json.dumps(me) + "\n").encode(), 0)
         return Claim(path, fd, created, before)
     except BaseException:

@@ -191,7 +191,7 @@ def test_lock_left_by_a_dead_run_is_taken_over_with_a_note(tmp_path, capsys):
     w.mkdir()
     (w / workdir.LOCK_NAME).write_text(json.dumps(
         {"pid": dead.pid, "host": os.uname().nodename, "started": time.time() - 60,
-         "command": "python -m moejax.main --workdir=w"}))
+         "command": "python -m moejax.main --workdir=w " + "x" * 4096}))  # longer than ours
     held = workdir.claim(str(w))
     try:
         note = capsys.readouterr().err

@@ -77,6 +77,8 @@ def _check_in_process(monkeypatch) -> list[list[str]]:
         return preflight.checked(spec, config, arg, cells)
 
     monkeypatch.setattr(sweep.preflight, "check_in_subprocess", check)
+    monkeypatch.setattr(sweep.preflight, "check_in_pool",
+                        lambda pool, processes, *args: check(*args))
     return checked
 
 
@@ -336,6 +338,27 @@ def test_the_launching_process_checks_the_cells_without_importing_jax(tmp_path):
                          cwd=ROOT, timeout=120)
     assert out.stdout.strip().splitlines()[-1] == "2 []", out.stdout + out.stderr
     assert "cache.capacity_fac is not a declared field" in out.stdout
+
+
+def test_the_check_shared_by_a_pools_workers_says_what_one_process_says(tmp_path):
+    """A local run's check, cut into one part per worker of its pool (`check_in_pool`): the
+    refused cells, in the cells' order, and a `get_config` that raises, as one process says
+    them (`checked`). Threads stand in for the pool's processes."""
+    import concurrent.futures as cf
+
+    from launch import preflight
+
+    config = tmp_path / "refused.py"
+    config.write_text(REFUSED_CONFIG)
+    for arg in ("all", "bogus"):
+        spec = f"{config}:{arg}"
+        cells = cells_lib.cells_from_config(str(config), "all")
+        one = preflight.checked(spec, str(config), arg, cells)
+        assert (one[0] is not None) == (arg == "bogus") and (one[1] != {}) == (arg == "all")
+        with cf.ThreadPoolExecutor(4) as pool:
+            for workers in (1, 2, 3, len(cells) + 2):
+                shared = preflight.check_in_pool(pool, workers, spec, str(config), arg, cells)
+                assert shared == one and list(shared[1]) == list(one[1]), workers
 
 
 @pytest.mark.parametrize("flag", ["--time=4h", "--mem=lots", "--job_name=my job",

@@ -104,7 +104,7 @@ NPZ_TRACES = (bundled.scored_trace_files() + bundled.long_trace_files()
 COMPILED_EVICTIONS = [n for n in names("eviction")
                       if build("eviction", n, num_layers=2, num_experts=4, top_k=1,
                                num_slots=2, seed=0).kernel_form() is not None] + [
-    "least_stale(order=two_queue)", "least_stale(order=cyclic)"]
+    "least_stale(order=two_queue)", "least_stale(order=cyclic)", "lru_per_layer(quota=strict)"]
 
 
 def test_the_shipped_trace_lists_name_every_shipped_trace():
@@ -454,3 +454,51 @@ def test_a_slice_of_the_capture_grid_gives_the_reference_numbers(tmp_path):
             out[engine] = jobs.run(config, str(tmp_path / f"{i}_{engine}"))
         assert out["auto"]["replay"]["engine"] == "compiled", overrides
         assert out["auto"]["cache"] == out["reference"]["cache"], overrides
+
+
+# -- the lean kernel ----------------------------------------------------------------------------
+
+LEAN_EVICTIONS = ("lru", "fifo", "lru_per_layer", "lru_per_layer(quota=strict)", "fld",
+                  "least_stale", "least_stale(order=left_first)", "least_stale(order=cyclic)")
+
+
+@settings(max_examples=examples(30))
+@given(data=st.data())
+def test_the_lean_kernel_gives_the_general_kernels_numbers(data):
+    """Runs without prefetch under a list eviction take the lean kernel (`lean_kernel.py`);
+    forced onto the general kernel instead, the same replay gives the same everything."""
+    traces, num_layers = data.draw(_traces(False))
+    trace = traces[0]
+    eviction = data.draw(st.sampled_from(LEAN_EVICTIONS), label="eviction")
+    config = _config(eviction, pin=data.draw(st.sampled_from(["layer", "request"]), label="pin"),
+                     capacity_frac=data.draw(st.sampled_from([0.05, 0.15, 0.3, 0.6, 1.0]),
+                                             label="capacity"),
+                     min_slots=trace.top_k)
+    hardware = {"copy_engines": data.draw(st.integers(1, 3), label="copy engines")}
+    model_cfg = (_model_cfg(trace.layers, num_layers, trace.num_experts, trace.top_k, 0)
+                 if data.draw(st.booleans(), label="cost model") else None)
+    context = [data.draw(st.integers(0, 40), label="context") for _ in traces]
+    try:
+        lean, general = (_cache(config, trace, hardware=hardware, model_cfg=model_cfg)
+                         for _ in range(2))
+    except ConfigError as e:
+        note(str(e))
+        reject()
+    ran = []
+    real_lean = compiled.lean_kernel.run
+
+    def spy(*args):
+        ran.append("lean")
+        return real_lean(*args)
+    covers = compiled.lean_kernel.covers
+    try:
+        compiled.lean_kernel.run = spy
+        spy.overloads, spy.stats, spy.compile = (real_lean.overloads, real_lean.stats,
+                                                 real_lean.compile)
+        assert replay(lean, traces, context).engine == "compiled"
+        compiled.lean_kernel.covers = lambda policy, has_predictions: False
+        assert replay(general, traces, context).engine == "compiled"
+    finally:
+        compiled.lean_kernel.run, compiled.lean_kernel.covers = real_lean, covers
+    assert ran == ["lean"]
+    _assert_same(general, lean)

@@ -539,3 +539,22 @@ def test_command_lines_round_trip_through_bash_and_the_config_flags(config_file,
         group, _, field = key.rpartition(".")
         got = (config[group] if group else config)[field]
         assert got == value and type(got) is type(value), key
+
+
+def test_a_config_file_is_run_from_its_current_bytes_each_time(tmp_path):
+    """A worker loads the config file for every cell (a fresh module each time) and compiles it
+    again only when its bytes changed: an edit of the same size within the same second is
+    seen."""
+    path = tmp_path / "c.py"
+    path.write_text("VALUE = 1\nSEEN = []\n")
+    first = cells_lib.load_config_module(str(path))
+    first.SEEN.append(1)
+    again = cells_lib.load_config_module(str(path))
+    assert again is not first and again.VALUE == 1 and again.SEEN == []
+    stat = os.stat(path)
+    path.write_text("VALUE = 2\nSEEN = []\n")
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert cells_lib.load_config_module(str(path)).VALUE == 2
+    path.write_text("VALUE = (\n")
+    with pytest.raises(SyntaxError):
+        cells_lib.load_config_module(str(path))

@@ -271,10 +271,12 @@ class ExpertCache:
 
     def allocate(self, pos: int, protected: set[Key], incoming: Key, pool: int = 0) -> int | None:
         """A slot for `incoming`: a free one, or a victim's that is not in `protected` (one
-        pool; with several, `PrecisionPools.allocate` replaces it)."""
-        if self.free:
+        pool; with several, `PrecisionPools.allocate` replaces it). The eviction policy may
+        refuse the free slot (`may_take_free`: a strict per-layer quota at its share)."""
+        evictable = lambda k: k not in protected  # noqa: E731
+        if self.free and self.eviction.may_take_free(incoming, evictable):
             return self.free.pop()
-        victim = self.eviction.victim(pos, lambda k: k not in protected, incoming)
+        victim = self.eviction.victim(pos, evictable, incoming)
         if victim is None:
             return None
         if victim in protected or victim not in self.residency:

@@ -158,7 +158,10 @@ class CacheMetrics:
         self.c: dict[str, list] = {k: [0] * n for k in COUNTERS + BYTES + HOST_COUNTERS
                                    + HOST_BYTES}
         self.c.update({k: [0.0] * n for k in SECONDS + HOST_SECONDS})
-        self.passes: list[PassTiming] = []
+        self._passes: list[PassTiming] = []
+        # The compiled replay hands over a function that builds the pass timings when first
+        # read (thousands of objects a replay that reads only its totals never needs).
+        self._deferred_passes = None
         # Running totals after each pass (TensorBoard series); the compiled replay path
         # (`moejax/replay/compiled.py`) hands over a function that builds them when read.
         self._snapshots: list[dict] = []
@@ -188,6 +191,21 @@ class CacheMetrics:
     def defer_snapshots(self, build) -> None:
         """`build()` -> the list of snapshots, called when they are first read."""
         self._deferred = build
+
+    @property
+    def passes(self) -> list[PassTiming]:
+        """Every pass's timing, in order (the cache appends one per pass)."""
+        if self._deferred_passes is not None:
+            self._passes, self._deferred_passes = self._deferred_passes(), None
+        return self._passes
+
+    @passes.setter
+    def passes(self, value: list[PassTiming]) -> None:
+        self._passes, self._deferred_passes = value, None
+
+    def defer_passes(self, build) -> None:
+        """`build()` -> the list of pass timings, called when they are first read."""
+        self._deferred_passes = build
 
     @property
     def per_layer(self) -> dict[str, np.ndarray]:
@@ -375,6 +393,9 @@ class CacheMetrics:
             "parts": {"ttft": parts_of(prefill[:1]), "decode": parts_of(decode)},
         }
 
-    def to_dict(self) -> dict:
-        return {"total": self.totals(), "per_layer": self.layer_table(), "timing": self.timing(),
-                "passes": [dataclasses.asdict(p) for p in self.passes]}
+    def to_dict(self, passes: bool = True) -> dict:
+        """Totals, per layer, timing and (`passes`) every pass's timing."""
+        out = {"total": self.totals(), "per_layer": self.layer_table(), "timing": self.timing()}
+        if passes:
+            out["passes"] = [dataclasses.asdict(p) for p in self.passes]
+        return out

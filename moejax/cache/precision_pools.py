@@ -29,14 +29,17 @@ class PrecisionPools:
 
     def allocate(self, pos: int, protected: set[Key], incoming: Key, pool: int = 0) -> int | None:
         """A slot of `pool` for `incoming`: a free one, or a victim's (of that pool) that is
-        not in `protected`."""
+        not in `protected`; the eviction policy may refuse the free slot (`may_take_free`)."""
         cache = self.cache
         free = cache.free_lists[pool]
-        if free:
-            return free.pop()
         residency, slot_pool = cache.residency, cache.slot_pool
-        victim = cache.eviction.victim(
-            pos, lambda k: k not in protected and slot_pool[residency[k]] == pool, incoming)
+
+        def evictable(k):
+            return k not in protected and slot_pool[residency[k]] == pool
+
+        if free and cache.eviction.may_take_free(incoming, evictable):
+            return free.pop()
+        victim = cache.eviction.victim(pos, evictable, incoming)
         if victim is None:
             return None
         if victim in protected or victim not in residency or slot_pool[residency[victim]] != pool:

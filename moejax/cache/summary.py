@@ -324,7 +324,7 @@ def cache_results(cache, policies: dict, passes: bool = True,
            # it ran (a default can change between versions: `least_stale`'s order did).
            "policies": {**policies, "arguments": {p.kind: dict(p.arguments or {})
                                                   for p in cache.policies()}},
-           **cache.metrics.to_dict()}
+           **cache.metrics.to_dict(passes=passes)}
     if cache.host is not None:
         out["host"] = cache.host.to_dict()
     if cache.fixed:
@@ -336,8 +336,6 @@ def cache_results(cache, policies: dict, passes: bool = True,
                                "layers": sorted(cache.host_layers)}
     if cache.seeding is not None:
         out["seed"] = cache.seeding
-    if not passes:
-        del out["passes"]
     if not expert_bytes_known:
         _without_sizes(out)
     return out

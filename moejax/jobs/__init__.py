@@ -1,5 +1,6 @@
 """The jobs `python -m moejax.main` runs, by `config.job` (each a library function
-`run(config, workdir)`): generate, perplexity, quality, eval, record_traces, replay and train.
+`run(config, workdir)`): generate, perplexity, quality, eval, record_traces, replay, curve
+(a replay's capacity curve) and train.
 `schema.py` declares every field a job config has (`base_config`); `specs.py` checks a config
 and resolves it, once per job, into the typed specs the layers below take (`moejax.run_spec`);
 `unapplied.py` says each setting given that a run does not use; `common.py` is what the jobs
@@ -30,6 +31,7 @@ from moejax.jobs.schema import (
     MOVED,
     MOVED_FOR_JOB,
     READ_BY,
+    REPLAYS,
     TRACE_DRIVEN_READS,
     base_config,
 )
@@ -133,9 +135,9 @@ def check(config: ml_collections.ConfigDict, warn: bool = True) -> None:
     check_settings(config)
     _check_conflicts(config, schema)
     if warn:
-        if config.job in (*LIVE, "replay"):
-            say_unapplied(config, config.job != "replay", schema)
-        unread = unread_by_job(config, schema, READ_BY, LIVE, unnamed=(*LIVE, "replay"),
+        if config.job in (*LIVE, *REPLAYS):
+            say_unapplied(config, config.job not in REPLAYS, schema)
+        unread = unread_by_job(config, schema, READ_BY, LIVE, unnamed=(*LIVE, *REPLAYS),
                                every_job=EVERY_JOB)
         if config.job == "generate" and trace_driven(config):
             unread = [(f, why) for f, why in unread if f not in TRACE_DRIVEN_READS]
@@ -153,6 +155,7 @@ _RUNNERS = {"generate": ("moejax.jobs.generate", "run"),
             "eval": ("moejax.jobs.evaluate", "run"),
             "record_traces": ("moejax.jobs.record_traces", "run"),
             "replay": ("moejax.jobs.replay", "run"),
+            "curve": ("moejax.jobs.curve", "run"),
             "train": ("moejax.train.loop", "train")}
 
 

@@ -126,7 +126,7 @@ def unread_by_job(config: ml_collections.ConfigDict, defaults: ml_collections.Co
     """`(field, why)` for each field given (away from `defaults`) that `config.job` does not
     read, by `read_by` (`schema.READ_BY`: a field, or a section with a trailing dot -> the
     jobs that read it; `live`: the jobs that run the model). A field `read_by` does not name is
-    read by the jobs `unnamed` (`live` and the replay job), `every_job`'s by every job."""
+    read by the jobs `unnamed` (`live` and the replay jobs), `every_job`'s by every job."""
     job, out, named = config.job, [], set(every_job)
 
     def given(f):
@@ -139,11 +139,14 @@ def unread_by_job(config: ml_collections.ConfigDict, defaults: ml_collections.Co
         if job in jobs:
             continue
         readers = ("the jobs that run the model" if set(jobs) == set(live)
+                   else "the jobs that run the model and the replay job"
+                   if set(jobs) == {*live, "replay"}
                    else f"the {' and '.join(jobs)} job{'s' if len(jobs) > 1 else ''}")
         why = f"{'its section is ' if section else ''}read only by {readers}; this is a {job} run"
         out += [(f, why) for f in fields if given(f)]
     if unnamed and job not in unnamed:
-        readers = ("the jobs that run the model or a replay" if set(unnamed) == {*live, "replay"}
+        readers = ("the jobs that run the model or a replay"
+                   if set(unnamed) - set(live) <= {"replay", "curve"}
                    else f"the {' and '.join(unnamed)} jobs")
         why = f"read only by {readers}; this is a {job} run"
         out += [(f, why) for f in leaves(config) if f not in named and given(f)]

@@ -24,12 +24,13 @@ code), with each quantized expert's bytes computed from that model config and
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 
 import ml_collections
 
-from moejax.cache import build_cache_for, clock_kind, precision_bytes_of, summary
+from moejax.cache import ExpertCache, build_cache_for, clock_kind, precision_bytes_of, summary
 from moejax.errors import ConfigError
 from moejax.families import preset
 from moejax.jobs.common import (
@@ -47,7 +48,8 @@ from moejax.quant import formats
 from moejax.replay import compiled
 from moejax.replay.engine import replay
 from moejax.results import write_json_atomic
-from moejax.traces import ImportedTraces, Trace, TraceError, as_requests, import_traces
+from moejax.run_spec import RunSpec
+from moejax.traces import ImportedTraces, Trace, TraceError, as_requests, import_traces_memo
 
 
 def _model_config(config: ml_collections.ConfigDict, trace: Trace) -> ModelConfig | None:
@@ -71,21 +73,22 @@ def _model_config(config: ml_collections.ConfigDict, trace: Trace) -> ModelConfi
 
 
 def _precision_bytes(config: ml_collections.ConfigDict, trace: Trace,
-                     cfg: ModelConfig | None) -> tuple[dict[str, int], bool]:
+                     cfg: ModelConfig | None, by_slots: bool = False
+                     ) -> tuple[dict[str, int], bool]:
     """Bytes of one expert at each precision replay can size, and whether they are known.
 
     Native: `cache.expert_bytes`, else the trace's, else the model config's. The quantized
     precisions from the model config's shapes (`cache.group_size`), when a model is known.
     Unknown sizes (an id-only trace, no model named): every precision counts 1-byte experts
-    (counts exact, bytes and times meaningless), and only an absolute `cache.slots` sizes the
-    cache."""
+    (counts exact, bytes and times meaningless), and only an absolute slot count sizes the
+    cache (`cache.slots`; `by_slots`: the job gives one itself, the curve)."""
     native = (config.cache.expert_bytes or trace.meta.get("expert_bytes")
               or (cfg.expert_bytes if cfg else None))
     if not native:
         # Misses, collisions and hits + late hits do not depend on expert size (admission is
         # immediate); bytes and times do, and so does the split of hits into ready and late
         # ones: those are reported as unknown.
-        if config.cache.slots <= 0:
+        if config.cache.slots <= 0 and not by_slots:
             raise ConfigError(f"{config.replay.trace} does not record expert bytes, so a capacity "
                               "fraction cannot be turned into slots: give --config.cache.slots=N, "
                               "or name the model (--config.model.family=F "
@@ -101,11 +104,13 @@ def _precision_bytes(config: ml_collections.ConfigDict, trace: Trace,
 
 def _import(config: ml_collections.ConfigDict) -> ImportedTraces:
     """The trace file's sequences and the import's notes (`replay.num_experts`,
-    `replay.strict`; moejax/traces/importers.py)."""
+    `replay.strict`; moejax/traces/importers.py). A file this process parsed before with the
+    same content is not parsed again (`moejax/traces/memo.py`: a sweep worker's many cells on
+    one trace)."""
     num_experts = config.replay.num_experts  # (checked: `moejax.jobs.specs.check_settings`)
     try:
-        return import_traces(config.replay.trace, num_experts=num_experts or None,
-                             strict=config.replay.strict)
+        return import_traces_memo(config.replay.trace, num_experts=num_experts or None,
+                                  strict=config.replay.strict)
     except TraceError as e:
         raise ConfigError(str(e)) from e
 
@@ -117,7 +122,33 @@ def _policies_for(config: ml_collections.ConfigDict, trace: Trace) -> dict:
                                      config.replay.trace)
 
 
-def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
+@dataclasses.dataclass(frozen=True)
+class Loaded:
+    """A replay's trace and settings, read and checked once (`load`): the run's specs, the
+    imported file and the sequences it replays (cut into requests), the model config (None:
+    the trace's shape only), each precision's expert bytes (`bytes_known`: False for 1-byte
+    stand-ins), the policies that run (`policies`: `presets.report_for_trace`, `specs`: the
+    four specs) and the context before each sequence's first pass."""
+
+    spec: RunSpec
+    imported: ImportedTraces
+    traces: list[Trace]
+    cfg: ModelConfig | None
+    precision_bytes: dict[str, int]
+    bytes_known: bool
+    policies: dict
+    specs: dict[str, str]
+    context: list[int]
+
+    @property
+    def first(self) -> Trace:
+        return self.traces[0]
+
+
+def load(config: ml_collections.ConfigDict, by_slots: bool = False) -> Loaded:
+    """The replay `config` describes, read and checked before any cache is built: the trace
+    file, its model, the expert sizes and the policies (`by_slots`: the caller sizes every
+    cache in slots itself, so unknown expert sizes need no `cache.slots`)."""
     spec = resolve(config)
     routing = presets.resolve(spec.policies)["routing"]
     if policy_class("routing", routing).name == "trace":
@@ -138,20 +169,45 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
         if (t.layers, t.num_experts, t.top_k) != (first.layers, first.num_experts, first.top_k):
             raise ConfigError(f"{rp.trace}: sequences of different model shapes")
     cfg = _model_config(config, first)
-    precision_bytes, bytes_known = _precision_bytes(config, first, cfg)
-    layers = first.layers
+    precision_bytes, bytes_known = _precision_bytes(config, first, cfg, by_slots)
     policies = _policies_for(config, first)
     specs = {k: policies[k] for k in presets.FIELDS}
-    cache = build_cache_for(spec, cfg, precision_bytes, cfg.norm_topk_prob if cfg else False,
-                            specs, layers=tuple(layers),
-                            num_layers=cfg.num_layers if cfg else max(layers) + 1,
+    prompt = int(first.meta.get("info", {}).get("prompt_tokens", 0) or 0)
+    context = [prompt if t.prefill_passes == 0 else 0 for t in traces]
+    return Loaded(spec, imported, traces, cfg, precision_bytes, bytes_known, policies, specs,
+                  context)
+
+
+def build(loaded: Loaded, specs: dict[str, str] | None = None,
+          slots: int | None = None) -> ExpertCache:
+    """A fresh cache for `loaded`'s replay: its policies (`specs`: others instead), at its
+    configured size or at `slots` slots (`cache.slots`; the capacity curve's sizes, with no
+    `cache.min_slots` floor)."""
+    spec = loaded.spec
+    if slots is not None:
+        spec = dataclasses.replace(spec, cache=dataclasses.replace(spec.cache, slots=slots,
+                                                                   min_slots=0))
+    specs = loaded.specs if specs is None else specs
+    cfg, first = loaded.cfg, loaded.first
+    cache = build_cache_for(spec, cfg, loaded.precision_bytes,
+                            cfg.norm_topk_prob if cfg else False, specs,
+                            layers=tuple(first.layers),
+                            num_layers=cfg.num_layers if cfg else max(first.layers) + 1,
                             num_experts=first.num_experts, top_k=first.top_k)
     if cache.eviction.needs_future and (specs["routing"] != "standard"
                                         or specs["miss"] != "fetch"):
         raise ConfigError("belady's future is the trace's router selection: it needs "
                           "policies.routing=standard and policies.miss=fetch")
-    prompt = int(first.meta.get("info", {}).get("prompt_tokens", 0) or 0)
-    context = [prompt if t.prefill_passes == 0 else 0 for t in traces]
+    return cache
+
+
+def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
+    loaded = load(config)
+    rp = config.replay
+    traces = loaded.traces
+    bytes_known, policies, specs = loaded.bytes_known, loaded.policies, loaded.specs
+    cache = build(loaded)
+    context = loaded.context
 
     passes = sum(t.num_passes for t in traces)
     start = time.perf_counter()
@@ -166,16 +222,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     requests = cache.metrics.totals()["requests"]
     results = {
         "job": "replay",
-        "trace": {"path": os.path.abspath(rp.trace),
-                  "name": os.path.splitext(os.path.basename(rp.trace))[0],
-                  "sequences": len(imported.traces), "requests": len(traces),
-                  "request_tokens": rp.request_tokens,
-                  "prefill_tokens": rp.prefill_tokens, "passes": passes,
-                  "has_scores": first.has_scores,
-                  # Who routed it (claims group traces by this, never by their folder).
-                  "model": first.model_name, "synthetic": first.synthetic,
-                  "layers": layers, "num_experts": first.num_experts, "top_k": first.top_k,
-                  **imported.notes.to_dict()},
+        "trace": trace_section(config, loaded),
         # Per-pass timings: in TensorBoard, not in every cell file.
         "cache": report_cache(config, cache, workdir, passes=False,
                               expert_bytes_known=bytes_known, policies=policies),
@@ -193,6 +240,23 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     print(run_line(results["replay"], requests))
     announce_results(path)
     return results
+
+
+def trace_section(config: ml_collections.ConfigDict, loaded: Loaded) -> dict:
+    """results.json's `trace`: the file, how it was read and cut into requests, its shape
+    and who routed it."""
+    rp, first = config.replay, loaded.first
+    return {"path": os.path.abspath(rp.trace),
+            "name": os.path.splitext(os.path.basename(rp.trace))[0],
+            "sequences": len(loaded.imported.traces), "requests": len(loaded.traces),
+            "request_tokens": rp.request_tokens,
+            "prefill_tokens": rp.prefill_tokens,
+            "passes": sum(t.num_passes for t in loaded.traces),
+            "has_scores": first.has_scores,
+            # Who routed it (claims group traces by this, never by their folder).
+            "model": first.model_name, "synthetic": first.synthetic,
+            "layers": first.layers, "num_experts": first.num_experts, "top_k": first.top_k,
+            **loaded.imported.notes.to_dict()}
 
 
 class KernelPhase:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import ml_collections
 
-JOBS = ("generate", "perplexity", "quality", "eval", "record_traces", "replay", "train")
+JOBS = ("generate", "perplexity", "quality", "eval", "record_traces", "replay", "curve", "train")
 
 
 def base_config() -> ml_collections.ConfigDict:
@@ -288,6 +288,22 @@ def base_config() -> ml_collections.ConfigDict:
     # request) gives, and everything else on the reference.
     c.replay.engine = "auto"
 
+    # The curve job (configs/curve.py, moejax/jobs/curve.py): the replay's trace and every
+    # replay setting above (and the cache's, the policies', the clock's) at every cache size, in
+    # slots from top-k up; each eviction's hits, late hits, misses and collision misses per
+    # size, from stack distances where they are exact in moejax's semantics (lru; docs/DESIGN.md
+    # "Capacity curves in one pass"), else by the replay engine at each size.
+    c.curve = ml_collections.ConfigDict()
+    # The eviction policies, each a curve (policies.eviction is not read), comma-separated.
+    c.curve.policies = "lru,lru_per_layer"
+    # The largest size, in slots; 0: where nothing more is gained (every distinct expert the
+    # trace asks for resident at once; with a prefetcher, seeding or another routing: every
+    # expert).
+    c.curve.max_slots = 0
+    # Sizes of each curve replayed again, independently, and compared (the run is refused
+    # when one differs): the smallest stack-distance size, the largest, then drawn by `seed`.
+    c.curve.checks = 5
+
     c.profile = ml_collections.ConfigDict()
     c.profile.enabled = False
 
@@ -374,6 +390,8 @@ MOVED_FOR_JOB = {
 # does not read it is said in one warning line and kept in results.json's `warnings`
 # (`moejax/jobs/declared.py: unread_by_job`): accepted and ignored is never silent.
 LIVE = ("generate", "perplexity", "quality", "eval", "record_traces")
+# The jobs that replay a trace instead of running the model.
+REPLAYS = ("replay", "curve")
 EVERY_JOB = ("job", "seed")
 READ_BY = (
     ("model.checkpoint", LIVE), ("model.gmm_impl", LIVE), ("model.lookahead", LIVE),
@@ -393,7 +411,12 @@ READ_BY = (
     ("tracing.prompts_per_domain", ("record_traces",)),
     ("tracing.prompt_tokens", ("record_traces",)),
     ("tracing.teacher_forced", ("record_traces",)),
-    ("replay.", ("replay",)),
+    ("replay.", ("replay", "curve")),
+    ("curve.", ("curve",)),
+    # The curve job sizes each cache itself and takes its evictions from curve.policies.
+    ("cache.slots", (*LIVE, "replay")), ("cache.capacity_frac", (*LIVE, "replay")),
+    ("cache.capacity_of", (*LIVE, "replay")), ("cache.min_slots", (*LIVE, "replay")),
+    ("policies.eviction", (*LIVE, "replay")), ("log.tensorboard", (*LIVE, "replay")),
     ("profile.", ("generate",)),
     ("train.", ("train",)),
 )
@@ -405,8 +428,12 @@ TRACE_DRIVEN_READS = ("replay.num_experts", "replay.strict", "replay.request_tok
 
 # Fields a results.json `config` written before fields moved (`MOVED`) had under no name: a
 # schema config had no train section, nor the perplexity job's window outside `eval`.
-_NEW_FIELDS = ("train.", "perplexity.window", "perplexity.stride", "perplexity.max_tokens")
+_NEW_FIELDS = ("train.", "perplexity.window", "perplexity.stride", "perplexity.max_tokens",
+               "curve.")
 _TEXT_FILES = {"quality": "quality.text_file", "perplexity": "perplexity.text_file"}
+# Sections declared since results.json configs were written without them: such a config had
+# their fields at the defaults (the curve job's section; no earlier job read it).
+_ADDED_SECTIONS = ("curve",)
 
 
 def current_config(config: dict) -> dict:
@@ -415,11 +442,21 @@ def current_config(config: dict) -> dict:
     has them under their new names (its `text_file` is `quality.text_file` for the quality job,
     else `perplexity.text_file`, the other one empty) and the fields it had under no name
     (`_NEW_FIELDS`) at their defaults, so that it compares field for field with a config
-    written now; a field it lacks under its old name stays absent. Any other config is
+    written now; a field it lacks under its old name stays absent. A config written before a
+    section was declared (`_ADDED_SECTIONS`) gets it at its defaults. Any other config is
     returned as is."""
-    if not isinstance(config, dict) or not any(k in config for k in ("trace", "text_file")):
+    if not isinstance(config, dict):
         return config
     import copy
+
+    if not any(k in config for k in ("trace", "text_file")):
+        added = [s for s in _ADDED_SECTIONS if s not in config]
+        if not added or "job" not in config:
+            return config
+        out, defaults = copy.deepcopy(config), base_config()
+        for section in added:
+            out[section] = defaults[section].to_dict()
+        return out
 
     out, job = copy.deepcopy(config), config.get("job")
     defaults, missing = base_config(), object()

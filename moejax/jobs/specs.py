@@ -18,6 +18,7 @@ from moejax.bundled import EMBEDDED
 from moejax.cache import CAPACITY_OF, CLOCKS, LOAD_PATHS
 from moejax.errors import ConfigError
 from moejax.families import FAMILIES, get_family
+from moejax.jobs.schema import REPLAYS
 from moejax.model_config import GATE_PATHS, GMM_IMPLS
 from moejax.policies import check as check_policy
 from moejax.policies import presets
@@ -84,10 +85,11 @@ def storage_from(config: ml_collections.ConfigDict) -> storage_lib.Storage:
 
 
 def trace_driven(config: ml_collections.ConfigDict) -> bool:
-    """Whether the run the cache times follows a trace's routing: a replay (what it times is
-    the trace-driven run of its trace), or `policies.routing='trace(...)'`."""
+    """Whether the run the cache times follows a trace's routing: a replay or a replay's
+    capacity curve (what it times is the trace-driven run of its trace), or
+    `policies.routing='trace(...)'`."""
     routing = presets.resolve(config.policies)["routing"]
-    return config.job == "replay" or policy_class("routing", routing).name == "trace"
+    return config.job in REPLAYS or policy_class("routing", routing).name == "trace"
 
 
 def computes_on_host(config: ml_collections.ConfigDict) -> bool:
@@ -188,7 +190,7 @@ def check_model(config: ml_collections.ConfigDict) -> None:
     if m.width and m.checkpoint:
         raise ConfigError(f"model.width={m.width!r} draws a family preset at another width; "
                           f"model.checkpoint={m.checkpoint!r} has its own widths (leave one out)")
-    if m.checkpoint and config.job != "replay":
+    if m.checkpoint and config.job not in REPLAYS:
         if not os.path.isdir(m.checkpoint):
             raise ConfigError(f"model.checkpoint={m.checkpoint!r} is not a directory")
         from moejax.checkpoint import hugging_face_message, is_hugging_face_dir
@@ -200,7 +202,7 @@ def check_model(config: ml_collections.ConfigDict) -> None:
         raise ConfigError(f"model.width={m.width!r} draws a family preset at another width, "
                           f"and model.preset={EMBEDDED!r} is trained at its own: name a preset "
                           "(e.g. model.preset=olmoe-1b-7b)")
-    if m.preset == EMBEDDED or (m.preset == "" and config.job == "replay"):
+    if m.preset == EMBEDDED or (m.preset == "" and config.job in REPLAYS):
         return
     if m.family not in FAMILIES:
         raise ConfigError(f"model.family={m.family!r} is not one of {sorted(FAMILIES)}")

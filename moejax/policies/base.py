@@ -122,6 +122,13 @@ class EvictionPolicy(Policy):
         once its transfer lands). None if nothing may."""
         raise NotImplementedError
 
+    def may_take_free(self, incoming: Key, evictable: Callable[[Key], bool]) -> bool:
+        """Whether `incoming` may take a free slot. The cache asks before it takes one; when
+        the answer is False it asks `victim` instead (with the same `evictable`), so a policy
+        answers False only where its `victim` has a key to give. Default: always (a free slot
+        first, for every policy but a strict per-layer quota)."""
+        return True
+
 
 class PrefetchPolicy(Policy):
     kind = "prefetch"

@@ -101,15 +101,40 @@ class FIFO(LRU):
 class LRUPerLayer(_Base):
     """LRU within each layer's share of the cache (capacity split evenly over the layers).
 
-    The victim comes from the incoming layer's own entries once that layer holds its share;
-    otherwise from a layer over its share (so a share smaller than top-k borrows rather than
-    deadlocks); global LRU only if no layer is over its share."""
+    The shares are `divmod(num_slots, num_layers)` (the first `num_slots % num_layers`
+    positions one more). `quota` says what a share is:
+
+    * `quota="share"` (default) — a share is what a layer may keep once the cache is full,
+      not a bound: a free slot is taken first, whatever the layer holds, so a layer may exceed
+      its share while free slots remain. The victim comes from the incoming layer's own
+      entries once that layer holds its share; otherwise from a layer over its share (so a
+      share smaller than top-k borrows rather than deadlocks); global LRU only if no layer is
+      over its share.
+    * `quota="strict"` — each layer only competes with itself (the per-layer LRU of boyle and
+      moe-l2): a layer at (or over) its share evicts its own least recently used evictable
+      expert even while other slots are free (`may_take_free`); a layer under its share takes
+      a free slot if any, else a victim by the rule above. Fallback: when a layer at its share
+      has no evictable expert of its own (its whole share protected by the running wave, as
+      when the share is below top-k under `pin_scope=layer`, or a share of 0 with fewer slots
+      than layers), it takes a free slot, else borrows by the rule above, so a demand miss
+      always gets a slot; such a layer is then over its share and recycles its own entries
+      first from there on. Where the fallback never runs (every share at least the widest
+      wave) and without a prefetcher it is exactly an LRU per layer of fixed capacity.
+
+    docs/DESIGN.md ("Readings where the papers leave room", lru_per_layer) gives both readings
+    and why `share` is the default."""
 
     name = "lru_per_layer"
-    KERNEL = KernelForm("lru_per_layer")
+    QUOTAS = ("share", "strict")
+    ARGS = {"quota": Choice(QUOTAS)}
+    KERNEL = KernelForm(lambda p: "lru_per_layer" if p.quota_rule == "share"
+                        else f"lru_per_layer:{p.quota_rule}", {"quota": QUOTAS})
 
-    def __init__(self, num_layers: int, num_experts: int, num_slots: int):
+    def __init__(self, num_layers: int, num_experts: int, num_slots: int, quota: str = "share"):
         super().__init__(num_layers, num_experts)
+        if quota not in self.QUOTAS:
+            raise ValueError(f"unknown quota {quota!r}; valid: {list(self.QUOTAS)}")
+        self.quota_rule, self.strict = quota, quota == "strict"
         base, extra = divmod(num_slots, num_layers)
         self.quota = [base + (1 if p < extra else 0) for p in range(num_layers)]
         self.per_layer: list[OrderedDict[Key, None]] = [OrderedDict() for _ in range(num_layers)]
@@ -133,6 +158,15 @@ class LRUPerLayer(_Base):
     def on_evict(self, key):
         del self.per_layer[self._pos(key)][key]
         del self.last[key]
+
+    def may_take_free(self, incoming, evictable):
+        """`share`: always. `strict`: not while `incoming`'s layer holds its share and has an
+        evictable entry of its own (`victim` then gives that layer's least recent one)."""
+        if not self.strict:
+            return True
+        own = self.per_layer[self._pos(incoming)]
+        return len(own) < self.quota[self._pos(incoming)] or \
+            _first_evictable(own, evictable) is None
 
     def victim(self, pos, evictable, incoming=None):
         own = pos if incoming is None else self._pos(incoming)

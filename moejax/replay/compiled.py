@@ -45,7 +45,7 @@ import numpy as np
 
 from moejax.cache import BYTES, COUNTERS, SECONDS, CacheMetrics, ExpertCache, PassTiming
 from moejax.policies.eviction import farthest_layer_walk, least_stale_walk
-from moejax.replay import coverage
+from moejax.replay import coverage, lean_kernel
 from moejax.replay import kernel as K
 from moejax.replay.future import future_of_requests
 from moejax.replay.gates import layer_gates
@@ -67,42 +67,81 @@ def _walks(form: str, n_layers: int) -> np.ndarray:
     return np.zeros((n_layers + 1, 0), np.int64)
 
 
+@dataclasses.dataclass(frozen=True)
+class Passes:
+    """Per pass, every trace's passes in order: prefill or decode, its tokens, and its
+    token-expert pairs."""
+    prefill: np.ndarray  # bool
+    tokens: np.ndarray  # int64
+    pairs: np.ndarray  # int64
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+
 def _requests(traces, n_experts: int):
     """The requests of every pass-layer (global key `position * E + expert`, rank order) as one
     array, the start of each pass-layer in it, each request's token-expert pairs in its
-    pass-layer, and per pass `(kind, tokens, pairs)`."""
-    chunks, mults, lengths, passes = [], [], [], []
+    pass-layer, and the `Passes`. Runs of one-token passes (decode) are taken as whole arrays:
+    a token's top-k are distinct and already in rank order."""
+    # Pieces of the key array in order: a run of one-token passes as (rows, offsets), laid out
+    # straight into the array below; a wider pass-layer's requests as an array.
+    pieces, counted, lengths = [], [], []  # counted: (where in keys, pairs) of wider passes
+    prefill, tokens, pairs = [], [], []
+    at = 0
     for trace in traces:
-        n_layers, k = len(trace.layers), trace.top_k
+        n_layers, k, n_passes = len(trace.layers), trace.top_k, trace.num_passes
+        n_prefill = trace.prefill_passes
         offsets = np.arange(n_layers, dtype=np.int64) * n_experts
         sizes = np.diff(trace.pass_offsets)
-        p = 0
-        while p < trace.num_passes:
-            if sizes[p] == 1:  # a run of one-token passes: their rows as they are, at once
-                q = p
-                while q < trace.num_passes and sizes[q] == 1:
-                    q += 1
-                rows = trace.ids[trace.pass_offsets[p]:trace.pass_offsets[q]]
-                chunks.append((rows + offsets[None, :, None]).reshape(-1).astype(np.int64))
-                mults.append(np.ones(rows.size, np.int64))
-                lengths.append(np.full((q - p) * n_layers, k, np.int64))
-                passes += [("prefill" if r < trace.prefill_passes else "decode", 1, k)
-                           for r in range(p, q)]
-                p = q
+        ids_all = trace.ids
+        # Where each run of one-token passes, or a single wider pass, starts and ends.
+        one = sizes == 1
+        edges = np.flatnonzero(np.diff(one.astype(np.int8))) + 1
+        bounds = np.concatenate(([0], edges, [n_passes])).tolist()
+        for p, q in zip(bounds[:-1], bounds[1:]):
+            if p == q:
                 continue
-            ids = trace.ids[trace.pass_rows(p)]
-            kind = "prefill" if p < trace.prefill_passes else "decode"
-            passes.append((kind, int(sizes[p]), ids.shape[0] * ids.shape[2]))
-            p += 1
-            for pos in range(ids.shape[1]):  # rank order, first occurrence wins
-                req = np.asarray(requests_in_rank_order(ids[:, pos]), np.int64)
-                counts = np.bincount(ids[:, pos].reshape(-1), minlength=n_experts)
-                chunks.append(req + offsets[pos])
-                mults.append(counts[req].astype(np.int64))
-                lengths.append(np.asarray([len(req)], np.int64))
-    starts = np.zeros(sum(len(x) for x in lengths) + 1, np.int64)
-    np.cumsum(np.concatenate(lengths), out=starts[1:])
-    return np.concatenate(chunks), starts, np.concatenate(mults), passes
+            kind = np.arange(p, q) < n_prefill
+            if one[p]:  # a run of one-token passes: their rows as they are, at once
+                rows = ids_all[trace.pass_offsets[p]:trace.pass_offsets[q]]
+                pieces.append((rows, offsets))
+                at += rows.size
+                lengths.append(np.full((q - p) * n_layers, k, np.int64))
+                prefill.append(kind)
+                tokens.append(np.ones(q - p, np.int64))
+                pairs.append(np.full(q - p, k, np.int64))
+                continue
+            for r in range(p, q):
+                ids = ids_all[int(trace.pass_offsets[r]):int(trace.pass_offsets[r + 1])]
+                prefill.append(kind[r - p:r - p + 1])
+                tokens.append(np.asarray([ids.shape[0]], np.int64))
+                pairs.append(np.asarray([ids.shape[0] * ids.shape[2]], np.int64))
+                for pos in range(ids.shape[1]):  # rank order, first occurrence wins
+                    req = np.asarray(requests_in_rank_order(ids[:, pos]), np.int64)
+                    counts = np.bincount(ids[:, pos].reshape(-1), minlength=n_experts)
+                    pieces.append(req + offsets[pos])
+                    counted.append((at, counts[req]))
+                    at += len(req)
+                    lengths.append(np.asarray([len(req)], np.int64))
+    keys = np.empty(at, np.int64)
+    at = 0
+    for piece in pieces:
+        if isinstance(piece, tuple):
+            rows, offsets = piece
+            np.add(rows, offsets[None, :, None], out=keys[at:at + rows.size].reshape(rows.shape))
+            at += rows.size
+        else:
+            keys[at:at + len(piece)] = piece
+            at += len(piece)
+    lengths = np.concatenate(lengths)
+    starts = np.zeros(len(lengths) + 1, np.int64)
+    np.cumsum(lengths, out=starts[1:])
+    passes = Passes(np.concatenate(prefill), np.concatenate(tokens), np.concatenate(pairs))
+    mult = np.ones(len(keys), np.int64)  # a one-token pass's request: one pair
+    for where, counts in counted:
+        mult[where:where + len(counts)] = counts
+    return keys, starts, mult, passes
 
 
 def _predictions(cache: ExpertCache, traces, keys: np.ndarray, starts: np.ndarray):
@@ -149,47 +188,56 @@ def _uses(keys: np.ndarray, n_keys: int) -> tuple[np.ndarray, np.ndarray]:
     return off, uses
 
 
-def _compute_plan(cache: ExpertCache, passes: list, context_start: list[int] | None, traces):
+def _layer_walk(layers, num_layers: int) -> tuple[list[int], int]:
+    """How many dense (non-MoE) layers run before each MoE layer of a pass, in the
+    reference's walk over the decoder layers, and how many after the last."""
+    moe, before, nxt = set(layers), [], 0
+    for layer in layers:
+        before.append(sum(1 for i in range(nxt, layer) if i not in moe))
+        nxt = max(nxt, layer + 1)
+    return before, sum(1 for i in range(nxt, num_layers) if i not in moe)
+
+
+def _compute_plan(cache: ExpertCache, passes: Passes, context_start: list[int] | None, traces):
     """The cost model's compute increments, in the reference's order: per pass-layer those
     before its requests are served (dense layers, attention + router), per pass those at its
     start and end (the experts' steps, which depend on the waves, the kernel computes).
-    Without a cost model all are empty."""
-    n_pl = sum(len(t.layers) for t in traces for _ in range(t.num_passes))
-    pre_off = np.zeros(n_pl + 1, np.int64)
-    begin = np.zeros(len(passes), np.float64)
-    end_off = np.zeros(len(passes) + 1, np.int64)
+    Without a cost model all are empty. Every value is the cost model's own (one call per
+    distinct tokens and context), laid out per pass by the layer walk."""
+    n_layers = len(cache.shape.layers)
+    n_pass = len(passes)
     cost = cache.cost
     if cost is None:
-        return pre_off, np.zeros(0), begin, end_off, np.zeros(0)
-    pre_vals, end_vals = [], []
-    layers, num_layers = cache.shape.layers, cache.shape.num_layers
-    moe = set(layers)
-    pl, p_global = 0, 0
+        return (np.zeros(n_pass * n_layers + 1, np.int64), np.zeros(0),
+                np.zeros(n_pass, np.float64), np.zeros(n_pass + 1, np.int64), np.zeros(0))
+    # Each pass's context: the sequence's start, then its tokens so far (this pass's included).
+    context = np.empty(n_pass, np.int64)
+    at = 0
     for s, trace in enumerate(traces):
-        context = context_start[s] if context_start else 0
-        for _ in range(trace.num_passes):
-            tokens = passes[p_global][1]
-            context += tokens
-            begin[p_global] = cost.embed_and_logits(tokens) / 2
-            nxt = 0
-            for layer in layers:
-                while nxt < layer:
-                    if nxt not in moe:
-                        pre_vals.append(cost.dense_layer(tokens, context))
-                    nxt += 1
-                pre_vals.append(cost.attention_router(tokens, context, cache.lookahead_scores))
-                nxt = layer + 1
-                pl += 1
-                pre_off[pl] = len(pre_vals)
-            while nxt < num_layers:
-                if nxt not in moe:
-                    end_vals.append(cost.dense_layer(tokens, context))
-                nxt += 1
-            end_vals.append(cost.embed_and_logits(tokens) / 2)
-            end_off[p_global + 1] = len(end_vals)
-            p_global += 1
-    return (pre_off, np.asarray(pre_vals, np.float64), begin, end_off,
-            np.asarray(end_vals, np.float64))
+        n = trace.num_passes
+        context[at:at + n] = ((context_start[s] if context_start else 0)
+                              + np.cumsum(passes.tokens[at:at + n]))
+        at += n
+    # One cost-model call per distinct (tokens, context): a pair as one integer.
+    span = int(context.max()) + 1
+    combined, which = np.unique(passes.tokens * span + context, return_inverse=True)
+    distinct = list(zip((combined // span).tolist(), (combined % span).tolist()))
+    lookahead = cache.lookahead_scores
+    dense = np.asarray([cost.dense_layer(t, c) for t, c in distinct], np.float64)[which]
+    attn = np.asarray([cost.attention_router(t, c, lookahead) for t, c in distinct],
+                      np.float64)[which]
+    half = np.asarray([cost.embed_and_logits(t) / 2 for t, _ in distinct], np.float64)[which]
+    before, after = _layer_walk(cache.shape.layers, cache.shape.num_layers)
+    # Per pass: each MoE layer's dense layers then its attention + router; at the end, the
+    # dense layers after the last MoE layer, then the logits.
+    is_dense = np.concatenate([[True] * b + [False] for b in before])
+    pre_vals = np.where(is_dense[None, :], dense[:, None], attn[:, None]).reshape(-1)
+    pre_off = np.zeros(n_pass * n_layers + 1, np.int64)
+    np.cumsum(np.tile(np.asarray(before, np.int64) + 1, n_pass), out=pre_off[1:])
+    end_vals = np.concatenate([np.repeat(dense[:, None], after, axis=1), half[:, None]],
+                              axis=1).reshape(-1)
+    end_off = np.arange(n_pass + 1, dtype=np.int64) * (after + 1)
+    return pre_off, pre_vals, half.copy(), end_off, end_vals
 
 
 def _cost_params(cache: ExpertCache) -> tuple:
@@ -276,13 +324,18 @@ def run(cache: ExpertCache, traces, context_start: list[int] | None = None,
                     uses_off, uses, _walks(form, n_layers),
                     (float(shape.expert_bytes), clock.latency_s, clock.engine_bps,
                      clock.link_bps))
-    args = (I, F, keys, mult, np.asarray([t for _, t, _ in passes], np.int64),
-            np.asarray([pairs for _, _, pairs in passes], np.int64),
-            (grp_off, grp_target, grp_start, pred_experts),
-            _compute_plan(cache, passes, context_start, traces), _cost_params(cache))
-    setup = (load(args) if on_load is None
-             else on_load(lambda: load(args), kernel_loaded(args)))
-    timings, running, pins = K.run(*args)
+    plan, cost = _compute_plan(cache, passes, context_start, traces), _cost_params(cache)
+    # Without predictions and with a list eviction, the lean kernel (the same steps, the same
+    # outcome: `lean_kernel.py`); the general one otherwise.
+    if lean_kernel.covers(policy, len(grp_target) > 0):
+        kernel, args = lean_kernel.run, (I, F, keys, mult, passes.tokens, passes.pairs, plan,
+                                         cost)
+    else:
+        kernel, args = K.run, (I, F, keys, mult, passes.tokens, passes.pairs,
+                               (grp_off, grp_target, grp_start, pred_experts), plan, cost)
+    setup = (load(args, kernel) if on_load is None
+             else on_load(lambda: load(args, kernel), kernel_loaded(args, kernel)))
+    timings, running, pins = kernel(*args)
     per_key = I[I[K.O_KEYS]:I[K.O_KEYS] + K.N_KEY_ROWS * n_keys].reshape(K.N_KEY_ROWS, n_keys)
     slot_of, origin_pass, origin_tpos = (per_key[K.SLOT], per_key[K.ORIGIN_PASS],
                                          per_key[K.ORIGIN_TPOS])
@@ -314,21 +367,23 @@ def run(cache: ExpertCache, traces, context_start: list[int] | None = None,
     return setup
 
 
-def _fill_metrics(m: CacheMetrics, c, timings, running, passes) -> None:
+def _fill_metrics(m: CacheMetrics, c, timings, running, passes: Passes) -> None:
     for j, name in enumerate(K.ROWS):
         values = c[j]
         m.c[name] = values.tolist() if name in SECONDS else [int(v) for v in values]
-    m.passes = [PassTiming(kind, tokens, float(s), float(e), float(st))
-                for (kind, tokens, _), (s, e, st) in zip(passes, timings.tolist())]
-    m.defer_snapshots(lambda: _snapshots(m, running))
+    m.defer_passes(lambda: [
+        PassTiming("prefill" if prefill else "decode", tokens, s, e, st)
+        for prefill, tokens, (s, e, st) in zip(passes.prefill.tolist(), passes.tokens.tolist(),
+                                               timings.tolist())])
+    m.defer_snapshots(lambda: _snapshots(running, timings))
 
 
-def _snapshots(m: CacheMetrics, running: np.ndarray) -> list[dict]:
+def _snapshots(running: np.ndarray, timings: np.ndarray) -> list[dict]:
     """The per-pass running totals `CacheMetrics.snapshot` would have taken."""
     out = []
-    for p, row in enumerate(running.tolist()):
+    for row, (start, end, _) in zip(running.tolist(), timings.tolist()):
         sums = {name: v if name in SECONDS else int(v) for name, v in zip(K.ROWS, row)}
         t = CacheMetrics.summary(sums)
-        t["pass_s"] = m.passes[p].end_s - m.passes[p].start_s
+        t["pass_s"] = end - start
         out.append(t)
     return out

@@ -14,8 +14,8 @@ turn a block and row into an index):
   predicted-set mark, distinct mark, queued target, and two intrusive lists `(prev, next,
   list)`: the eviction policy's, and the watchdog queue's;
 * per list (`_h(I, row, list)`): head, tail, length. Lists: LRU / FIFO use list 0; FLD and
-  lru_per_layer one per position; Least-Stale stale[p] = p and current[p] = L + p; the last
-  one is the watchdog's queue;
+  lru_per_layer (either quota) one per position; Least-Stale stale[p] = p and current[p] =
+  L + p; the last one is the watchdog's queue;
 * per slot (`_s(I, row, slot)`): its key, and the free-slot stack; per MoE layer position:
   lru_per_layer's quota and this pass's predicted set (id, size);
 * read-only: each pass-layer's first request, each key's sorted request indices (Belady), the
@@ -47,10 +47,12 @@ import numpy as np
 from moejax.timing import timeline
 
 # Eviction policy codes, and the policies' kernel forms they implement (`KernelForm`).
-LRU, FIFO, LRU_PER_LAYER, LFU, FLD, LS_TWO_QUEUE, LS_LEFT_FIRST, LS_CYCLIC, BELADY = range(9)
+(LRU, FIFO, LRU_PER_LAYER, LFU, FLD, LS_TWO_QUEUE, LS_LEFT_FIRST, LS_CYCLIC, BELADY,
+ LRU_PER_LAYER_STRICT) = range(10)
 EVICTIONS = {"lru": LRU, "fifo": FIFO, "lru_per_layer": LRU_PER_LAYER, "lfu": LFU, "fld": FLD,
              "least_stale:two_queue": LS_TWO_QUEUE, "least_stale:left_first": LS_LEFT_FIRST,
-             "least_stale:cyclic": LS_CYCLIC, "belady": BELADY}
+             "least_stale:cyclic": LS_CYCLIC, "belady": BELADY,
+             "lru_per_layer:strict": LRU_PER_LAYER_STRICT}
 NEVER = np.iinfo(np.int64).max
 # `cache.prefetch_queue` -> the kernel's code (`I[QUEUE]`).
 IMMEDIATE, WATCHDOG, WATCHDOG_IDLE = range(3)
@@ -86,13 +88,14 @@ HEAD_SIZE = 29
 F_BYTES, F_LATENCY, F_ENGINE_BPS, F_LINK_BPS = range(4)
 
 
-def _drop_stale_cache() -> None:
-    """numba's on-disk cache of this kernel is checked against this file's timestamp only, not
-    against `moejax/timing/timeline.py`, whose functions it compiles in: when that file's
-    source changes, the cached kernel is dropped so that it is compiled again."""
+def drop_stale_cache(module: str, sources: tuple) -> None:
+    """numba's on-disk cache of a kernel module (`module`, its name in this package) is
+    checked against that file's timestamp only, not against the other modules' sources it
+    compiles in (`sources`): when one of them changes, the module's cached kernels are dropped
+    so that they are compiled again."""
     cache_dir = os.path.join(os.path.dirname(os.path.abspath(__file__)), "__pycache__")
-    digest = hashlib.sha256(inspect.getsource(timeline).encode()).hexdigest()
-    stamp = os.path.join(cache_dir, "kernel.timeline.sha256")
+    digest = hashlib.sha256("".join(inspect.getsource(m) for m in sources).encode()).hexdigest()
+    stamp = os.path.join(cache_dir, f"{module}.sources.sha256")
     try:
         with open(stamp) as f:
             if f.read() == digest:
@@ -100,7 +103,7 @@ def _drop_stale_cache() -> None:
     except OSError:
         pass
     try:
-        for path in glob.glob(os.path.join(cache_dir, "kernel.*.nb[ci]")):
+        for path in glob.glob(os.path.join(cache_dir, f"{module}.*.nb[ci]")):
             os.remove(path)
         os.makedirs(cache_dir, exist_ok=True)
         with open(stamp, "w") as f:
@@ -109,7 +112,8 @@ def _drop_stale_cache() -> None:
         pass
 
 
-_drop_stale_cache()
+# This kernel compiles in `timeline.py`'s arithmetic.
+drop_stale_cache("kernel", (timeline,))
 jit = numba.njit(cache=True)
 
 
@@ -252,6 +256,22 @@ def _is_ls(policy):
 
 
 @jit
+def _is_lpl(policy):
+    """lru_per_layer, either quota (they differ only in `keeps_own`)."""
+    return policy == LRU_PER_LAYER or policy == LRU_PER_LAYER_STRICT
+
+
+@jit
+def keeps_own(I, st, incoming):
+    """`LRUPerLayer.may_take_free` refusing: lru_per_layer(quota=strict) with `incoming`'s
+    layer at (or over) its quota and an entry of its own not protected (stamp `st`)."""
+    if I[POLICY] != LRU_PER_LAYER_STRICT:
+        return False
+    own = incoming // I[N_EXPERTS]
+    return I[_h(I, LEN, own)] >= I[_p(I, QUOTA, own)] and _first_free(I, own, st) >= 0
+
+
+@jit
 def _ls_request(I, k):
     """Least-Stale: requested (or, with prefetch_current="pass", selected), so current for the
     pass; a current key keeps its place."""
@@ -274,7 +294,7 @@ def _on_admit(I, k, prefetch):
         _append(I, EL, 0, k)
     elif policy == FLD:
         _append(I, EL, k // I[N_EXPERTS], k)
-    elif policy == LRU_PER_LAYER:
+    elif _is_lpl(policy):
         _append(I, EL, k // I[N_EXPERTS], k)
         _use(I, k)
     elif policy == LFU:
@@ -300,7 +320,7 @@ def _on_access(I, k, pos, p):
     policy = I[POLICY]
     if policy == LRU or policy == FLD:
         _to_end(I, k)
-    elif policy == LRU_PER_LAYER:
+    elif _is_lpl(policy):
         _to_end(I, k)
         _use(I, k)
     elif policy == LFU:
@@ -319,7 +339,7 @@ def _on_touch(I, k):
     policy = I[POLICY]
     if policy == LRU or policy == FLD:
         _to_end(I, k)
-    elif policy == LRU_PER_LAYER:
+    elif _is_lpl(policy):
         _to_end(I, k)
         _use(I, k)
     elif _is_ls(policy):
@@ -327,7 +347,7 @@ def _on_touch(I, k):
 
 
 @jit
-def _victim(I, pos, st, incoming, p):
+def victim(I, pos, st, incoming, p):
     policy = I[POLICY]
     L = I[N_LAYERS]
     if policy == LRU or policy == FIFO:
@@ -342,7 +362,7 @@ def _victim(I, pos, st, incoming, p):
             if k >= 0:
                 return k
         return -1
-    if policy == LRU_PER_LAYER:
+    if _is_lpl(policy):
         own = incoming // I[N_EXPERTS]
         if I[_h(I, LEN, own)] >= I[_p(I, QUOTA, own)]:
             k = _first_free(I, own, st)
@@ -425,12 +445,13 @@ def _admit(I, F, k, s, issue_at, prefetch):
 @jit
 def _allocate(I, F, pos, st, incoming, p, running_pos):
     """A free slot (lowest first), or a victim's that is not protected (stamp `st`); -1 when
-    nothing may go. An eviction is counted at the victim's layer, with its bytes wasted when
-    it was prefetched and never used."""
-    if I[FREE_N] > 0:
+    nothing may go. A strict per-layer quota skips the free slot (`keeps_own`). An eviction
+    is counted at the victim's layer, with its bytes wasted when it was prefetched and never
+    used."""
+    if I[FREE_N] > 0 and not keeps_own(I, st, incoming):
         I[FREE_N] -= 1
         return I[_s(I, FREE, I[FREE_N])]
-    v = _victim(I, pos, st, incoming, p)
+    v = victim(I, pos, st, incoming, p)
     if v < 0:
         return -1
     s = I[_k(I, SLOT, v)]
@@ -570,7 +591,7 @@ def _drop_queued(I, F, upto):
 
 
 @jit
-def _begin_pass(I):
+def begin_pass(I):
     """Least-Stale's current queues become stale; predicted sets are per pass."""
     L = I[N_LAYERS]
     if _is_ls(I[POLICY]):
@@ -620,7 +641,7 @@ def run(I, F, keys, mult, pass_tokens, pass_pairs, pred, compute, cost):
         F[t] += begin[p]
         pass_stall = 0.0
         tokens = pass_tokens[p]
-        _begin_pass(I)
+        begin_pass(I)
         running_pos = -1
         for pos in range(n_layers):
             pl = p * n_layers + pos

@@ -1,0 +1,254 @@
+"""The compiled replay against the machine's own limit: a bare compiled LRU (a numba linked list
+over the `L * E` keys, hits only) and a bare per-layer LRU (one list and a fixed quota per
+layer) beside moejax's compiled replay of the same request stream, in one process, alternated.
+
+    python benchmarks/replay_limit.py [--trace=olmoe_prose] [--reps=5] [--repeats=1,16] \
+        [--capacities=0.05,0.25]
+
+The stream: a shipped real capture (`moejax/assets/captures/`, 512 decode steps x 16 layers x
+top-8 = 65 536 requests for OLMoE), replayed `--repeats` times through one cache (16: about 1M
+requests), every pass's MoE layers in order and each layer's experts in router-rank order, as
+one global stream of keys `position * E + expert`. The cache holds 5% and 25% of all experts
+(at 5% of an OLMoE decode capture no recency policy hits at all: each pass asks for 128
+experts in a fixed layer order, and 51 slots hold the last few layers', so the bare LRU only
+evicts its head and appends, its fastest possible loop).
+
+moejax runs its whole replay (`moejax.replay.replay`, engine auto: the compiled engine) with
+full metrics: every counter per layer, collisions, prefetch accounting, the virtual clock on
+SpecMD's A100 profile with the model's cost model (`model.preset=olmoe-1b-7b`), the per-pass
+timings and running totals. Its time is the call's, the kernel's one-time load excluded (done
+before the timed runs); the trace is already in memory on both sides. The bare kernels count
+hits and nothing else. `cache.pin_scope=request` for `lru` and the strict per-layer LRU (only the
+incoming expert protected: the bare kernels' reading), whose hits must equal the bare kernels'
+(the script checks). Each rep runs every case once, in turn (alternated), and the table gives
+the median rate and the spread (min-max) over reps; `ratio` is moejax's median rate over the
+bare LRU's median rate in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import numba
+import numpy as np
+
+from moejax import bundled
+from moejax.cache import build_cache_for
+from moejax.families import preset
+from moejax.jobs.schema import base_config
+from moejax.jobs.specs import resolve
+from moejax.quant import formats
+from moejax.replay import replay
+from moejax.seam import requests_in_rank_order
+from moejax.traces import load_traces
+
+# (eviction, prefetch, queue, pin scope): the bare kernels' reading for the two LRUs; the
+# defaults otherwise.
+CASES = (("lru", "none", "immediate", "request"),
+         ("lru_per_layer(quota=strict)", "none", "immediate", "request"),
+         ("lru_per_layer", "none", "immediate", "layer"),
+         ("fifo", "none", "immediate", "layer"),
+         ("least_stale", "none", "immediate", "layer"),
+         ("least_stale", "temporal", "watchdog", "layer"))
+BARE_OF = {"lru": "lru", "lru_per_layer(quota=strict)": "per_layer"}
+
+
+@numba.njit(cache=True)
+def bare_lru(keys, n_keys, slots):
+    """Hits of a global LRU of `slots` over `keys` (a doubly linked list, most recent last)."""
+    prev = np.full(n_keys, -1, np.int64)
+    nxt = np.full(n_keys, -1, np.int64)
+    resident = np.zeros(n_keys, np.bool_)
+    head, tail, size, hits = -1, -1, 0, 0
+    for k in keys:
+        if resident[k]:
+            hits += 1
+            if k == tail:
+                continue
+            p, n = prev[k], nxt[k]  # unlink
+            if p >= 0:
+                nxt[p] = n
+            else:
+                head = n
+            prev[n] = p
+        elif size == slots:  # evict the head
+            v = head
+            head = nxt[v]
+            prev[head] = -1
+            resident[v] = False
+        else:
+            size += 1
+        resident[k] = True
+        prev[k], nxt[k] = tail, -1  # append
+        if tail >= 0:
+            nxt[tail] = k
+        else:
+            head = k
+        tail = k
+    return hits
+
+
+@numba.njit(cache=True)
+def bare_lru_per_layer(keys, n_keys, n_experts, quota):
+    """Hits of one LRU per layer (`keys // n_experts`), layer q holding at most `quota[q]`."""
+    n_layers = n_keys // n_experts
+    prev = np.full(n_keys, -1, np.int64)
+    nxt = np.full(n_keys, -1, np.int64)
+    resident = np.zeros(n_keys, np.bool_)
+    head = np.full(n_layers, -1, np.int64)
+    tail = np.full(n_layers, -1, np.int64)
+    size = np.zeros(n_layers, np.int64)
+    hits = 0
+    for k in keys:
+        q = k // n_experts
+        if resident[k]:
+            hits += 1
+            if k == tail[q]:
+                continue
+            p, n = prev[k], nxt[k]
+            if p >= 0:
+                nxt[p] = n
+            else:
+                head[q] = n
+            prev[n] = p
+        elif size[q] == quota[q]:
+            if quota[q] == 0:
+                continue
+            v = head[q]
+            head[q] = nxt[v]
+            if head[q] >= 0:
+                prev[head[q]] = -1
+            else:
+                tail[q] = -1
+            resident[v] = False
+        else:
+            size[q] += 1
+        resident[k] = True
+        prev[k], nxt[k] = tail[q], -1
+        if tail[q] >= 0:
+            nxt[tail[q]] = k
+        else:
+            head[q] = k
+        tail[q] = k
+    return hits
+
+
+def stream(trace, repeats: int) -> np.ndarray:
+    """The global keys of every request, pass by pass, layer by layer, rank order, `repeats`
+    times over."""
+    out = []
+    for p in range(trace.num_passes):
+        rows = trace.ids[trace.pass_rows(p)]
+        for pos in range(rows.shape[1]):
+            out.extend(pos * trace.num_experts + e for e in requests_in_rank_order(rows[:, pos]))
+    return np.tile(np.asarray(out, np.int64), repeats)
+
+
+def moejax_cache(trace, capacity: float, eviction: str, prefetch: str, queue: str,
+                 pin_scope: str):
+    c = base_config()
+    c.job, c.clock.kind = "replay", "virtual"
+    c.model.family, c.model.preset = "olmoe", "olmoe-1b-7b"
+    c.cache.capacity_frac, c.cache.prefetch_queue, c.cache.pin_scope = capacity, queue, pin_scope
+    c.policies.eviction, c.policies.prefetch = eviction, prefetch
+    c.policies.miss, c.policies.routing = "fetch", "standard"
+    spec = resolve(c)
+    cfg = preset("olmoe", "olmoe-1b-7b", 0)
+    if (cfg.num_moe_layers, cfg.num_experts, cfg.top_k) != (len(trace.layers),
+                                                           trace.num_experts, trace.top_k):
+        cfg = None  # another model's capture: counts only, the shape from the trace
+    bytes_ = ({"native": int(cfg.expert_bytes)} if cfg is not None
+              else dict.fromkeys(formats.PRECISIONS, 1))
+    if cfg is None:
+        c.cache.slots = int(capacity * len(trace.layers) * trace.num_experts)
+        spec = resolve(c)
+    return build_cache_for(spec, cfg, bytes_, False, layers=tuple(trace.layers),
+                           num_layers=cfg.num_layers if cfg else max(trace.layers) + 1,
+                           num_experts=trace.num_experts, top_k=trace.top_k)
+
+
+def moejax_run(trace, repeats: int, capacity: float, case) -> tuple[float, dict, object]:
+    cache = moejax_cache(trace, capacity, *case)
+    traces = [trace] * repeats
+    start = time.perf_counter()
+    decision = replay(cache, traces)
+    seconds = time.perf_counter() - start - decision.setup_s
+    if decision.engine != "compiled":
+        raise SystemExit(f"{case}: ran on the {decision.engine} engine ({decision.reason})")
+    return seconds, cache.metrics.totals(), cache
+
+
+def bare_run(kind: str, keys: np.ndarray, n_keys: int, n_experts: int, cache) -> tuple[float, int]:
+    start = time.perf_counter()
+    if kind == "lru":
+        hits = bare_lru(keys, n_keys, cache.shape.num_slots)
+    else:
+        quota = np.asarray(cache.eviction.quota, np.int64)
+        hits = bare_lru_per_layer(keys, n_keys, n_experts, quota)
+    return time.perf_counter() - start, int(hits)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--trace", default="olmoe_prose", choices=bundled.CAPTURE_NAMES)
+    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--repeats", default="1,16",
+                        help="how many times the capture runs through one cache, per size")
+    parser.add_argument("--capacities", default="0.05,0.25",
+                        help="the cache's share of all experts")
+    args = parser.parse_args()
+    (trace,) = load_traces(bundled.capture_path(args.trace))
+    n_keys = len(trace.layers) * trace.num_experts
+    print(f"{args.trace}: {trace.num_passes} passes x {len(trace.layers)} layers x top-"
+          f"{trace.top_k} of {trace.num_experts} experts; {args.reps} alternated reps")
+    print("| requests | capacity | case | moejax M req/s (min-max) | bare M req/s (min-max) "
+          "| moejax / bare LRU | hits |")
+    print("| ---: | ---: | --- | ---: | ---: | ---: | ---: |")
+    for repeats in (int(r) for r in args.repeats.split(",")):
+        keys = stream(trace, repeats)
+        n = len(keys)
+        for capacity in (float(c) for c in args.capacities.split(",")):
+            for case in CASES:  # every kernel loaded (or compiled) before the timed reps
+                cache = moejax_run(trace, 1, capacity, case)[2]
+                bare_run(BARE_OF.get(case[0], "lru"), keys[:100], n_keys, trace.num_experts,
+                         cache)
+            ours = {case: [] for case in CASES}
+            bare = {"lru": [], "per_layer": []}
+            hits = {}
+            for _ in range(args.reps):
+                for case in CASES:
+                    seconds, totals, cache = moejax_run(trace, repeats, capacity, case)
+                    ours[case].append(seconds)
+                    hits[case] = totals["hits"] + totals["late_hits"]
+                    assert totals["requests"] == n, (totals["requests"], n)
+                    kind = BARE_OF.get(case[0])
+                    if kind is not None:
+                        seconds, bare_hits = bare_run(kind, keys, n_keys, trace.num_experts,
+                                                      cache)
+                        bare[kind].append(seconds)
+                        if bare_hits != hits[case]:
+                            raise SystemExit(f"{case[0]} at {capacity:.0%}: moejax {hits[case]} "
+                                             f"hits, the bare kernel {bare_hits}")
+            limit = n / statistics.median(bare["lru"])
+            slots = cache.shape.num_slots
+            for case in CASES:
+                rates = [n / s for s in ours[case]]
+                kind = BARE_OF.get(case[0])
+                name = "/".join(x for x in case[:3] if x not in ("none", "immediate"))
+                name += f" (pin {case[3]})"
+                if kind is None:
+                    bare_cell = "-"
+                else:
+                    b = [n / s for s in bare[kind]]
+                    bare_cell = (f"{statistics.median(b) / 1e6:.1f} ({min(b) / 1e6:.1f}-"
+                                 f"{max(b) / 1e6:.1f}){' per layer' if kind != 'lru' else ''}")
+                print(f"| {n:,} | {capacity:.0%} ({slots}) | {name} | "
+                      f"{statistics.median(rates) / 1e6:.1f} ({min(rates) / 1e6:.1f}-"
+                      f"{max(rates) / 1e6:.1f}) | {bare_cell} | "
+                      f"{statistics.median(rates) / limit:.2f} | {hits[case]:,} |")
+
+
+if __name__ == "__main__":
+    main()
