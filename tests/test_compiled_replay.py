@@ -41,6 +41,7 @@ from moejax.jobs.schema import base_config
 from moejax.jobs.specs import resolve
 from moejax.policies import build
 from moejax.policies.eviction import LRU
+from moejax.policies.prefetch import TemporalPrefetch
 from moejax.policies.registry import names, policy_class
 from moejax.replay import compiled, coverage
 from moejax.replay.engine import replay
@@ -502,3 +503,42 @@ def test_the_lean_kernel_gives_the_general_kernels_numbers(data):
         compiled.lean_kernel.run, compiled.lean_kernel.covers = real_lean, covers
     assert ran == ["lean"]
     _assert_same(general, lean)
+
+
+def test_predictions_are_taken_once_per_prefetcher_and_trace_content(monkeypatch):
+    """A grid replays one trace under one prefetcher at many sizes: the predictions are taken
+    from the policy object once (`compiled._kept_predictions`), and a later run at another
+    size gives the reference's numbers; a trace whose content differs is asked again."""
+    (trace,) = load_traces(CAPTURES[0])
+    cut = dataclasses.replace(trace, pass_offsets=trace.pass_offsets[:41].copy(),
+                              tokens=trace.tokens[:40].copy(), ids=trace.ids[:40].copy())
+    compiled.forget_predictions()
+    calls = []
+    real = TemporalPrefetch.predict
+
+    def counted(self, gate):
+        calls.append(gate.layer)
+        return real(self, gate)
+    monkeypatch.setattr(TemporalPrefetch, "predict", counted)
+    taken = []
+    for slots in (40, 120, 300):
+        ref = _cache(_config(prefetch="temporal", slots=slots), cut, expert_bytes=1000)
+        fast = _cache(_config(prefetch="temporal", slots=slots), cut, expert_bytes=1000)
+        assert replay(ref, [cut], engine="reference").engine == "reference"
+        before = len(calls)
+        assert replay(fast, [cut]).engine == "compiled"
+        taken.append(len(calls) > before)
+        _assert_same(ref, fast)
+    assert taken == [True, False, False]
+    changed = dataclasses.replace(cut, ids=cut.ids.copy())
+    changed.ids[0, 0, 0] = (changed.ids[0, 0, 0] + 1) % trace.num_experts
+    if changed.ids[0, 0, 0] in changed.ids[0, 0, 1:]:  # a token's top-k stay distinct
+        changed.ids[0, 0, 0] = next(e for e in range(trace.num_experts)
+                                    if e not in changed.ids[0, 0])
+    fast = _cache(_config(prefetch="temporal", slots=120), changed, expert_bytes=1000)
+    before = len(calls)
+    replay(fast, [changed])
+    assert len(calls) > before
+    ref = _cache(_config(prefetch="temporal", slots=120), changed, expert_bytes=1000)
+    replay(ref, [changed], engine="reference")
+    _assert_same(ref, fast)

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import os
-from collections import OrderedDict
 
 import numpy as np
 import pytest
@@ -30,6 +29,7 @@ from moejax.replay import coverage
 from moejax.replay.engine import replay
 from moejax.testing import random_scored_trace
 from moejax.traces.importers import load_traces
+from tests.reference_cache import lru_hits
 
 PROSE = os.path.join(bundled.CAPTURES_DIR, "olmoe_prose.jsonl")
 STRICT = "lru_per_layer(quota=strict)"
@@ -42,24 +42,15 @@ SHARE_MINUS_STRICT = {16: 0, 32: 2, 48: 19}
 
 def per_layer_lru_hits(path: str, per_layer: int) -> int:
     """Hits of an LRU of `per_layer` keys per layer, each layer on its own, over a capture
-    JSONL's decode steps (every layer in order, a layer's experts in their listed order)."""
+    JSONL's decode steps (every layer in order, a layer's experts in their listed order):
+    `reference_cache.lru_hits` over each layer's own stream."""
     with open(path, encoding="utf-8") as f:
         rows = [json.loads(line) for line in f]
-    caches: dict[int, OrderedDict] = {}
-    hits = 0
+    streams: dict[int, list] = {}
     for row in rows[1:]:  # the first line is the header
-        routed = row["routed"]
-        for layer in sorted(routed, key=int):
-            cache = caches.setdefault(int(layer), OrderedDict())
-            for expert in routed[layer]:
-                if expert in cache:
-                    hits += 1
-                    cache.move_to_end(expert)
-                    continue
-                if len(cache) >= per_layer:
-                    cache.popitem(last=False)
-                cache[expert] = None
-    return hits
+        for layer, experts in row["routed"].items():
+            streams.setdefault(int(layer), []).extend(experts)
+    return sum(lru_hits(stream, per_layer) for stream in streams.values())
 
 
 def _cache(trace, eviction: str, slots: int, pin: str = "request", prefetch: str = "none"):

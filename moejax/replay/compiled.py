@@ -36,7 +36,10 @@ is, by the predictions taken from it.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
+import hashlib
+import json
 import time
 from typing import Callable
 
@@ -180,6 +183,65 @@ def _predictions(cache: ExpertCache, traces, keys: np.ndarray, starts: np.ndarra
             np.asarray(experts, np.int64).reshape(-1))
 
 
+# Predictions already taken in this process, by `_predictions_key` (most recent last): a grid
+# replays one trace under one prefetcher at many cache sizes, evictions and queues, and the
+# predictions depend on none of those (they never read the cache: `KernelForm("predictions")`).
+_KEPT: collections.OrderedDict = collections.OrderedDict()
+_KEEP = 32
+_PLAIN = (int, float, str, bool, type(None))
+
+
+def _plain(value) -> bool:
+    if isinstance(value, (list, tuple)):
+        return all(_plain(v) for v in value)
+    if isinstance(value, dict):
+        return all(_plain(k) and _plain(v) for k, v in value.items())
+    return isinstance(value, _PLAIN)
+
+
+def _predictions_key(cache: ExpertCache, traces) -> tuple | None:
+    """What a prefetcher's predictions are a function of: its class and its whole state before
+    the run (None, so nothing is kept, unless that state is plain values), the cache's MoE
+    layers and expert count, and every trace's arrays and metadata, by content."""
+    prefetch = cache.prefetch
+    state = vars(prefetch)
+    if not _plain(state) or cache.pass_id != -1:
+        return None
+    digest = hashlib.sha256()
+    for trace in traces:
+        digest.update(json.dumps(trace.meta, sort_keys=True, default=str).encode())
+        for name in ("pass_offsets", "ids", "weights", "probs", "spec"):
+            array = getattr(trace, name)
+            if array is not None:
+                digest.update(f"{name}{array.dtype}{array.shape}".encode())
+                digest.update(np.ascontiguousarray(array).data)
+    return (type(prefetch), repr(sorted(state.items())), tuple(cache.shape.layers),
+            cache.shape.num_experts, digest.hexdigest())
+
+
+def forget_predictions() -> None:
+    """Drops the predictions this process kept (a benchmark timing how long they take)."""
+    _KEPT.clear()
+
+
+def _kept_predictions(cache: ExpertCache, traces, keys: np.ndarray, starts: np.ndarray):
+    """`_predictions`, taken once per process for the same prefetcher and traces. The policy
+    object of a later run is then not stepped (nothing reads it after a replay: its
+    predictions are the run's whole use of it)."""
+    if cache.prefetch.name == "none":
+        return _predictions(cache, traces, keys, starts)
+    key = _predictions_key(cache, traces)
+    if key is None:
+        return _predictions(cache, traces, keys, starts)
+    if key in _KEPT:
+        _KEPT.move_to_end(key)
+        return _KEPT[key]
+    out = _KEPT[key] = _predictions(cache, traces, keys, starts)
+    if len(_KEPT) > _KEEP:
+        _KEPT.popitem(last=False)
+    return out
+
+
 def _uses(keys: np.ndarray, n_keys: int) -> tuple[np.ndarray, np.ndarray]:
     """Belady's future: each key's request indices, sorted, as CSR (`off`, `uses`)."""
     uses = np.argsort(keys, kind="stable").astype(np.int64)
@@ -311,7 +373,7 @@ def run(cache: ExpertCache, traces, context_start: list[int] | None = None,
     keys, starts, mult, passes = _requests(traces, n_experts)
     n_pl = len(starts) - 1
     assert n_pl == len(passes) * n_layers
-    grp_off, grp_target, grp_start, pred_experts = _predictions(cache, traces, keys, starts)
+    grp_off, grp_target, grp_start, pred_experts = _kept_predictions(cache, traces, keys, starts)
     form = cache.eviction.kernel_form()
     policy = K.EVICTIONS[form]
     uses_off, uses = (_uses(keys, n_keys) if policy == K.BELADY
