@@ -42,7 +42,6 @@ from moejax.jobs.schema import base_config
 from moejax.jobs.specs import resolve
 from moejax.quant import formats
 from moejax.replay import compiled, replay
-from moejax.seam import requests_in_rank_order
 from moejax.traces import load_traces
 
 # (eviction, prefetch, queue, pin scope): the bare kernels' reading for the two LRUs; the
@@ -138,13 +137,8 @@ def bare_lru_per_layer(keys, n_keys, n_experts, quota):
 
 def stream(trace, repeats: int) -> np.ndarray:
     """The global keys of every request, pass by pass, layer by layer, rank order, `repeats`
-    times over."""
-    out = []
-    for p in range(trace.num_passes):
-        rows = trace.ids[trace.pass_rows(p)]
-        for pos in range(rows.shape[1]):
-            out.extend(pos * trace.num_experts + e for e in requests_in_rank_order(rows[:, pos]))
-    return np.tile(np.asarray(out, np.int64), repeats)
+    times over (the compiled engine's own layout, `compiled.requests`)."""
+    return np.tile(compiled.requests([trace], trace.num_experts)[0], repeats)
 
 
 def moejax_cache(trace, capacity: float, eviction: str, prefetch: str, queue: str,
@@ -201,6 +195,14 @@ def main():
     parser.add_argument("--capacities", default="0.05,0.25",
                         help="the cache's share of all experts")
     args = parser.parse_args()
+    try:
+        repeat_list = [int(r) for r in args.repeats.split(",")]
+        capacities = [float(c) for c in args.capacities.split(",")]
+    except ValueError:
+        parser.error(f"--repeats={args.repeats!r} takes whole numbers, --capacities="
+                     f"{args.capacities!r} shares of the experts, comma-separated")
+    if args.reps < 1 or min(repeat_list) < 1 or not all(0 < c <= 1 for c in capacities):
+        parser.error("--reps and --repeats take numbers >= 1, --capacities shares in (0, 1]")
     (trace,) = load_traces(bundled.capture_path(args.trace))
     n_keys = len(trace.layers) * trace.num_experts
     print(f"{args.trace}: {trace.num_passes} passes x {len(trace.layers)} layers x top-"
@@ -208,10 +210,10 @@ def main():
     print("| requests | capacity | case | moejax M req/s (min-max) | bare M req/s (min-max) "
           "| moejax / bare LRU | hits |")
     print("| ---: | ---: | --- | ---: | ---: | ---: | ---: |")
-    for repeats in (int(r) for r in args.repeats.split(",")):
+    for repeats in repeat_list:
         keys = stream(trace, repeats)
         n = len(keys)
-        for capacity in (float(c) for c in args.capacities.split(",")):
+        for capacity in capacities:
             for case in CASES:  # every kernel loaded (or compiled) before the timed reps
                 cache = moejax_run(trace, 1, capacity, case)[2]
                 bare_run(BARE_OF.get(case[0], "lru"), keys[:100], n_keys, trace.num_experts,

@@ -82,7 +82,7 @@ class Passes:
         return len(self.tokens)
 
 
-def _requests(traces, n_experts: int):
+def requests(traces, n_experts: int):
     """The requests of every pass-layer (global key `position * E + expert`, rank order) as one
     array, the start of each pass-layer in it, each request's token-expert pairs in its
     pass-layer, and the `Passes`. Runs of one-token passes (decode) are taken as whole arrays:
@@ -370,7 +370,7 @@ def run(cache: ExpertCache, traces, context_start: list[int] | None = None,
     shape = cache.shape
     n_layers, n_experts = len(shape.layers), shape.num_experts
     n_keys = n_layers * n_experts
-    keys, starts, mult, passes = _requests(traces, n_experts)
+    keys, starts, mult, passes = requests(traces, n_experts)
     n_pl = len(starts) - 1
     assert n_pl == len(passes) * n_layers
     grp_off, grp_target, grp_start, pred_experts = _kept_predictions(cache, traces, keys, starts)

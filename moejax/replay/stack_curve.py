@@ -47,9 +47,8 @@ import numba
 import numpy as np
 
 from moejax.cache import ExpertCache
-from moejax.replay import coverage
+from moejax.replay import compiled, coverage
 from moejax.replay.engine import replay
-from moejax.seam import requests_in_rank_order
 
 STACK, REPLAY = "stack", "replay"
 # The stack forms: one stack over every key, or one per MoE layer (a strict per-layer quota).
@@ -108,30 +107,13 @@ class Requests:
 def requests_of(traces, num_experts: int) -> Requests:
     """The requests of `traces` replayed one after another through one cache (standard routing
     and the fetch miss policy: the router's selection, distinct experts per pass-layer in rank
-    order, `moejax.seam.requests_in_rank_order`)."""
+    order), as the compiled engine lays them out (`compiled.requests`)."""
     n_layers = len(traces[0].layers) if traces else 0
-    chunks, lengths = [], []
-    for trace in traces:
-        if len(trace.layers) != n_layers:
-            raise ValueError("traces of different layer counts in one replay")
-        offsets = np.arange(n_layers, dtype=np.int64) * num_experts
-        sizes = np.diff(trace.pass_offsets)
-        one = sizes == 1
-        if one.all():  # decode steps: each row is its pass-layers' requests, in rank order
-            rows = trace.ids.astype(np.int64) + offsets[None, :, None]
-            chunks.append(rows.reshape(-1))
-            lengths.append(np.full(trace.num_passes * n_layers, trace.top_k, np.int64))
-            continue
-        for p in range(trace.num_passes):
-            ids = trace.ids[trace.pass_rows(p)]
-            for pos in range(n_layers):
-                req = np.asarray(requests_in_rank_order(ids[:, pos]), np.int64)
-                chunks.append(req + offsets[pos])
-                lengths.append(np.asarray([len(req)], np.int64))
-    starts = np.zeros(sum(len(x) for x in lengths) + 1, np.int64)
-    if lengths:
-        np.cumsum(np.concatenate(lengths), out=starts[1:])
-    keys = np.concatenate(chunks) if chunks else np.zeros(0, np.int64)
+    if any(len(trace.layers) != n_layers for trace in traces):
+        raise ValueError("traces of different layer counts in one replay")
+    if not traces or not any(trace.num_passes for trace in traces):
+        return Requests(np.zeros(0, np.int64), np.zeros(1, np.int64), n_layers, num_experts)
+    keys, starts, _, _ = compiled.requests(traces, num_experts)
     return Requests(keys, starts, n_layers, num_experts)
 
 
