@@ -86,10 +86,16 @@ def requests(traces, n_experts: int):
     """The requests of every pass-layer (global key `position * E + expert`, rank order) as one
     array, the start of each pass-layer in it, each request's token-expert pairs in its
     pass-layer, and the `Passes`. Runs of one-token passes (decode) are taken as whole arrays:
-    a token's top-k are distinct and already in rank order."""
+    a token's top-k are distinct and already in rank order. Keys and pair counts are int32
+    (keys < L * E, counts <= a pass's tokens): half the memory of int64, and on a 1M-request
+    replay a quarter of the time of this call (6.1 -> 1.6 ms: fresh int64 arrays of 8 MB
+    each cost their page faults)."""
     # Pieces of the key array in order: a run of one-token passes as (rows, offsets), laid out
     # straight into the array below; a wider pass-layer's requests as an array.
-    pieces, counted, lengths = [], [], []  # counted: (where in keys, pairs) of wider passes
+    pieces, counted = [], []  # counted: (where in keys, pairs) of wider passes
+    # The pass-layers' lengths: (how many, each one's length) for a run of one-token passes,
+    # else (1, that pass-layer's length).
+    lengths = []
     prefill, tokens, pairs = [], [], []
     at = 0
     for trace in traces:
@@ -110,7 +116,7 @@ def requests(traces, n_experts: int):
                 rows = ids_all[trace.pass_offsets[p]:trace.pass_offsets[q]]
                 pieces.append((rows, offsets))
                 at += rows.size
-                lengths.append(np.full((q - p) * n_layers, k, np.int64))
+                lengths.append(((q - p) * n_layers, k))
                 prefill.append(kind)
                 tokens.append(np.ones(q - p, np.int64))
                 pairs.append(np.full(q - p, k, np.int64))
@@ -126,8 +132,8 @@ def requests(traces, n_experts: int):
                     pieces.append(req + offsets[pos])
                     counted.append((at, counts[req]))
                     at += len(req)
-                    lengths.append(np.asarray([len(req)], np.int64))
-    keys = np.empty(at, np.int64)
+                    lengths.append((1, len(req)))
+    keys = np.empty(at, np.int32)
     at = 0
     for piece in pieces:
         if isinstance(piece, tuple):
@@ -137,11 +143,14 @@ def requests(traces, n_experts: int):
         else:
             keys[at:at + len(piece)] = piece
             at += len(piece)
-    lengths = np.concatenate(lengths)
-    starts = np.zeros(len(lengths) + 1, np.int64)
-    np.cumsum(lengths, out=starts[1:])
+    starts = np.empty(sum(n for n, _ in lengths) + 1, np.int64)
+    starts[0] = at = pl = 0
+    for n, length in lengths:
+        starts[pl + 1:pl + n + 1] = at + length * np.arange(1, n + 1)
+        at += n * length
+        pl += n
     passes = Passes(np.concatenate(prefill), np.concatenate(tokens), np.concatenate(pairs))
-    mult = np.ones(len(keys), np.int64)  # a one-token pass's request: one pair
+    mult = np.ones(len(keys), np.int32)  # a one-token pass's request: one pair
     for where, counts in counted:
         mult[where:where + len(counts)] = counts
     return keys, starts, mult, passes
@@ -261,17 +270,21 @@ def _layer_walk(layers, num_layers: int) -> tuple[list[int], int]:
 
 
 def _compute_plan(cache: ExpertCache, passes: Passes, context_start: list[int] | None, traces):
-    """The cost model's compute increments, in the reference's order: per pass-layer those
-    before its requests are served (dense layers, attention + router), per pass those at its
-    start and end (the experts' steps, which depend on the waves, the kernel computes).
-    Without a cost model all are empty. Every value is the cost model's own (one call per
-    distinct tokens and context), laid out per pass by the layer walk."""
+    """The cost model's compute increments, as the kernels charge them in the reference's order
+    (the experts' steps, which depend on the waves, the kernels compute): per pass its dense
+    layer's, its attention + router's and half its embedding and logits' time (`dense`,
+    `attn`, `half`), and the layer walk: how many dense layers come before each MoE layer
+    (`dense_before`) and after the last (`dense_after`). A pass starts with `half`; each MoE
+    layer is preceded by its dense layers then its attention + router; the pass ends with the
+    dense layers after the last MoE layer, then `half`. Every value is the cost model's own (one call per
+    distinct tokens and context). Without a cost model all are zero (and the kernels charge
+    none)."""
     n_layers = len(cache.shape.layers)
     n_pass = len(passes)
     cost = cache.cost
     if cost is None:
-        return (np.zeros(n_pass * n_layers + 1, np.int64), np.zeros(0),
-                np.zeros(n_pass, np.float64), np.zeros(n_pass + 1, np.int64), np.zeros(0))
+        return (np.zeros(n_pass), np.zeros(n_pass), np.zeros(n_pass),
+                np.zeros(n_layers, np.int64), 0)
     # Each pass's context: the sequence's start, then its tokens so far (this pass's included).
     context = np.empty(n_pass, np.int64)
     at = 0
@@ -282,7 +295,9 @@ def _compute_plan(cache: ExpertCache, passes: Passes, context_start: list[int] |
         at += n
     # One cost-model call per distinct (tokens, context): a pair as one integer.
     span = int(context.max()) + 1
-    combined, which = np.unique(passes.tokens * span + context, return_inverse=True)
+    pair = passes.tokens * span + context
+    combined = np.unique(pair)
+    which = np.searchsorted(combined, pair)  # (np.unique's return_inverse: 3x the time)
     distinct = list(zip((combined // span).tolist(), (combined % span).tolist()))
     lookahead = cache.lookahead_scores
     dense = np.asarray([cost.dense_layer(t, c) for t, c in distinct], np.float64)[which]
@@ -290,16 +305,7 @@ def _compute_plan(cache: ExpertCache, passes: Passes, context_start: list[int] |
                       np.float64)[which]
     half = np.asarray([cost.embed_and_logits(t) / 2 for t, _ in distinct], np.float64)[which]
     before, after = _layer_walk(cache.shape.layers, cache.shape.num_layers)
-    # Per pass: each MoE layer's dense layers then its attention + router; at the end, the
-    # dense layers after the last MoE layer, then the logits.
-    is_dense = np.concatenate([[True] * b + [False] for b in before])
-    pre_vals = np.where(is_dense[None, :], dense[:, None], attn[:, None]).reshape(-1)
-    pre_off = np.zeros(n_pass * n_layers + 1, np.int64)
-    np.cumsum(np.tile(np.asarray(before, np.int64) + 1, n_pass), out=pre_off[1:])
-    end_vals = np.concatenate([np.repeat(dense[:, None], after, axis=1), half[:, None]],
-                              axis=1).reshape(-1)
-    end_off = np.arange(n_pass + 1, dtype=np.int64) * (after + 1)
-    return pre_off, pre_vals, half.copy(), end_off, end_vals
+    return dense, attn, half, np.asarray(before, np.int64), after
 
 
 def _cost_params(cache: ExpertCache) -> tuple:
@@ -392,20 +398,22 @@ def run(cache: ExpertCache, traces, context_start: list[int] | None = None,
     if lean_kernel.covers(policy, len(grp_target) > 0):
         kernel, args = lean_kernel.run, (I, F, keys, mult, passes.tokens, passes.pairs, plan,
                                          cost)
+        rows = [K.ROWS[j] for j in lean_kernel.RUNNING]  # its running totals' columns
     else:
         kernel, args = K.run, (I, F, keys, mult, passes.tokens, passes.pairs,
                                (grp_off, grp_target, grp_start, pred_experts), plan, cost)
+        rows = list(K.ROWS)
     setup = (load(args, kernel) if on_load is None
              else on_load(lambda: load(args, kernel), kernel_loaded(args, kernel)))
     timings, running, pins = kernel(*args)
-    per_key = I[I[K.O_KEYS]:I[K.O_KEYS] + K.N_KEY_ROWS * n_keys].reshape(K.N_KEY_ROWS, n_keys)
+    per_key = K.key_rows(I, n_keys)
     slot_of, origin_pass, origin_tpos = (per_key[K.SLOT], per_key[K.ORIGIN_PASS],
                                          per_key[K.ORIGIN_TPOS])
     c = F[I[K.O_C]:I[K.O_C] + len(K.ROWS) * n_layers].reshape(len(K.ROWS), n_layers)
     slot_ready = F[I[K.O_SR]:I[K.O_SR] + shape.num_slots]
     T = F[I[K.O_T]:I[K.O_T] + 2 + len(clock.engine_free)]
     free = I[I[K.O_SLOTS] + shape.num_slots:I[K.O_SLOTS] + shape.num_slots + I[K.FREE_N]]
-    _fill_metrics(cache.metrics, c, timings, running, passes)
+    _fill_metrics(cache.metrics, c, timings, running, rows, passes)
     # The cache's state as the reference leaves it.
     layers = shape.layers
     cache.pass_id = len(passes) - 1
@@ -429,7 +437,10 @@ def run(cache: ExpertCache, traces, context_start: list[int] | None = None,
     return setup
 
 
-def _fill_metrics(m: CacheMetrics, c, timings, running, passes: Passes) -> None:
+def _fill_metrics(m: CacheMetrics, c, timings, running, rows: list[str], passes: Passes
+                  ) -> None:
+    """The counters, and (deferred: built when read) the per-pass timings and running totals;
+    `running`'s columns are the totals of `rows`, the other rows' are 0."""
     for j, name in enumerate(K.ROWS):
         values = c[j]
         m.c[name] = values.tolist() if name in SECONDS else [int(v) for v in values]
@@ -437,14 +448,17 @@ def _fill_metrics(m: CacheMetrics, c, timings, running, passes: Passes) -> None:
         PassTiming("prefill" if prefill else "decode", tokens, s, e, st)
         for prefill, tokens, (s, e, st) in zip(passes.prefill.tolist(), passes.tokens.tolist(),
                                                timings.tolist())])
-    m.defer_snapshots(lambda: _snapshots(running, timings))
+    m.defer_snapshots(lambda: _snapshots(running, rows, timings))
 
 
-def _snapshots(running: np.ndarray, timings: np.ndarray) -> list[dict]:
-    """The per-pass running totals `CacheMetrics.snapshot` would have taken."""
+def _snapshots(running: np.ndarray, rows: list[str], timings: np.ndarray) -> list[dict]:
+    """The per-pass running totals `CacheMetrics.snapshot` would have taken (`running`: the
+    totals of `rows`, the other rows' 0)."""
+    zero = {name: 0.0 if name in SECONDS else 0 for name in K.ROWS}
     out = []
     for row, (start, end, _) in zip(running.tolist(), timings.tolist()):
-        sums = {name: v if name in SECONDS else int(v) for name, v in zip(K.ROWS, row)}
+        sums = dict(zero)
+        sums.update((name, v if name in SECONDS else int(v)) for name, v in zip(rows, row))
         t = CacheMetrics.summary(sums)
         t["pass_s"] = end - start
         out.append(t)

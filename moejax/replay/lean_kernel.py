@@ -7,13 +7,24 @@ the general kernel runs everything else.
 
 Why a second loop: the general kernel reaches every field through accessors that read the
 layout's offsets from `I` at each access (stores into `I` keep LLVM from hoisting them) and
-calls a function per step of a request; per request that was most of its time. Here the
-offsets are read once, and the request's path (the list moves, the allocation, the booking)
-is written out in the loop or in inner functions, which numba inlines. Its semantics are the
-general kernel's, step for step (`kernel.py`'s docstring): the rarer steps (a layered victim
-search, Least-Stale's pass start, the strict quota's check) are the general kernel's own
-functions. `tests/test_compiled_replay.py` holds the two kernels equal, and both to the
-reference engine. The time arithmetic is `moejax/timing/timeline.py`'s, as everywhere.
+calls a function per step of a request; per request that was most of its time. Here:
+- the offsets are read once, and the request's path (the list moves, the allocation, the
+  booking) is written out in the loop or in inner functions, which numba inlines;
+- the scalars the general kernel keeps in `I` and `F` (the clock, the link's free time, the
+  stamp, the free slots' count, the recency tick) live in locals, written back at the end;
+- the integer counters are summed per layer in a local array, added to `F` at the end (sums
+  of integers: exact in any order);
+- every index is cast to unsigned (`u`): numba checks a signed index for a negative value
+  (Python's wraparound) at every access, and no index here is ever negative; on a 1M-request
+  replay that check was about a third of the loop's time;
+- a transfer's booking is `timeline.book` written out with its two quotients taken once
+  (called, it cost 15-25% of the loop: numba does not inline it).
+(Measured with `benchmarks/replay_limit.py`; its figures are in benchmarks/README.md.)
+
+Its semantics are the general kernel's, step for step (`kernel.py`'s docstring): the rarer
+steps (a layered victim search, Least-Stale's pass start, the strict quota's check) are the
+general kernel's own functions. `tests/test_compiled_replay.py` holds the two kernels equal
+(every count, every time, bit for bit), and both to the reference engine.
 """
 
 from __future__ import annotations
@@ -31,6 +42,13 @@ LIST_EVICTIONS = (K.LRU, K.FIFO, K.LRU_PER_LAYER, K.LRU_PER_LAYER_STRICT, K.FLD,
                   K.LS_TWO_QUEUE, K.LS_LEFT_FIRST, K.LS_CYCLIC)
 
 
+# The integer counter rows this kernel sums per layer in a local array (`cnt`), in this order.
+COUNTED = (K.R_REQ, K.R_HIT, K.R_LATE, K.R_MISS, K.R_COLL, K.R_PRODUCTS, K.R_WAVES)
+# The rows this kernel counts at all, in the order of its running totals' columns (the others
+# stay 0 without prefetch): a 1M-request replay's totals are then 8192 x 11, not 8192 x 26.
+RUNNING = COUNTED + (K.R_EVICT, K.R_DEMAND_B, K.R_STALL, K.R_BEHIND)
+
+
 def covers(policy: int, has_predictions: bool) -> bool:
     """Whether this kernel runs eviction code `policy` (`kernel.EVICTIONS`) for a run with or
     without predictions."""
@@ -40,8 +58,9 @@ def covers(policy: int, has_predictions: bool) -> bool:
 @K.jit
 def run(I, F, keys, mult, pass_tokens, pass_pairs, compute, cost):
     """`kernel.run` without predictions, for the list evictions (`covers`): the same arguments
-    less `pred`, the same outcome in `(I, F)` and the same returns."""
-    pre_off, pre_vals, begin, end_off, end_vals = compute
+    less `pred`, the same outcome in `(I, F)` and the same returns, but for the running
+    totals: those of RUNNING's rows only (`compiled.run` widens them)."""
+    dense, attn, half, dense_before, dense_after = compute
     has_cost, per_expert, shared_params, dtype_b, peak_flops, hbm_bps, launch = cost
     policy = I[K.POLICY]
     n_slots, n_layers, n_experts = I[K.N_SLOTS], I[K.N_LAYERS], I[K.N_EXPERTS]
@@ -52,8 +71,6 @@ def run(I, F, keys, mult, pass_tokens, pass_pairs, compute, cost):
     # The layout's offsets, read once (`kernel._k` and friends read them at every access).
     nk = I[K.N_KEYS]
     ko = I[K.O_KEYS]
-    slot_b, evicted_b, prot_b = ko + K.SLOT * nk, ko + K.EVICTED_IN * nk, ko + K.PROT * nk
-    origin_b, origin_t = ko + K.ORIGIN_PASS * nk, ko + K.ORIGIN_TPOS * nk
     so = I[K.O_SLOTS]
     key_of_b, free_b = so + K.KEY_OF * n_slots, so + K.FREE * n_slots
     sr, t = I[K.O_SR], I[K.O_T]
@@ -63,126 +80,112 @@ def run(I, F, keys, mult, pass_tokens, pass_pairs, compute, cost):
     nbytes, latency = F[fo + K.F_BYTES], F[fo + K.F_LATENCY]
     engine_bps, link_bps = F[fo + K.F_ENGINE_BPS], F[fo + K.F_LINK_BPS]
     starts = I[I[K.O_STARTS]:I[K.O_STARTS] + len(pass_pairs) * n_layers + 1]
-    # The eviction lists (`kernel._append`, `_remove`, `_to_end`, written out on hoisted
-    # offsets; inner functions, which numba inlines).
     lo, nl = I[K.O_LISTS], I[K.N_LISTS]
     head_b, tail_b, len_b = lo + K.HEAD * nl, lo + K.TAIL * nl, lo + K.LEN * nl
-    prev_b, next_b, list_b = ko + K.EL * nk, ko + K.EL_NEXT * nk, ko + K.EL_LIST * nk
-    last_b = ko + K.LAST * nk
+    # A key's fields, at `key_at(field, key)` (key-major: `kernel._k`).
+    slot_b, evicted_b, prot_b = ko + K.SLOT, ko + K.EVICTED_IN, ko + K.PROT
+    prev_b, next_b, list_b = ko + K.EL, ko + K.EL_NEXT, ko + K.EL_LIST
+    last_b = ko + K.LAST
+    # An index into I, F or an input array: never negative, so unsigned (the module's
+    # docstring).
+    u = np.uint64
 
+    def key_at(field, k):
+        return u(field + k * K.N_KEY_ROWS)
+
+    # The eviction lists (`kernel._append`, `_remove`, written out on hoisted offsets; inner
+    # functions, which numba inlines).
     def append(w, k):
-        tail = I[tail_b + w]
-        I[list_b + k] = w
-        I[prev_b + k] = tail
-        I[next_b + k] = -1
+        tail = I[u(tail_b + w)]
+        I[key_at(list_b, k)] = w
+        I[key_at(prev_b, k)] = tail
+        I[key_at(next_b, k)] = -1
         if tail >= 0:
-            I[next_b + tail] = k
+            I[key_at(next_b, tail)] = k
         else:
-            I[head_b + w] = k
-        I[tail_b + w] = k
-        I[len_b + w] += 1
+            I[u(head_b + w)] = k
+        I[u(tail_b + w)] = k
+        I[u(len_b + w)] += 1
 
     def unlink(k):
-        w = I[list_b + k]
+        w = I[key_at(list_b, k)]
         if w >= 0:
-            before, after = I[prev_b + k], I[next_b + k]
+            before, after = I[key_at(prev_b, k)], I[key_at(next_b, k)]
             if before >= 0:
-                I[next_b + before] = after
+                I[key_at(next_b, before)] = after
             else:
-                I[head_b + w] = after
+                I[u(head_b + w)] = after
             if after >= 0:
-                I[prev_b + after] = before
+                I[key_at(prev_b, after)] = before
             else:
-                I[tail_b + w] = before
-            I[prev_b + k] = -1
-            I[next_b + k] = -1
-            I[list_b + k] = -1
-            I[len_b + w] -= 1
-
-    def to_end(k):
-        w = I[list_b + k]
-        if I[tail_b + w] != k:
-            unlink(k)
-            append(w, k)
-
-    def use(k):  # lru_per_layer's recency tick
-        I[K.TICK] += 1
-        I[last_b + k] = I[K.TICK]
-
-    def requested(k, pos):
-        """`kernel._on_access` of key `k` of MoE position `pos` (FIFO: nothing)."""
-        if policy == K.LRU or policy == K.FLD:
-            to_end(k)
-        elif per_layer:
-            to_end(k)
-            use(k)
-        elif is_ls:  # current for the pass; a current key keeps its place
-            if I[list_b + k] != n_layers + pos:
-                unlink(k)
-                append(n_layers + pos, k)
-
-    def admitted(k, pos):
-        """`kernel._on_admit` of key `k` of MoE position `pos`."""
-        if policy == K.LRU or policy == K.FIFO:
-            append(0, k)
-        elif policy == K.FLD:
-            append(pos, k)
-        elif per_layer:
-            append(pos, k)
-            use(k)
-        elif is_ls:
-            if I[list_b + k] != n_layers + pos:
-                unlink(k)
-                append(n_layers + pos, k)
+                I[u(tail_b + w)] = before
+            I[key_at(prev_b, k)] = -1
+            I[key_at(next_b, k)] = -1
+            I[key_at(list_b, k)] = -1
+            I[u(len_b + w)] -= 1
 
     n_pass = len(pass_pairs)
-    n_rows = len(K.ROWS)
     passes = np.zeros((n_pass, 3))
-    running = np.zeros((n_pass, n_rows))
-    tot = np.zeros(n_rows)  # the counts' totals over the layers (rows this kernel counts)
+    running = np.zeros((n_pass, len(RUNNING)))  # the running totals of RUNNING's rows
     pins = np.zeros(n_slots, np.int64)
     n_pins = 0
     longest = 1
     for pl in range(len(starts) - 1):
-        longest = max(longest, starts[pl + 1] - starts[pl])
+        longest = max(longest, starts[u(pl + 1)] - starts[u(pl)])
     order = np.zeros(longest, np.int64)
     layer_of = np.arange(nk) // n_experts  # each key's MoE position (no division per eviction)
+    # The scalars the loop keeps in registers, written back at the end: the clock, the link's
+    # free time, the stamp, the free slots' count, the recency tick.
+    clock = F[u(t)]
+    link = F[u(t + 1)]
+    stamp = I[K.STAMP]
+    free_n = I[K.FREE_N]
+    tick = I[K.TICK]
+    one_engine = len(engines) == 1
+    per_link = nbytes / link_bps  # `timeline.book`'s quotients, the same each time
+    per_engine = nbytes / engine_bps
+    lru_like = policy == K.LRU or policy == K.FIFO
+    # The running totals of the rows this kernel counts.
+    t_req = t_hit = t_late = t_miss = t_coll = t_evict = t_prod = t_waves = 0
+    t_dem = 0.0
+    cnt = np.zeros((len(COUNTED), n_layers), np.int64)  # per layer, the rows of COUNTED
     for p in range(n_pass):
-        start = F[t]
-        F[t] += begin[p]
+        start = clock
+        if has_cost:
+            clock += half[p]
         pass_stall = 0.0
         tokens = pass_tokens[p]
         if is_ls:
             K.begin_pass(I)
         for pos in range(n_layers):
             pl = p * n_layers + pos
-            for i in range(pre_off[pl], pre_off[pl + 1]):
-                F[t] += pre_vals[i]
-            a, b = starts[pl], starts[pl + 1]
+            if has_cost:  # the dense layers before it, then its attention + router
+                for _ in range(dense_before[u(pos)]):
+                    clock += dense[u(p)]
+                clock += attn[u(p)]
+            a, b = starts[u(pl)], starts[u(pl + 1)]
             n = b - a
-            # More experts than slots: waves, resident experts first (`waves.py`), in
-            # `order`; else the requests in their own order.
             waves = n > n_slots
             if waves:
                 m = 0
                 for resident in (True, False):
                     for i in range(a, b):
-                        if (I[slot_b + keys[i]] >= 0) == resident:
-                            order[m] = i
+                        if (I[key_at(slot_b, keys[u(i)])] >= 0) == resident:
+                            order[u(m)] = i
                             m += 1
             n_waves = (n + n_slots - 1) // n_slots if waves else 1
             for w in range(n_waves):
                 w0 = w * n_slots
                 w1 = min(n, w0 + n_slots)
-                now = F[t]
+                now = clock
                 n_pins = 0
-                I[K.STAMP] += 1
-                wave_stamp = I[K.STAMP]
+                stamp += 1
+                wave_stamp = stamp
                 for j in range(w0, w1):
-                    k = keys[order[j] if waves else a + j]
-                    pins[n_pins] = k
+                    k = keys[u(order[u(j)] if waves else a + j)]
+                    pins[u(n_pins)] = k
                     n_pins += 1
-                    I[prot_b + k] = wave_stamp
+                    I[key_at(prot_b, k)] = wave_stamp
                 ready = now
                 engine_wait = 0.0
                 hits = 0
@@ -191,104 +194,162 @@ def run(I, F, keys, mult, pass_tokens, pass_pairs, compute, cost):
                 coll = 0
                 pairs = 0
                 for j in range(w0, w1):
-                    i = order[j] if waves else a + j
-                    k = keys[i]
-                    pairs += mult[i]
-                    s = I[slot_b + k]
+                    i = order[u(j)] if waves else a + j
+                    k = keys[u(i)]
+                    if waves:  # (one wave: the pass's pairs, below)
+                        pairs += mult[u(i)]
+                    s = I[key_at(slot_b, k)]
                     if s >= 0:
-                        at = F[sr + s]
+                        at = F[u(sr + s)]
                         if at > now:
                             late += 1
                             if at > ready:
                                 ready = at
                         else:
                             hits += 1
-                        if I[origin_b + k] >= 0:  # (never, without prefetch)
-                            I[origin_b + k] = -1
-                            I[origin_t + k] = -1
+                        # (No prefetch origin to clear, as the general kernel does on a use:
+                        # without predictions none is ever set.)
+                        # `kernel._on_access`
+                        if policy == K.LRU or policy == K.FLD or per_layer:
+                            lw = I[key_at(list_b, k)]
+                            tail = I[u(tail_b + lw)]
+                            if tail != k:  # to the end of its list (it stays in it)
+                                before, after = I[key_at(prev_b, k)], I[key_at(next_b, k)]
+                                if before >= 0:
+                                    I[key_at(next_b, before)] = after
+                                else:
+                                    I[u(head_b + lw)] = after
+                                I[key_at(prev_b, after)] = before
+                                I[key_at(prev_b, k)] = tail
+                                I[key_at(next_b, k)] = -1
+                                I[key_at(next_b, tail)] = k
+                                I[u(tail_b + lw)] = k
+                            if per_layer:
+                                tick += 1
+                                I[key_at(last_b, k)] = tick
+                        elif is_ls:
+                            if I[key_at(list_b, k)] != n_layers + pos:
+                                unlink(k)
+                                append(n_layers + pos, k)
                     else:
-                        if I[evicted_b + k] == p:
+                        if I[key_at(evicted_b, k)] == p:
                             coll += 1
                         st = wave_stamp
                         if not pin_layer:  # only the expert being fetched is protected
-                            I[K.STAMP] += 1
-                            st = I[K.STAMP]
-                            I[prot_b + k] = st
+                            stamp += 1
+                            st = stamp
+                            I[key_at(prot_b, k)] = st
                         # A slot: a free one, else the policy's victim (`kernel._allocate`).
-                        if I[K.FREE_N] > 0 and not (strict and K.keeps_own(I, st, k)):
-                            I[K.FREE_N] -= 1
-                            s = I[free_b + I[K.FREE_N]]
+                        if free_n > 0 and not (strict and K.keeps_own(I, st, k)):
+                            free_n -= 1
+                            s = I[u(free_b + free_n)]
                         else:
-                            if policy == K.LRU or policy == K.FIFO:  # the first not protected
-                                v = I[head_b]
-                                while v >= 0 and I[prot_b + v] == st:
-                                    v = I[next_b + v]
+                            if lru_like:  # the first not protected
+                                v = I[u(head_b)]
+                                while v >= 0 and I[key_at(prot_b, v)] == st:
+                                    v = I[key_at(next_b, v)]
                             else:
                                 v = K.victim(I, pos, st, k, p)
-                            s = I[slot_b + v]
-                            I[slot_b + v] = -1
-                            I[key_of_b + s] = -1
-                            I[evicted_b + v] = p
+                            s = I[key_at(slot_b, v)]
+                            I[key_at(slot_b, v)] = -1
+                            I[u(key_of_b + s)] = -1
+                            I[key_at(evicted_b, v)] = p
                             unlink(v)
-                            F[c0 + K.R_EVICT * n_layers + layer_of[v]] += 1
-                            tot[K.R_EVICT] += 1
+                            F[u(c0 + K.R_EVICT * n_layers + layer_of[u(v)])] += 1
+                            t_evict += 1
+                        # `timeline.book`, written out (the module's docstring)
                         if misses == 0:  # what is on the engines went before it
-                            engine_wait = timeline.stall(engines[timeline.earliest(engines)],
+                            engine_wait = timeline.stall(engines[u(timeline.earliest(engines))],
                                                          now)
-                        booked = timeline.book(engines, F[t + 1], nbytes, now, latency,
-                                               engine_bps, link_bps)
-                        F[t + 1] = booked[3]
-                        r = timeline.landed(booked[4], F[sr + s])
-                        I[slot_b + k] = s
-                        I[key_of_b + s] = k
-                        F[sr + s] = r
-                        admitted(k, pos)
+                        e = 0 if one_engine else timeline.earliest(engines)
+                        free = engines[u(e)]
+                        begin_at = now if now > free else free
+                        data_start = begin_at + latency
+                        link_start = data_start if data_start > link else link
+                        link = link_start + per_link
+                        end = data_start + per_engine
+                        if link > end:
+                            end = link
+                        engines[u(e)] = end
+                        r = timeline.landed(end, F[u(sr + s)])
+                        I[key_at(slot_b, k)] = s
+                        I[u(key_of_b + s)] = k
+                        F[u(sr + s)] = r
+                        # `kernel._on_admit`
+                        if lru_like:
+                            append(0, k)
+                        elif policy == K.FLD:
+                            append(pos, k)
+                        elif per_layer:
+                            append(pos, k)
+                            tick += 1
+                            I[key_at(last_b, k)] = tick
+                        elif is_ls:
+                            if I[key_at(list_b, k)] != n_layers + pos:
+                                unlink(k)
+                                append(n_layers + pos, k)
                         if r > ready:
                             ready = r
                         misses += 1
-                    requested(k, pos)
-                stall = timeline.stall(ready, F[t])
-                F[t] += stall
+                stall = timeline.stall(ready, clock)
+                clock += stall
                 pass_stall += stall
                 if n_waves == 1:
                     pairs = pass_pairs[p]
                 row = c0 + pos
-                F[row + K.R_REQ * n_layers] += w1 - w0
-                F[row + K.R_HIT * n_layers] += hits
-                F[row + K.R_LATE * n_layers] += late
-                F[row + K.R_MISS * n_layers] += misses
-                F[row + K.R_COLL * n_layers] += coll
-                F[row + K.R_DEMAND_B * n_layers] += misses * nbytes
-                F[row + K.R_PRODUCTS * n_layers] += pairs
-                F[row + K.R_WAVES * n_layers] += 1
-                tot[K.R_REQ] += w1 - w0
-                tot[K.R_HIT] += hits
-                tot[K.R_LATE] += late
-                tot[K.R_MISS] += misses
-                tot[K.R_COLL] += coll
-                tot[K.R_DEMAND_B] += misses * nbytes
-                tot[K.R_PRODUCTS] += pairs
-                tot[K.R_WAVES] += 1
-                F[row + K.R_STALL * n_layers] += stall
+                cnt[0, pos] += w1 - w0  # COUNTED's order
+                cnt[1, pos] += hits
+                cnt[2, pos] += late
+                cnt[3, pos] += misses
+                cnt[4, pos] += coll
+                cnt[5, pos] += pairs
+                cnt[6, pos] += 1
+                F[u(row + K.R_DEMAND_B * n_layers)] += misses * nbytes
+                t_req += w1 - w0
+                t_hit += hits
+                t_late += late
+                t_miss += misses
+                t_coll += coll
+                t_dem += misses * nbytes
+                t_prod += pairs
+                t_waves += 1
+                F[u(row + K.R_STALL * n_layers)] += stall
                 if engine_wait > 0.0:
-                    F[row + K.R_BEHIND * n_layers] += min(stall, engine_wait)
+                    F[u(row + K.R_BEHIND * n_layers)] += min(stall, engine_wait)
                 if has_cost:  # CostModel.experts, with the shared expert on the first wave
-                    F[t] += timeline.experts_step(pairs, w1 - w0, tokens, per_expert,
-                                                  shared_params if w == 0 else 0, dtype_b,
-                                                  peak_flops, hbm_bps, launch)
-        for i in range(end_off[p], end_off[p + 1]):
-            F[t] += end_vals[i]
+                    clock += timeline.experts_step(pairs, w1 - w0, tokens, per_expert,
+                                                   shared_params if w == 0 else 0, dtype_b,
+                                                   peak_flops, hbm_bps, launch)
+        if has_cost:  # the dense layers after the last MoE layer, then the logits
+            for _ in range(dense_after):
+                clock += dense[u(p)]
+            clock += half[u(p)]
         passes[p, 0] = start
-        passes[p, 1] = F[t]
+        passes[p, 1] = clock
         passes[p, 2] = pass_stall
-        # The running totals: the counts kept as they go (sums of integers, exact in any
-        # order), the seconds summed over the layers as the general kernel sums them.
-        for j in range(n_rows):
-            running[p, j] = tot[j]
-        for j in (K.R_STALL, K.R_BEHIND):
+        # The running totals: the counts as they go, the seconds summed over the layers as
+        # the general kernel sums them.
+        running[p, 0] = t_req  # RUNNING's order
+        running[p, 1] = t_hit
+        running[p, 2] = t_late
+        running[p, 3] = t_miss
+        running[p, 4] = t_coll
+        running[p, 5] = t_prod
+        running[p, 6] = t_waves
+        running[p, 7] = t_evict
+        running[p, 8] = t_dem
+        for j in range(9, 11):
             total = 0.0
-            base = c0 + j * n_layers
+            base = c0 + RUNNING[j] * n_layers
             for q in range(n_layers):
-                total += F[base + q]
+                total += F[u(base + q)]
             running[p, j] = total
+    for j in range(len(COUNTED)):
+        for q in range(n_layers):
+            F[u(c0 + COUNTED[j] * n_layers + q)] += cnt[j, q]
+    F[u(t)] = clock
+    F[u(t + 1)] = link
+    I[K.STAMP] = stamp
+    I[K.FREE_N] = free_n
+    I[K.TICK] = tick
     return passes, running, pins[:n_pins].copy()

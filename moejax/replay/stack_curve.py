@@ -112,7 +112,7 @@ def requests_of(traces, num_experts: int) -> Requests:
     if any(len(trace.layers) != n_layers for trace in traces):
         raise ValueError("traces of different layer counts in one replay")
     if not traces or not any(trace.num_passes for trace in traces):
-        return Requests(np.zeros(0, np.int64), np.zeros(1, np.int64), n_layers, num_experts)
+        return Requests(np.zeros(0, np.int32), np.zeros(1, np.int64), n_layers, num_experts)
     keys, starts, _, _ = compiled.requests(traces, num_experts)
     return Requests(keys, starts, n_layers, num_experts)
 
