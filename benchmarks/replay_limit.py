@@ -17,11 +17,11 @@ moejax runs its whole replay (`moejax.replay.replay`, engine auto: the compiled 
 full metrics: every counter per layer, collisions, prefetch accounting, the virtual clock on
 SpecMD's A100 profile with the model's cost model (`model.preset=olmoe-1b-7b`), the per-pass
 timings and running totals. Its time is the call's, the kernel's one-time load excluded (done
-before the timed runs), the prefetcher's predictions included (taken anew each run: a grid's
-worker keeps them across cells); the trace is already in memory on both sides. The bare kernels count
-hits and nothing else. `cache.pin_scope=request` for `lru` and the strict per-layer LRU (only the
-incoming expert protected: the bare kernels' reading), whose hits must equal the bare kernels'
-(the script checks). Each rep runs every case once, in turn (alternated), and the table gives
+before the timed runs), the prefetcher's predictions and the cost model's values included
+(taken anew each run: a grid's worker keeps them across cells); the trace is already in memory
+on both sides. The bare kernels count hits and nothing else. `cache.pin_scope=request` for
+`lru` and the strict per-layer LRU (only the incoming expert protected: the bare kernels'
+reading), whose hits must equal the bare kernels' (the script checks). Each rep runs every case once, in turn (alternated), and the table gives
 the median rate and the spread (min-max) over reps; `ratio` is moejax's median rate over the
 bare LRU's median rate in the same run.
 """
@@ -42,6 +42,7 @@ from moejax.jobs.schema import base_config
 from moejax.jobs.specs import resolve
 from moejax.quant import formats
 from moejax.replay import compiled, replay
+from moejax.timing import CostModel
 from moejax.traces import load_traces
 
 # (eviction, prefetch, queue, pin scope): the bare kernels' reading for the two LRUs; the
@@ -167,7 +168,10 @@ def moejax_cache(trace, capacity: float, eviction: str, prefetch: str, queue: st
 def moejax_run(trace, repeats: int, capacity: float, case) -> tuple[float, dict, object]:
     cache = moejax_cache(trace, capacity, *case)
     traces = [trace] * repeats
-    compiled.forget_predictions()  # every run takes its predictions (a grid keeps them)
+    # Every run takes its predictions and its cost-model values anew (a grid's worker keeps
+    # both for the cells that share them).
+    compiled.forget_predictions()
+    CostModel.shared.cache_clear()
     start = time.perf_counter()
     decision = replay(cache, traces)
     seconds = time.perf_counter() - start - decision.setup_s

@@ -7,6 +7,7 @@ precision, and replay equivalence — all without JAX weights (hand-built gates 
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import os
 
@@ -82,6 +83,23 @@ def test_model_bytes_match_specmds_table():
     assert olmoe.total_expert_bytes / GiB == 12.0
     mixtral = preset("mixtral", "mixtral-8x7b")
     assert sizes.model_bytes(mixtral) / GiB == pytest.approx(86.99, abs=0.01)
+
+
+@settings(max_examples=12, suppress_health_check=[HealthCheck.too_slow])
+@given(family=st.sampled_from(["mixtral", "olmoe", "phimoe", "qwen2_moe"]),
+       data=st.data())
+def test_the_dense_count_by_layer_kind_is_the_whole_decoders(family, data):
+    """`dense_param_count` traces one layer of each kind and the model's ends; it must count
+    what the whole decoder's abstract shapes hold, for every family, with dense layers among
+    the MoE ones, tied embeddings or not."""
+    base = preset(family, "tiny", 0)
+    layers = data.draw(st.integers(1, 5), label="layers")
+    moe = data.draw(st.lists(st.integers(0, layers - 1), min_size=1, unique=True), label="moe")
+    cfg = dataclasses.replace(
+        base, num_layers=layers, moe_layers=tuple(sorted(moe)), sliding_window=(),
+        dense_intermediate_size=data.draw(st.sampled_from([24, 40]), label="dense width"),
+        tie_word_embeddings=data.draw(st.booleans(), label="tied"))
+    assert sizes.dense_param_count(cfg) == sizes.full_dense_param_count(cfg)
 
 
 def test_olmoe_at_five_percent_of_the_model():

@@ -175,7 +175,8 @@ def build_cache(run: RunSpec, shape: CacheShape,
                                          build_policies(run, shape, renormalize, specs))
     hw = run.hardware.device
     kind = clock_kind(run.hardware)
-    cost = CostModel(model_cfg, hw) if (model_cfg is not None and kind == "virtual") else None
+    cost = (CostModel.shared(model_cfg, hw) if (model_cfg is not None and kind == "virtual")
+            else None)
     work = run.hardware.host_work if cost is not None else None
     timing = None
     if kind == "wall":

@@ -34,6 +34,7 @@ from moejax.jobs.schema import (
     REPLAYS,
     TRACE_DRIVEN_READS,
     base_config,
+    declared_defaults,
 )
 
 __all__ = ["JOBS", "base_config", "check", "run"]
@@ -121,7 +122,7 @@ def check(config: ml_collections.ConfigDict, warn: bool = True) -> None:
     from moejax.jobs.specs import check_model, check_settings, trace_driven
     from moejax.jobs.unapplied import say_unapplied, warn_unapplied
 
-    schema = base_config()  # once per check: a sweep's launch checks every cell
+    schema = declared_defaults()  # (read only)
     check_declared(config, schema, moved=MOVED)
     if config.job not in JOBS:
         raise ConfigError(f"config.job={config.job!r} is not one of {JOBS}")

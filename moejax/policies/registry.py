@@ -11,6 +11,7 @@ later tiers will fill (`PLANNED`) are not choices: asking for one says what it w
 from __future__ import annotations
 
 import ast
+import functools
 import inspect
 import re
 from collections.abc import Iterable
@@ -167,12 +168,18 @@ def check(kind: str, spec: str) -> type[Policy]:
     return ctor
 
 
+@functools.cache
+def _parameters(ctor: type[Policy]) -> tuple[inspect.Parameter, ...]:
+    """`ctor`'s parameters, read once per class (`inspect.signature` was most of a policy
+    check's time, and a sweep checks each cell's policies twice)."""
+    return tuple(inspect.signature(ctor).parameters.values())
+
+
 def _bind(kind: str, spec: str, ctor: type[Policy], args: list[Any], kwargs: dict[str, Any],
           context: Iterable[str]) -> dict[str, Any]:
     """The spec's arguments bound to `ctor`'s parameters other than the `context` ones, each
     checked against its declared values."""
-    params = inspect.signature(ctor).parameters
-    user = [p for p in params.values() if p.name not in context and p.name not in CONTEXT_ONLY
+    user = [p for p in _parameters(ctor) if p.name not in context and p.name not in CONTEXT_ONLY
             and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
     valid = [p.name for p in user]
     if len(args) > len(valid):

@@ -52,7 +52,6 @@ from moejax.replay import coverage, lean_kernel
 from moejax.replay import kernel as K
 from moejax.replay.future import future_of_requests
 from moejax.replay.gates import layer_gates
-from moejax.seam import requests_in_rank_order
 
 assert K.ROWS == COUNTERS + BYTES + SECONDS, "kernel.ROWS must follow CacheMetrics"
 
@@ -126,13 +125,18 @@ def requests(traces, n_experts: int):
                 prefill.append(kind[r - p:r - p + 1])
                 tokens.append(np.asarray([ids.shape[0]], np.int64))
                 pairs.append(np.asarray([ids.shape[0] * ids.shape[2]], np.int64))
-                for pos in range(ids.shape[1]):  # rank order, first occurrence wins
-                    req = np.asarray(requests_in_rank_order(ids[:, pos]), np.int64)
-                    counts = np.bincount(ids[:, pos].reshape(-1), minlength=n_experts)
-                    pieces.append(req + offsets[pos])
-                    counted.append((at, counts[req]))
-                    at += len(req)
-                    lengths.append((1, len(req)))
+                # Every layer's distinct experts at once (`requests_in_rank_order` per layer):
+                # global keys layer-major, each layer's rank-major over the tokens, the first
+                # occurrence of each key in that order kept.
+                order = (ids + offsets[None, :, None]).transpose(1, 2, 0).reshape(-1)
+                _, first = np.unique(order, return_index=True)
+                req = order[np.sort(first)]
+                counts = np.bincount(order, minlength=n_layers * n_experts)
+                per_layer = np.bincount(req // n_experts, minlength=n_layers)
+                pieces.append(req)
+                counted.append((at, counts[req]))
+                at += len(req)
+                lengths.extend((1, int(n)) for n in per_layer)
     keys = np.empty(at, np.int32)
     at = 0
     for piece in pieces:

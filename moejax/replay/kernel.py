@@ -172,13 +172,15 @@ def key_rows(I: np.ndarray, n_keys: int) -> np.ndarray:
 
 @jit
 def _at(I, block, width, row, j):
-    """Where item `j` of row `row` is, in a block (offset `I[block]`) of rows `I[width]` long."""
-    return I[block] + row * I[width] + j
+    """Where item `j` of row `row` is, in a block (offset `I[block]`) of rows `I[width]` long.
+    Unsigned: numba checks a signed index for a negative value (Python's wraparound) at every
+    access, and no index here is negative (`lean_kernel.py`'s docstring)."""
+    return np.uint64(I[block] + row * I[width] + j)
 
 
 @jit
 def _k(I, row, g):  # per key, in I (key-major)
-    return I[O_KEYS] + g * N_KEY_ROWS + row
+    return np.uint64(I[O_KEYS] + g * N_KEY_ROWS + row)
 
 
 @jit

@@ -124,6 +124,13 @@ def run(I, F, keys, mult, pass_tokens, pass_pairs, compute, cost):
             I[key_at(list_b, k)] = -1
             I[u(len_b + w)] -= 1
 
+    def current(k, pos):
+        """Least-Stale: `k` current for the pass; a current key keeps its place
+        (`kernel._ls_request`)."""
+        if I[key_at(list_b, k)] != n_layers + pos:
+            unlink(k)
+            append(n_layers + pos, k)
+
     n_pass = len(pass_pairs)
     passes = np.zeros((n_pass, 3))
     running = np.zeros((n_pass, len(RUNNING)))  # the running totals of RUNNING's rows
@@ -228,9 +235,7 @@ def run(I, F, keys, mult, pass_tokens, pass_pairs, compute, cost):
                                 tick += 1
                                 I[key_at(last_b, k)] = tick
                         elif is_ls:
-                            if I[key_at(list_b, k)] != n_layers + pos:
-                                unlink(k)
-                                append(n_layers + pos, k)
+                            current(k, pos)
                     else:
                         if I[key_at(evicted_b, k)] == p:
                             coll += 1
@@ -285,9 +290,7 @@ def run(I, F, keys, mult, pass_tokens, pass_pairs, compute, cost):
                             tick += 1
                             I[key_at(last_b, k)] = tick
                         elif is_ls:
-                            if I[key_at(list_b, k)] != n_layers + pos:
-                                unlink(k)
-                                append(n_layers + pos, k)
+                            current(k, pos)
                         if r > ready:
                             ready = r
                         misses += 1

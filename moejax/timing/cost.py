@@ -13,6 +13,15 @@ from moejax.timing.hardware import Hardware
 
 
 class CostModel:
+    @staticmethod
+    @functools.lru_cache(maxsize=16)
+    def shared(cfg: ModelConfig, hw: Hardware) -> CostModel:
+        """One `CostModel` per model and hardware in a process, its memos with it: a grid's
+        cells of one model build a cache each, and the cost model's calls per distinct
+        (tokens, context) were about half of a short replay's preparation. (It holds nothing
+        but pure functions of its two arguments and their memos.)"""
+        return CostModel(cfg, hw)
+
     def __init__(self, cfg: ModelConfig, hw: Hardware):
         self.cfg, self.hw = cfg, hw
         self.b = dtype_bytes(cfg.dtype)
