@@ -86,9 +86,9 @@ def requests(traces, n_experts: int):
     array, the start of each pass-layer in it, each request's token-expert pairs in its
     pass-layer, and the `Passes`. Runs of one-token passes (decode) are taken as whole arrays:
     a token's top-k are distinct and already in rank order. Keys and pair counts are int32
-    (keys < L * E, counts <= a pass's tokens): half the memory of int64, and on a 1M-request
-    replay a quarter of the time of this call (6.1 -> 1.6 ms: fresh int64 arrays of 8 MB
-    each cost their page faults)."""
+    (keys < L * E, counts <= a pass's tokens): half the memory of int64 and of its page faults
+    on fresh arrays (a 1M-request replay: this call 4-6 ms with int64 arrays, 2-4 with
+    int32)."""
     # Pieces of the key array in order: a run of one-token passes as (rows, offsets), laid out
     # straight into the array below; a wider pass-layer's requests as an array.
     pieces, counted = [], []  # counted: (where in keys, pairs) of wider passes
@@ -280,9 +280,9 @@ def _compute_plan(cache: ExpertCache, passes: Passes, context_start: list[int] |
     `attn`, `half`), and the layer walk: how many dense layers come before each MoE layer
     (`dense_before`) and after the last (`dense_after`). A pass starts with `half`; each MoE
     layer is preceded by its dense layers then its attention + router; the pass ends with the
-    dense layers after the last MoE layer, then `half`. Every value is the cost model's own (one call per
-    distinct tokens and context). Without a cost model all are zero (and the kernels charge
-    none)."""
+    dense layers after the last MoE layer, then `half`. Every value is the cost model's own
+    (one call per distinct tokens and context). Without a cost model all are zero (and the
+    kernels charge none)."""
     n_layers = len(cache.shape.layers)
     n_pass = len(passes)
     cost = cache.cost
