@@ -2,8 +2,8 @@
 no prefetch (no predictions, so no queue, no predicted sets, no prefetch origins), and an
 eviction whose victim order is a list (`lru`, `fifo`, `lru_per_layer` under either quota,
 `fld`, `least_stale` in its three orders). It runs on the very state `kernel.layout` makes and
-leaves it as `kernel.run` would, with the same outputs, so `compiled.run` reads either alike;
-the general kernel runs everything else.
+leaves it as `kernel.run` would, with the same outputs (the running totals narrower), so
+`compiled.run` reads either alike; the general kernel runs everything else.
 
 Why a second loop: the general kernel reaches every field through accessors that read the
 layout's offsets from `I` at each access (stores into `I` keep LLVM from hoisting them) and
@@ -13,7 +13,8 @@ calls a function per step of a request; per request that was most of its time. H
 - the scalars the general kernel keeps in `I` and `F` (the clock, the link's free time, the
   stamp, the free slots' count, the recency tick) live in locals, written back at the end;
 - the integer counters are summed per layer in a local array, added to `F` at the end (sums
-  of integers: exact in any order);
+  of integers: exact in any order), and the running totals are returned for the rows this
+  loop counts only (`RUNNING`);
 - every index is cast to unsigned (`u`): numba checks a signed index for a negative value
   (Python's wraparound) at every access, and no index here is ever negative; on a 1M-request
   replay that check was about a third of the loop's time;
