@@ -171,7 +171,7 @@ def moejax_run(trace, repeats: int, capacity: float, case) -> tuple[float, dict,
     # Every run takes its predictions and its cost-model values anew (a grid's worker keeps
     # both for the cells that share them).
     compiled.forget_predictions()
-    CostModel.shared.cache_clear()
+    CostModel.forget_shared()
     start = time.perf_counter()
     decision = replay(cache, traces)
     seconds = time.perf_counter() - start - decision.setup_s

@@ -91,6 +91,9 @@ def requests(traces, n_experts: int):
     int32)."""
     # Pieces of the key array in order: a run of one-token passes as (rows, offsets), laid out
     # straight into the array below; a wider pass-layer's requests as an array.
+    n_keys = max((len(t.layers) for t in traces), default=0) * n_experts
+    if n_keys > np.iinfo(np.int32).max:
+        raise ValueError(f"{n_keys} keys (layers x experts) do not fit the int32 request keys")
     pieces, counted = [], []  # counted: (where in keys, pairs) of wider passes
     # The pass-layers' lengths: (how many, each one's length) for a run of one-token passes,
     # else (1, that pass-layer's length).

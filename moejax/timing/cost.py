@@ -6,6 +6,7 @@ charges with the same `timeline.experts_step`."""
 from __future__ import annotations
 
 import functools
+import json
 
 from moejax.model_config import ModelConfig, dtype_bytes
 from moejax.timing import timeline
@@ -14,13 +15,18 @@ from moejax.timing.hardware import Hardware
 
 class CostModel:
     @staticmethod
-    @functools.lru_cache(maxsize=16)
     def shared(cfg: ModelConfig, hw: Hardware) -> CostModel:
         """One `CostModel` per model and hardware in a process, its memos with it: a grid's
         cells of one model build a cache each, and the cost model's calls per distinct
         (tokens, context) were about half of a short replay's preparation. (It holds nothing
-        but pure functions of its two arguments and their memos.)"""
-        return CostModel(cfg, hw)
+        but pure functions of its two arguments and their memos.) Keyed by the model's JSON,
+        as `cache.from_spec.model_bytes_of` is: a config's fields need not be hashable."""
+        return _shared(cfg.to_json(), hw)
+
+    @staticmethod
+    def forget_shared() -> None:
+        """Drops the shared cost models (a benchmark timing a cold preparation)."""
+        _shared.cache_clear()
 
     def __init__(self, cfg: ModelConfig, hw: Hardware):
         self.cfg, self.hw = cfg, hw
@@ -73,3 +79,8 @@ class CostModel:
         cfg = self.cfg
         head = cfg.hidden_size * cfg.vocab_size
         return self._step(2 * tokens * head, head * self.b) + self.hw.launch_s
+
+
+@functools.lru_cache(maxsize=16)
+def _shared(cfg_json: str, hw: Hardware) -> CostModel:
+    return CostModel(ModelConfig.from_dict(json.loads(cfg_json)), hw)
