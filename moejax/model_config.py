@@ -109,6 +109,35 @@ class ModelConfig:
         with `cache.capacity_of="experts"`."""
         return self.expert_bytes * self.num_experts * self.num_moe_layers
 
+    @property
+    def dense_param_count(self) -> int:
+        """Parameters outside the routed experts (embeddings, attention, norms, routers, shared
+        experts, dense MLPs, LM head), counted from the layout `moejax/models/decoder.py` builds:
+        arithmetic, so a replay's capacity of "the whole model" needs no JAX.
+        `tests/test_precision_cache.py` holds it to the decoder's own abstract shapes."""
+        h = self.hidden_size
+        q, kv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        norm = h * (2 if self.norm == "layer" else 1)  # a LayerNorm has a bias, RMSNorm none
+        attention = (h * q + 2 * h * kv + q * h + (q + 2 * kv) * self.qkv_bias
+                     + h * self.o_bias + (q + kv) * self.qk_norm)
+        layer = 2 * norm + attention  # the input and post-attention norms
+        moe = h * self.num_experts  # the router
+        if self.shared_expert_intermediate_size:  # a gated MLP and its one-output gate
+            moe += 3 * h * self.shared_expert_intermediate_size + h
+        dense = 3 * h * self.dense_intermediate_size
+        n_moe = self.num_moe_layers
+        ends = self.vocab_size * h + norm  # the embedding and the final norm
+        if not self.tie_word_embeddings:
+            ends += h * self.vocab_size + self.vocab_size * self.lm_head_bias
+        return (ends + self.num_layers * layer + n_moe * moe
+                + (self.num_layers - n_moe) * dense)
+
+    @property
+    def model_bytes(self) -> int:
+        """Bytes of the whole model at its stored precision: dense parameters plus routed
+        experts (what `cache.capacity_of="model"`, SpecMD's meaning, is a share of)."""
+        return self.dense_param_count * dtype_bytes(self.dtype) + self.total_expert_bytes
+
     def is_moe_layer(self, layer: int) -> bool:
         return layer in self._moe_set
 

@@ -13,6 +13,9 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
+
+from moejax.errors import ConfigError
 from moejax.timing import Hardware, HostCPU, HostWork, Storage
 
 
@@ -87,6 +90,29 @@ class IOSpec:
     split: int
     workers: int
     mode: str
+
+
+# `io.*`'s rule, beside its spec: a config's check needs no reader (the reader, and JAX with
+# it, loads only where a run reads a checkpoint; a replay's check never does).
+MAX_SPLIT = 8
+# "direct": pread through `O_DIRECT` descriptors into page-aligned buffers — every read goes
+# to the device, bypassing the page cache (a cold read each time; a VM's host may still cache).
+IO_MODES = ("pread", "mmap", "direct")
+
+
+def _positive_int(value) -> bool:
+    return not isinstance(value, bool) and isinstance(value, (int, np.integer)) and value >= 1
+
+
+def check_io(split, workers) -> tuple[int, int]:
+    """`split` and `workers` validated (ConfigError naming `io.split` / `io.workers`)."""
+    if not _positive_int(split) or split > MAX_SPLIT:
+        raise ConfigError(f"io.split={split!r} must be an integer from 1 to {MAX_SPLIT} (the "
+                          "page-aligned pieces one expert's read is cut into)")
+    if not _positive_int(workers):
+        raise ConfigError(f"io.workers={workers!r} must be a positive integer (the reader's "
+                          "I/O threads)")
+    return int(split), int(workers)
 
 
 @dataclasses.dataclass(frozen=True)

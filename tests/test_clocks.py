@@ -13,7 +13,8 @@ import pytest
 
 from moejax.calibration.cells import LiveRuns
 from moejax.jobs import clocks
-from moejax.jobs.common import cache_of, configured_decoder, settle
+from moejax.jobs.cache_report import settle
+from moejax.jobs.common import cache_of, configured_decoder
 from moejax.jobs.schema import base_config
 from moejax.jobs.specs import resolve
 from moejax.model_source import load_model_for

@@ -21,7 +21,8 @@ import numpy as np
 import pytest
 
 from moejax import bundled, jobs
-from moejax.jobs.common import cache_of, configured_decoder, settle, xla_compiles
+from moejax.jobs.cache_report import settle
+from moejax.jobs.common import cache_of, configured_decoder, xla_compiles
 from moejax.jobs.perplexity import score
 from moejax.jobs.replay import run_line
 from moejax.jobs.schema import base_config

@@ -41,7 +41,7 @@ from moejax.jobs.schema import base_config
 from moejax.jobs.specs import resolve
 from moejax.policies import build
 from moejax.policies.eviction import LRU
-from moejax.policies.prefetch import TemporalPrefetch
+from moejax.policies.prefetch import NoisyOraclePrefetch
 from moejax.policies.registry import names, policy_class
 from moejax.replay import compiled, coverage
 from moejax.replay.engine import replay
@@ -505,25 +505,30 @@ def test_the_lean_kernel_gives_the_general_kernels_numbers(data):
     _assert_same(general, lean)
 
 
+NOISY = "noisy_oracle(precision=0.6)"
+
+
 def test_predictions_are_taken_once_per_prefetcher_and_trace_content(monkeypatch):
     """A grid replays one trace under one prefetcher at many sizes: the predictions are taken
     from the policy object once (`compiled._kept_predictions`), and a later run at another
-    size gives the reference's numbers; a trace whose content differs is asked again."""
+    size gives the reference's numbers; a trace whose content differs is asked again. (The
+    noisy oracle's: the oracle's and the temporal prefetcher's are taken for the whole stream
+    at once, `stream_predictions`, not kept.)"""
     (trace,) = load_traces(CAPTURES[0])
     cut = dataclasses.replace(trace, pass_offsets=trace.pass_offsets[:41].copy(),
                               tokens=trace.tokens[:40].copy(), ids=trace.ids[:40].copy())
     compiled.forget_predictions()
     calls = []
-    real = TemporalPrefetch.predict
+    real = NoisyOraclePrefetch.predict
 
     def counted(self, gate):
         calls.append(gate.layer)
         return real(self, gate)
-    monkeypatch.setattr(TemporalPrefetch, "predict", counted)
+    monkeypatch.setattr(NoisyOraclePrefetch, "predict", counted)
     taken = []
     for slots in (40, 120, 300):
-        ref = _cache(_config(prefetch="temporal", slots=slots), cut, expert_bytes=1000)
-        fast = _cache(_config(prefetch="temporal", slots=slots), cut, expert_bytes=1000)
+        ref = _cache(_config(prefetch=NOISY, slots=slots), cut, expert_bytes=1000)
+        fast = _cache(_config(prefetch=NOISY, slots=slots), cut, expert_bytes=1000)
         assert replay(ref, [cut], engine="reference").engine == "reference"
         before = len(calls)
         assert replay(fast, [cut]).engine == "compiled"
@@ -535,10 +540,93 @@ def test_predictions_are_taken_once_per_prefetcher_and_trace_content(monkeypatch
     if changed.ids[0, 0, 0] in changed.ids[0, 0, 1:]:  # a token's top-k stay distinct
         changed.ids[0, 0, 0] = next(e for e in range(trace.num_experts)
                                     if e not in changed.ids[0, 0])
-    fast = _cache(_config(prefetch="temporal", slots=120), changed, expert_bytes=1000)
+    fast = _cache(_config(prefetch=NOISY, slots=120), changed, expert_bytes=1000)
     before = len(calls)
     replay(fast, [changed])
     assert len(calls) > before
-    ref = _cache(_config(prefetch="temporal", slots=120), changed, expert_bytes=1000)
+    ref = _cache(_config(prefetch=NOISY, slots=120), changed, expert_bytes=1000)
     replay(ref, [changed], engine="reference")
     _assert_same(ref, fast)
+
+
+_ARRAYS = st.builds(
+    lambda dtype, shape, order, step, writeable: _shaped(dtype, shape, order, step, writeable),
+    st.sampled_from([np.int64, np.int32, np.float64, np.bool_, np.uint8]),
+    st.lists(st.integers(1, 3), min_size=1, max_size=3), st.sampled_from("CF"),
+    st.sampled_from([1, 2]), st.booleans())
+
+
+def _shaped(dtype, shape, order, step, writeable):
+    a = np.zeros([n * step for n in shape], dtype, order=order)[(slice(None, None, step),)]
+    a.flags.writeable = writeable
+    return a
+
+
+_VALUES = st.recursive(
+    _ARRAYS | st.floats(allow_nan=False) | st.booleans()
+    | st.sampled_from([0, -1, 2 ** 63 - 1, 2 ** 63, 2 ** 64 - 1, 2 ** 64])
+    | st.sampled_from([np.float64(1.0), np.int64(3), np.float32(2.0)]),
+    lambda inner: st.lists(inner, min_size=1, max_size=3).map(tuple), max_leaves=6)
+
+
+@given(values=st.lists(_VALUES, min_size=2, max_size=64))
+def test_a_kernel_held_by_its_type_key_is_held_for_numbas_types(values):
+    """`compiled.kernel_loaded` answers from a cheap key of the arguments' types once numba
+    said yes for it: values with the same key must have the same numba type (else a kernel
+    would be taken as loaded for types it was never compiled for)."""
+    import numba
+
+    typed = {}
+    for value in values:
+        key = compiled.type_key(value)
+        try:
+            t = numba.typeof(value)
+        except ValueError:  # numba types no int past 64 bits: no kernel takes one
+            continue
+        if key is not None:
+            assert typed.setdefault(key, t) == t, (key, typed[key], t)
+
+
+@settings(max_examples=examples(120))
+@given(data=st.data(), kind=st.sampled_from(["oracle", "temporal"]))
+def test_a_streams_predictions_are_the_policys_gate_by_gate(data, kind):
+    """`stream_predictions` (numpy over the whole request stream) takes the oracle's and the
+    temporal prefetcher's predictions: the same groups, targets and experts, in the same order
+    and dtypes, as the policy stepped gate by gate (`compiled.stepped_predictions`), and a temporal
+    prefetcher left as stepping leaves it — on random sequences with prefills, dense layers
+    between the MoE ones and several lookaheads."""
+    from moejax.replay.stream_predictions import stream_predictions
+
+    traces, num_layers = data.draw(_traces(scored=False))
+    lookahead = data.draw(st.integers(1, 3), label="lookahead")
+    config = _config("lru", f"{kind}(lookahead={lookahead})", slots=8)
+    whole, stepped = _cache(config, traces[0]), _cache(config, traces[0])
+    keys, starts, _, _ = compiled.requests(traces, traces[0].num_experts)
+    got = stream_predictions(whole, traces, keys, starts)
+    want = compiled.stepped_predictions(stepped, traces, keys, starts)
+    assert got is not None
+    for a, b in zip(got, want, strict=True):
+        assert a.dtype == b.dtype and np.array_equal(a, b)
+    if kind == "temporal":
+        assert (whole.prefetch.last, whole.prefetch.order) == \
+            (stepped.prefetch.last, stepped.prefetch.order)
+
+
+def test_stream_predictions_fail_closed():
+    """Not taken (None: the policy is stepped gate by gate) for a subclass that changes the
+    answer (noisy_oracle), a temporal prefetcher that already saw passes, or a cache past its
+    first pass."""
+    from moejax.replay.stream_predictions import stream_predictions
+
+    trace = random_scored_trace(np.random.default_rng(0), 3, 6, 2, [3, 1, 1],
+                                BYTES_AT["native"], scores=False)
+    keys, starts, _, _ = compiled.requests([trace], trace.num_experts)
+    noisy = _cache(_config("lru", "noisy_oracle(precision=0.5)", slots=4), trace)
+    assert stream_predictions(noisy, [trace], keys, starts) is None
+    seen = _cache(_config("lru", "temporal", slots=4), trace)
+    seen.prefetch.last, seen.prefetch.order = {0: [1, 2]}, [0]
+    assert stream_predictions(seen, [trace], keys, starts) is None
+    later = _cache(_config("lru", "oracle", slots=4), trace)
+    assert stream_predictions(later, [trace], keys, starts) is not None
+    later.pass_id = 3
+    assert stream_predictions(later, [trace], keys, starts) is None

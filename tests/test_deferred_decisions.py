@@ -15,7 +15,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from moejax.families import preset
-from moejax.jobs.common import cache_of, report_cache, settle
+from moejax.jobs.cache_report import report_cache, settle
+from moejax.jobs.common import cache_of
 from moejax.jobs.schema import base_config
 from moejax.jobs.specs import resolve
 from moejax.model_source import in_memory

@@ -21,13 +21,14 @@ from hypothesis import strategies as st
 
 from moejax import checkpoint
 from moejax.checkpoint import LAYOUTS, CheckpointError, expert_store, packed
-from moejax.checkpoint.expert_reader import IO_MODES, MAX_SPLIT, ExpertReader
+from moejax.checkpoint.expert_reader import ExpertReader
 from moejax.checkpoint.params import flat_params
 from moejax.errors import ConfigError
 from moejax.families import preset
 from moejax.models.decoder import abstract_decoder
 from moejax.models.random_init import random_experts
 from moejax.quant.weights import QuantizedWeights
+from moejax.run_spec import IO_MODES, MAX_SPLIT
 
 PRECISIONS = ("native", "int8", "int4", "int2")
 

@@ -396,6 +396,35 @@ def test_the_cache_and_replay_load_no_jax_and_no_command_line():
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
 
 
+# What a replay never needs: the model's framework and the checkpoint's storage stack.
+MODEL_STACK = {"jax", "flax", "qwix", "tensorstore", "orbax"}
+
+
+@pytest.mark.parametrize("config", ["replay", "curve"])
+def test_a_replay_and_a_curve_run_without_jax(tmp_path, config):
+    """A replay (and a capacity curve) reads a trace and runs numpy and numba: the whole
+    command — the config's check, a capacity of the whole model's bytes at four bits, the
+    virtual clock's cost model, the report — imports none of the model stack, whose import is
+    most of a short replay's start (about 2.5 s of a grid worker's). `-X importtime` lists
+    every module the process imported."""
+    from moejax import bundled
+
+    out = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "moejax.main",
+         f"--config=configs/{config}.py",
+         f"--config.replay.trace={bundled.capture_path('olmoe_prose')}",
+         "--config.model.family=olmoe", "--config.model.preset=olmoe-1b-7b",
+         "--config.cache.capacity_frac=0.05", "--config.cache.capacity_of=model",
+         "--config.cache.precision=int4", "--config.log.progress=False",
+         f"--workdir={tmp_path / 'w'}"],
+        capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-2000:]
+    imported = {line.rsplit("|", 1)[1].strip().split(".")[0]
+                for line in out.stderr.splitlines() if line.startswith("import time:")}
+    assert "moejax" in imported and "numba" in imported  # (the listing is read)
+    assert sorted(MODEL_STACK & imported) == []
+
+
 def test_design_describes_the_system_not_its_history():
     """DESIGN.md is reference: no issue numbers (the history is CHANGELOG.md's)."""
     design = open(os.path.join(ROOT, "docs", "DESIGN.md")).read()

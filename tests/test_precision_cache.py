@@ -76,30 +76,37 @@ def _run(cache, gates, kind="decode"):
 
 def test_model_bytes_match_specmds_table():
     olmoe = preset("olmoe", "olmoe-1b-7b")
-    params = sizes.dense_param_count(olmoe) + olmoe.expert_param_count * olmoe.num_experts \
+    params = olmoe.dense_param_count + olmoe.expert_param_count * olmoe.num_experts \
         * olmoe.num_moe_layers
     assert params == pytest.approx(6.92e9, rel=2e-3)
-    assert sizes.model_bytes(olmoe) / GiB == pytest.approx(12.89, abs=0.01)
+    assert olmoe.model_bytes / GiB == pytest.approx(12.89, abs=0.01)
     assert olmoe.total_expert_bytes / GiB == 12.0
     mixtral = preset("mixtral", "mixtral-8x7b")
-    assert sizes.model_bytes(mixtral) / GiB == pytest.approx(86.99, abs=0.01)
+    assert mixtral.model_bytes / GiB == pytest.approx(86.99, abs=0.01)
 
 
-@settings(max_examples=12, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=16, suppress_health_check=[HealthCheck.too_slow])
 @given(family=st.sampled_from(["mixtral", "olmoe", "phimoe", "qwen2_moe"]),
        data=st.data())
-def test_the_dense_count_by_layer_kind_is_the_whole_decoders(family, data):
-    """`dense_param_count` traces one layer of each kind and the model's ends; it must count
-    what the whole decoder's abstract shapes hold, for every family, with dense layers among
-    the MoE ones, tied embeddings or not."""
+def test_the_dense_count_is_the_decoders_own(family, data):
+    """`ModelConfig.dense_param_count` is arithmetic over the config; it must count what the
+    decoder's abstract shapes hold, for every family, with dense layers among the MoE ones and
+    every option that adds parameters on or off (biases, q/k norms, LayerNorm, a shared
+    expert, tied embeddings)."""
     base = preset(family, "tiny", 0)
     layers = data.draw(st.integers(1, 5), label="layers")
     moe = data.draw(st.lists(st.integers(0, layers - 1), min_size=1, unique=True), label="moe")
+    flag = st.booleans()
     cfg = dataclasses.replace(
         base, num_layers=layers, moe_layers=tuple(sorted(moe)), sliding_window=(),
         dense_intermediate_size=data.draw(st.sampled_from([24, 40]), label="dense width"),
-        tie_word_embeddings=data.draw(st.booleans(), label="tied"))
-    assert sizes.dense_param_count(cfg) == sizes.full_dense_param_count(cfg)
+        shared_expert_intermediate_size=data.draw(st.sampled_from([0, 16]), label="shared"),
+        tie_word_embeddings=data.draw(flag, label="tied"),
+        qkv_bias=data.draw(flag, label="qkv bias"), o_bias=data.draw(flag, label="o bias"),
+        lm_head_bias=data.draw(flag, label="lm head bias"),
+        qk_norm=data.draw(flag, label="qk norm"),
+        norm=data.draw(st.sampled_from(["rms", "layer"]), label="norm"))
+    assert cfg.dense_param_count == sizes.abstract_dense_param_count(cfg)
 
 
 def test_olmoe_at_five_percent_of_the_model():
@@ -109,7 +116,7 @@ def test_olmoe_at_five_percent_of_the_model():
     assert by["native"] == cfg.expert_bytes == 12 * 2 ** 20
     assert by["int4"] == 3 * 2 ** 20 + 384 * 1024  # packed values + f16 scales and zeros
     common = dict(precision_bytes=by, total_experts=1024, top_k=8, capacity_frac=0.05,
-                  slots=None, model_bytes=sizes.model_bytes(cfg))
+                  slots=None, model_bytes=cfg.model_bytes)
     model = capacity.pools_for(in_use=("int4",), capacity_of="model", **common)
     assert model.capacity_bytes / GiB == pytest.approx(0.644, abs=1e-3)
     assert model.pools[0].num_slots == 195

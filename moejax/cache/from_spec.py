@@ -12,8 +12,6 @@ when the job resolved it (`moejax.jobs.specs`); what needs the model is checked 
 
 from __future__ import annotations
 
-import functools
-import json
 import math
 
 from moejax.cache import capacity as capacity_lib
@@ -203,16 +201,9 @@ def build_cache(run: RunSpec, shape: CacheShape,
     return cache
 
 
-@functools.lru_cache(maxsize=32)
-def _model_bytes(cfg_json: str) -> int:
-    from moejax.models import sizes  # the decoder's abstract shapes (flax)
-
-    return sizes.model_bytes(ModelConfig.from_dict(json.loads(cfg_json)))
-
-
 def model_bytes_of(cfg: ModelConfig | None) -> int | None:
-    """The whole model's native bytes (None without a model), computed once per config."""
-    return None if cfg is None else _model_bytes(cfg.to_json())
+    """The whole model's native bytes (None without a model): `ModelConfig.model_bytes`."""
+    return None if cfg is None else cfg.model_bytes
 
 
 def build_cache_for(run: RunSpec, model_cfg: ModelConfig | None,

@@ -247,7 +247,7 @@ def calibrate(workdir: str, plan: Plan, command: str, out=print) -> dict:
     the profile, its file, and the cells' rows."""
     from moejax.calibration import cells as cells_lib
     from moejax.calibration import host_fit, matrix, measure, profile
-    from moejax.jobs.common import progress
+    from moejax.jobs.cache_report import progress
     from moejax.jobs.specs import hardware_from
     from moejax.timing import hardware as hw_lib
 

@@ -33,7 +33,8 @@ from moejax.calibration.host_fit import Sample
 from moejax.families import preset
 from moejax.jobs import clocks
 from moejax.jobs import generate as generate_job
-from moejax.jobs.common import cache_of, configured_decoder, settle
+from moejax.jobs.cache_report import settle
+from moejax.jobs.common import cache_of, configured_decoder
 from moejax.jobs.specs import resolve
 from moejax.model_source import LoadedModel, in_memory
 from moejax.models import MoEDecoder

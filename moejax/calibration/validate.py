@@ -40,7 +40,7 @@ def run_validation(workdir: str, hardware_file: str, *, quick: bool, reps: int, 
     from moejax.calibration import agreement, host_fit, matrix, profile
     from moejax.calibration import cells as cells_lib
     from moejax.calibration import fit as fit_lib
-    from moejax.jobs.common import progress
+    from moejax.jobs.cache_report import progress
     from moejax.timing import host_work as host_work_lib
 
     work = host_work_lib.from_file(hardware_file)

@@ -87,26 +87,7 @@ from moejax.checkpoint.read_buffers import ReadBuffers, page_aligned
 from moejax.errors import CheckpointError, ConfigError
 from moejax.model_config import ModelConfig
 from moejax.quant import formats
-
-MAX_SPLIT = 8
-# "direct": pread through `O_DIRECT` descriptors into page-aligned buffers — every read goes
-# to the device, bypassing the page cache (a cold read each time; a VM's host may still cache).
-IO_MODES = ("pread", "mmap", "direct")
-
-
-def _positive_int(value) -> bool:
-    return not isinstance(value, bool) and isinstance(value, (int, np.integer)) and value >= 1
-
-
-def check_io(split, workers) -> tuple[int, int]:
-    """`split` and `workers` validated (ConfigError naming `io.split` / `io.workers`)."""
-    if not _positive_int(split) or split > MAX_SPLIT:
-        raise ConfigError(f"io.split={split!r} must be an integer from 1 to {MAX_SPLIT} (the "
-                          "page-aligned pieces one expert's read is cut into)")
-    if not _positive_int(workers):
-        raise ConfigError(f"io.workers={workers!r} must be a positive integer (the reader's "
-                          "I/O threads)")
-    return int(split), int(workers)
+from moejax.run_spec import IO_MODES, check_io  # (`io.*`'s rule: the spec's)
 
 
 def _pread_into(fd: int, view: memoryview, offset: int) -> int:

@@ -28,7 +28,7 @@ import dataclasses
 import numpy as np
 
 from moejax.cache import ExpertCache, build_cache_for, host_work_section, model_words
-from moejax.jobs.common import settle
+from moejax.jobs.cache_report import settle
 from moejax.model_config import ModelConfig
 from moejax.policies import presets
 from moejax.replay.engine import replay

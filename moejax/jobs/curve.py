@@ -34,7 +34,7 @@ import numpy as np
 from moejax.cache import summary
 from moejax.errors import CheckFailed, ConfigError
 from moejax.jobs import replay as replay_job
-from moejax.jobs.common import announce_results, progress
+from moejax.jobs.cache_report import announce_results, progress
 from moejax.policies import check as check_policy
 from moejax.replay import stack_curve as curve_lib
 from moejax.results import write_json_atomic

@@ -36,15 +36,12 @@ import numpy as np
 from moejax import bundled
 from moejax.errors import ConfigError
 from moejax.eval import data
+from moejax.jobs.cache_report import announce_results, cache_table, progress, report_cache
 from moejax.jobs.common import (
-    announce_results,
     cache_of,
-    cache_table,
     check_windows,
     configured_decoder,
     experts_precision,
-    progress,
-    report_cache,
     scored_bytes,
 )
 from moejax.jobs.perplexity import score

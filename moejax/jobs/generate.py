@@ -29,16 +29,14 @@ from moejax import cli
 from moejax.cache import WALL_CLOCK
 from moejax.errors import ConfigError
 from moejax.jobs import clocks
-from moejax.jobs.common import (
+from moejax.jobs.cache_report import (
     announce_results,
     cache_clock_words,
-    cache_of,
     cache_table,
-    configured_decoder,
-    experts_precision,
     progress,
     report_cache,
 )
+from moejax.jobs.common import cache_of, configured_decoder, experts_precision
 from moejax.jobs.schema import base_config
 from moejax.jobs.specs import resolve
 from moejax.model_source import LoadedModel, load_model_for

@@ -25,16 +25,13 @@ import numpy as np
 
 from moejax.cache import WALL_CLOCK
 from moejax.errors import ConfigError
+from moejax.jobs.cache_report import announce_results, cache_table, progress, report_cache
 from moejax.jobs.common import (
-    announce_results,
     cache_of,
-    cache_table,
     check_text_file,
     check_windows,
     configured_decoder,
     experts_precision,
-    progress,
-    report_cache,
     scored_bytes,
     xla_compiles,
 )

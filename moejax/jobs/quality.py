@@ -34,18 +34,14 @@ import numpy as np
 
 from moejax.cache import summary
 from moejax.errors import ConfigError
+from moejax.jobs.cache_report import announce_results, cache_table, progress, report_cache, settle
 from moejax.jobs.common import (
-    announce_results,
     cache_of,
-    cache_table,
     check_text_file,
     configured_decoder,
     experts_precision,
     make_decoder,
-    progress,
-    report_cache,
     scored_bytes,
-    settle,
 )
 from moejax.jobs.specs import resolve
 from moejax.metrics_writer import MetricsWriter

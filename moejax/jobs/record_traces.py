@@ -29,7 +29,8 @@ import ml_collections
 import numpy as np
 
 from moejax.errors import ConfigError
-from moejax.jobs.common import announce_results, make_decoder, progress
+from moejax.jobs.cache_report import announce_results, progress
+from moejax.jobs.common import make_decoder
 from moejax.jobs.specs import resolve
 from moejax.model_source import load_model_for
 from moejax.models import ResidentExperts

@@ -33,7 +33,7 @@ import ml_collections
 from moejax.cache import ExpertCache, build_cache_for, clock_kind, precision_bytes_of, summary
 from moejax.errors import ConfigError
 from moejax.families import preset
-from moejax.jobs.common import (
+from moejax.jobs.cache_report import (
     announce_results,
     cache_header,
     cache_table,

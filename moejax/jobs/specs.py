@@ -25,6 +25,7 @@ from moejax.policies import presets
 from moejax.policies.registry import policy_class
 from moejax.quant import formats
 from moejax.run_spec import (
+    IO_MODES,
     CacheSpec,
     HardwareSpec,
     IOSpec,
@@ -32,6 +33,7 @@ from moejax.run_spec import (
     PolicySpec,
     RunSpec,
     TraceReading,
+    check_io,
 )
 from moejax.timing import hardware as hw_lib
 from moejax.timing import host as host_lib
@@ -167,8 +169,6 @@ def check_settings(config: ml_collections.ConfigDict) -> HardwareSpec:
 
 def _check_io(config: ml_collections.ConfigDict) -> None:
     """`io.*` checked as the live reader would, where no reader is built too."""
-    from moejax.checkpoint import IO_MODES, check_io  # (jax: only here)
-
     check_io(config.io.split, config.io.workers)
     if config.io.mode not in IO_MODES:
         raise ConfigError(f"io.mode={config.io.mode!r} is not one of {IO_MODES}")

@@ -3,7 +3,8 @@
 slot pool (`experts.py`), and the layer-stepped execution that asks an `ExpertSource` for each
 MoE layer's experts (`stepped.py`: `SteppedDecoder`, and `ResidentExperts`, every expert on the
 device — the reference a cached run must reproduce). `random_init.py` draws random weights;
-`sizes.py` counts a model's bytes from its shapes. Code outside the package imports through
+`sizes.py` counts the decoder's parameters from its abstract shapes (the check of
+`ModelConfig.dense_param_count`). Code outside the package imports through
 this face (the steps included: benchmarks time them one by one)."""
 
 from moejax.models.attention import KVCache

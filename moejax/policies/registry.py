@@ -38,8 +38,7 @@ CONTEXT = frozenset({"num_layers", "num_experts", "top_k", "num_slots", "seed", 
 def spec_arguments(cls: type[Policy]) -> dict[str, Any]:
     """The arguments a spec may give `cls`, with their defaults (`inspect.Parameter.empty`
     when required), in the constructor's order."""
-    params = inspect.signature(cls).parameters.values()
-    return {p.name: p.default for p in params if p.name not in CONTEXT
+    return {p.name: p.default for p in _parameters(cls) if p.name not in CONTEXT
             and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
 
 
@@ -171,7 +170,7 @@ def check(kind: str, spec: str) -> type[Policy]:
 @functools.cache
 def _parameters(ctor: type[Policy]) -> tuple[inspect.Parameter, ...]:
     """`ctor`'s parameters, read once per class (`inspect.signature` was most of a policy
-    check's time, and a sweep checks each cell's policies twice)."""
+    check's time, and a sweep checks and builds each cell's policies)."""
     return tuple(inspect.signature(ctor).parameters.values())
 
 
@@ -210,9 +209,9 @@ def build(kind: str, spec: str, **context: Any) -> Any:
     constructors that declare those parameters."""
     name, args, kwargs = parse(spec)
     ctor = policy_class(kind, name)
-    params = inspect.signature(ctor).parameters
+    names = {p.name for p in _parameters(ctor)}
     bound = _bind(kind, spec, ctor, args, kwargs, context)
-    ctx = {k: v for k, v in context.items() if k in params}
+    ctx = {k: v for k, v in context.items() if k in names}
     try:
         policy = ctor(**bound, **ctx)
     except (TypeError, ValueError) as e:

@@ -5,7 +5,9 @@ reference engine, `engine.py`).
 **What it implements.** The evictions with a kernel form (lru, fifo, lru_per_layer, lfu, fld,
 least_stale in its three orders with `prefetch_current="pass"`, belady); every prefetcher
 whose predictions never read the cache (all of them: they are taken from the policy object
-itself, pass by pass, before the kernel runs, exactly as the reference calls it); fetch and
+itself, pass by pass, before the kernel runs, exactly as the reference calls it, or for the
+oracle and the temporal prefetcher from the whole request stream at once,
+`stream_predictions.py`); fetch and
 standard routing; both prefetch queues and pin scopes; prefill layers in waves; the virtual
 clock's copy engines and host link, and the cost model's compute.
 
@@ -52,6 +54,7 @@ from moejax.replay import coverage, lean_kernel
 from moejax.replay import kernel as K
 from moejax.replay.future import future_of_requests
 from moejax.replay.gates import layer_gates
+from moejax.replay.stream_predictions import stream_predictions
 
 assert K.ROWS == COUNTERS + BYTES + SECONDS, "kernel.ROWS must follow CacheMetrics"
 
@@ -163,7 +166,7 @@ def requests(traces, n_experts: int):
     return keys, starts, mult, passes
 
 
-def _predictions(cache: ExpertCache, traces, keys: np.ndarray, starts: np.ndarray):
+def stepped_predictions(cache: ExpertCache, traces, keys: np.ndarray, starts: np.ndarray):
     """Every prefetch call's selection, from the policy object, per pass-layer in order:
     groups `(target position, experts)` as CSR arrays (`grp_off` per pass-layer, `grp_start`
     per group into `experts`)."""
@@ -241,18 +244,22 @@ def forget_predictions() -> None:
 
 
 def _kept_predictions(cache: ExpertCache, traces, keys: np.ndarray, starts: np.ndarray):
-    """`_predictions`, taken once per process for the same prefetcher and traces. The policy
-    object of a later run is then not stepped (nothing reads it after a replay: its
-    predictions are the run's whole use of it)."""
+    """`stepped_predictions`, or for the whole stream at once where the prefetcher's choice is
+    a function of the requests alone (`stream_predictions`), else taken once per process for
+    the same prefetcher and traces. The policy object of a later run is then not stepped (nothing
+    reads it after a replay: its predictions are the run's whole use of it)."""
     if cache.prefetch.name == "none":
-        return _predictions(cache, traces, keys, starts)
+        return stepped_predictions(cache, traces, keys, starts)
+    whole = stream_predictions(cache, traces, keys, starts)  # (None: not a stream's function)
+    if whole is not None:
+        return whole
     key = _predictions_key(cache, traces)
     if key is None:
-        return _predictions(cache, traces, keys, starts)
+        return stepped_predictions(cache, traces, keys, starts)
     if key in _KEPT:
         _KEPT.move_to_end(key)
         return _KEPT[key]
-    out = _KEPT[key] = _predictions(cache, traces, keys, starts)
+    out = _KEPT[key] = stepped_predictions(cache, traces, keys, starts)
     if len(_KEPT) > _KEEP:
         _KEPT.popitem(last=False)
     return out
@@ -337,11 +344,42 @@ class KernelLoad:
     how: str
 
 
+# (kernel, `type_key` of its arguments) this process has made callable: numba's own check
+# types every argument (`numba.typeof`, about a quarter of a millisecond for a kernel's
+# arguments, three times a replay: a grid cell's replay is a few milliseconds).
+_HELD: set = set()
+
+
+def type_key(value):
+    """What decides `value`'s numba type, from Python's view of it: an array's dtype, rank
+    and flags, a tuple's items', a scalar's type (an int's, whether it fits int64). At least
+    as fine as numba's typing, so a key held is a type held; None for anything else (the
+    check is then numba's own)."""
+    if isinstance(value, np.ndarray):
+        f = value.flags
+        return (value.dtype.str, value.ndim, f.c_contiguous, f.f_contiguous, f.writeable,
+                f.aligned)
+    if isinstance(value, tuple):
+        items = tuple(type_key(v) for v in value)
+        return None if None in items else ("tuple", items)
+    if isinstance(value, bool | float | np.generic):
+        return type(value)
+    if isinstance(value, int):
+        return int, -2 ** 63 <= value < 2 ** 63
+    return None
+
+
 def kernel_loaded(args: tuple, kernel=None) -> bool:
     """Whether this process already holds `kernel` (the replay kernel by default) for `args`'
     types (its load is nothing)."""
     kernel = K.run if kernel is None else kernel
-    return tuple(numba.typeof(a) for a in args) in kernel.overloads
+    key = type_key(args)
+    if key is not None and (kernel, key) in _HELD:
+        return True
+    held = tuple(numba.typeof(a) for a in args) in kernel.overloads
+    if held and key is not None:
+        _HELD.add((kernel, key))
+    return held
 
 
 def load(args: tuple, kernel=None) -> KernelLoad:
@@ -364,7 +402,8 @@ def load_kernel(args: tuple, kernel=None) -> float:
     this one-time cost out."""
     kernel = K.run if kernel is None else kernel
     t0 = time.perf_counter()
-    kernel.compile(tuple(numba.typeof(a) for a in args))
+    if not kernel_loaded(args, kernel):
+        kernel.compile(tuple(numba.typeof(a) for a in args))
     return time.perf_counter() - t0
 
 

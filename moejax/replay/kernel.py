@@ -390,39 +390,43 @@ def victim(I, pos, st, incoming, p):
                 return best
         return -1
     # The scans over the slots read the offsets once (the stores into I in the loop keep
-    # LLVM from hoisting them).
+    # LLVM from hoisting them), and index unsigned (`_at`).
+    u = np.uint64
     ko, so = I[O_KEYS], I[O_SLOTS]
     if policy == LFU:  # fewest uses, then least recent
         best = -1
+        cb = lb = 0
         for s in range(I[N_SLOTS]):
-            k = I[so + s]
-            if k < 0 or I[ko + k * N_KEY_ROWS + PROT] == st:
+            k = I[u(so + s)]
+            if k < 0:
                 continue
-            if best < 0:
-                best = k
+            at_k = ko + k * N_KEY_ROWS
+            if I[u(at_k + PROT)] == st:
                 continue
-            at_k, at_best = ko + k * N_KEY_ROWS, ko + best * N_KEY_ROWS
-            ck, cb = I[at_k + COUNT], I[at_best + COUNT]
-            if ck < cb or (ck == cb and I[at_k + LAST] < I[at_best + LAST]):
-                best = k
+            ck, lk = I[u(at_k + COUNT)], I[u(at_k + LAST)]
+            if best < 0 or ck < cb or (ck == cb and lk < lb):
+                best, cb, lb = k, ck, lk
         return best
     if policy == BELADY:  # furthest next use, ties to the lowest key
         _bel_where(I, pos, p)
         # The request index: the pass's pass-layers start at p * L.
-        now = I[I[O_STARTS] + p * L + I[BEL_POS]] + I[BEL_DONE]
+        now = I[u(I[O_STARTS] + p * L + I[BEL_POS])] + I[BEL_DONE]
         uses, uses_off = I[O_USES], I[O_UOFF]
         best = -1
         far = -1
         for s in range(I[N_SLOTS]):
-            k = I[so + s]
-            if k < 0 or I[ko + k * N_KEY_ROWS + PROT] == st:
+            k = I[u(so + s)]
+            if k < 0:
                 continue
-            j = I[ko + k * N_KEY_ROWS + UPTR]
-            end = I[uses_off + k + 1]
-            while j < end and I[uses + j] < now:
+            at_k = ko + k * N_KEY_ROWS
+            if I[u(at_k + PROT)] == st:
+                continue
+            j = I[u(at_k + UPTR)]
+            end = I[u(uses_off + k + 1)]
+            while j < end and I[u(uses + j)] < now:
                 j += 1
-            I[ko + k * N_KEY_ROWS + UPTR] = j
-            nu = I[uses + j] if j < end else NEVER
+            I[u(at_k + UPTR)] = j
+            nu = I[u(uses + j)] if j < end else NEVER
             if nu > far or (nu == far and k < best):
                 far = nu
                 best = k
