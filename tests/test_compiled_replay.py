@@ -41,7 +41,7 @@ from moejax.jobs.schema import base_config
 from moejax.jobs.specs import resolve
 from moejax.policies import build
 from moejax.policies.eviction import LRU
-from moejax.policies.prefetch import NoisyOraclePrefetch
+from moejax.policies.prefetch import OraclePrefetch, TopKPrefetch
 from moejax.policies.registry import names, policy_class
 from moejax.replay import compiled, coverage
 from moejax.replay.engine import replay
@@ -505,30 +505,28 @@ def test_the_lean_kernel_gives_the_general_kernels_numbers(data):
     _assert_same(general, lean)
 
 
-NOISY = "noisy_oracle(precision=0.6)"
+TOPK = "topk(overfetch=1.5)"
 
 
 def test_predictions_are_taken_once_per_prefetcher_and_trace_content(monkeypatch):
     """A grid replays one trace under one prefetcher at many sizes: the predictions are taken
     from the policy object once (`compiled._kept_predictions`), and a later run at another
-    size gives the reference's numbers; a trace whose content differs is asked again. (The
-    noisy oracle's: the oracle's and the temporal prefetcher's are taken for the whole stream
-    at once, `stream_predictions`, not kept.)"""
-    (trace,) = load_traces(CAPTURES[0])
-    cut = dataclasses.replace(trace, pass_offsets=trace.pass_offsets[:41].copy(),
-                              tokens=trace.tokens[:40].copy(), ids=trace.ids[:40].copy())
+    size gives the reference's numbers; a trace whose content differs is asked again. (A
+    score-based prefetcher's, on a scored trace: the oracles' and the temporal prefetcher's are
+    taken for the whole stream at once, `stream_predictions`, not kept.)"""
+    cut = random_scored_trace(np.random.default_rng(1), 4, 16, 2, [1] * 40, 1000)
     compiled.forget_predictions()
     calls = []
-    real = NoisyOraclePrefetch.predict
+    real = TopKPrefetch.predict
 
     def counted(self, gate):
         calls.append(gate.layer)
         return real(self, gate)
-    monkeypatch.setattr(NoisyOraclePrefetch, "predict", counted)
+    monkeypatch.setattr(TopKPrefetch, "predict", counted)
     taken = []
-    for slots in (40, 120, 300):
-        ref = _cache(_config(prefetch=NOISY, slots=slots), cut, expert_bytes=1000)
-        fast = _cache(_config(prefetch=NOISY, slots=slots), cut, expert_bytes=1000)
+    for slots in (4, 12, 30):
+        ref = _cache(_config(prefetch=TOPK, slots=slots), cut, expert_bytes=1000)
+        fast = _cache(_config(prefetch=TOPK, slots=slots), cut, expert_bytes=1000)
         assert replay(ref, [cut], engine="reference").engine == "reference"
         before = len(calls)
         assert replay(fast, [cut]).engine == "compiled"
@@ -536,15 +534,15 @@ def test_predictions_are_taken_once_per_prefetcher_and_trace_content(monkeypatch
         _assert_same(ref, fast)
     assert taken == [True, False, False]
     changed = dataclasses.replace(cut, ids=cut.ids.copy())
-    changed.ids[0, 0, 0] = (changed.ids[0, 0, 0] + 1) % trace.num_experts
+    changed.ids[0, 0, 0] = (changed.ids[0, 0, 0] + 1) % cut.num_experts
     if changed.ids[0, 0, 0] in changed.ids[0, 0, 1:]:  # a token's top-k stay distinct
-        changed.ids[0, 0, 0] = next(e for e in range(trace.num_experts)
+        changed.ids[0, 0, 0] = next(e for e in range(cut.num_experts)
                                     if e not in changed.ids[0, 0])
-    fast = _cache(_config(prefetch=NOISY, slots=120), changed, expert_bytes=1000)
+    fast = _cache(_config(prefetch=TOPK, slots=12), changed, expert_bytes=1000)
     before = len(calls)
     replay(fast, [changed])
     assert len(calls) > before
-    ref = _cache(_config(prefetch=NOISY, slots=120), changed, expert_bytes=1000)
+    ref = _cache(_config(prefetch=TOPK, slots=12), changed, expert_bytes=1000)
     replay(ref, [changed], engine="reference")
     _assert_same(ref, fast)
 
@@ -588,18 +586,22 @@ def test_a_kernel_held_by_its_type_key_is_held_for_numbas_types(values):
 
 
 @settings(max_examples=examples(120))
-@given(data=st.data(), kind=st.sampled_from(["oracle", "temporal"]))
+@given(data=st.data(),
+       kind=st.sampled_from(["oracle", "temporal", "noisy_oracle(precision=0.5,"]))
 def test_a_streams_predictions_are_the_policys_gate_by_gate(data, kind):
-    """`stream_predictions` (numpy over the whole request stream) takes the oracle's and the
-    temporal prefetcher's predictions: the same groups, targets and experts, in the same order
-    and dtypes, as the policy stepped gate by gate (`compiled.stepped_predictions`), and a temporal
-    prefetcher left as stepping leaves it — on random sequences with prefills, dense layers
-    between the MoE ones and several lookaheads."""
+    """`stream_predictions` (numpy over the whole request stream) takes the oracle's, the
+    temporal prefetcher's and the noisy oracle's predictions: the same groups, targets and
+    experts, in the same order and dtypes, as the policy stepped gate by gate
+    (`compiled.stepped_predictions`), and a temporal prefetcher left as stepping leaves it —
+    on random sequences with prefills, dense layers between the MoE ones and several
+    lookaheads."""
     from moejax.replay.stream_predictions import stream_predictions
 
     traces, num_layers = data.draw(_traces(scored=False))
     lookahead = data.draw(st.integers(1, 3), label="lookahead")
-    config = _config("lru", f"{kind}(lookahead={lookahead})", slots=8)
+    spec = f"{kind}lookahead={lookahead})" if kind.endswith(",") else \
+        f"{kind}(lookahead={lookahead})"
+    config = _config("lru", spec, slots=8)
     whole, stepped = _cache(config, traces[0]), _cache(config, traces[0])
     keys, starts, _, _ = compiled.requests(traces, traces[0].num_experts)
     got = stream_predictions(whole, traces, keys, starts)
@@ -613,16 +615,19 @@ def test_a_streams_predictions_are_the_policys_gate_by_gate(data, kind):
 
 
 def test_stream_predictions_fail_closed():
-    """Not taken (None: the policy is stepped gate by gate) for a subclass that changes the
-    answer (noisy_oracle), a temporal prefetcher that already saw passes, or a cache past its
-    first pass."""
+    """Not taken (None: the policy is stepped gate by gate) for a subclass, which may change
+    the answer, a temporal prefetcher that already saw passes, or a cache past its first
+    pass."""
     from moejax.replay.stream_predictions import stream_predictions
 
     trace = random_scored_trace(np.random.default_rng(0), 3, 6, 2, [3, 1, 1],
                                 BYTES_AT["native"], scores=False)
     keys, starts, _, _ = compiled.requests([trace], trace.num_experts)
-    noisy = _cache(_config("lru", "noisy_oracle(precision=0.5)", slots=4), trace)
-    assert stream_predictions(noisy, [trace], keys, starts) is None
+    class Sub(OraclePrefetch):
+        pass
+    sub = _cache(_config("lru", "oracle", slots=4), trace)
+    sub.prefetch.__class__ = Sub
+    assert stream_predictions(sub, [trace], keys, starts) is None
     seen = _cache(_config("lru", "temporal", slots=4), trace)
     seen.prefetch.last, seen.prefetch.order = {0: [1, 2]}, [0]
     assert stream_predictions(seen, [trace], keys, starts) is None

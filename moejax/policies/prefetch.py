@@ -187,20 +187,24 @@ class NoisyOraclePrefetch(OraclePrefetch):
         self.num_experts, self.precision, self.seed = num_experts, precision, seed
 
     def _true(self, target: int) -> list[int]:
-        true = super()._true(target)
-        # A pure function of its key: a grid replays one trace under many cache settings, and
-        # seeding a generator per call is most of a replay's time on the compiled engine.
-        memo = (self.num_experts, self.precision, self.seed, self.cache.pass_id, target,
-                tuple(true))
+        return self.perturbed(self.cache.pass_id, target, super()._true(target))
+
+    def perturbed(self, pass_id: int, target: int, true: list[int]) -> list[int]:
+        """What this policy predicts for layer `target` in pass `pass_id` when the truth is
+        `true`: a pure function of its key (the replay's whole-stream predictions call it
+        directly, `moejax/replay/stream_predictions.py`)."""
+        # A grid replays one trace under many cache settings, and seeding a generator per
+        # call is most of a replay's time on the compiled engine.
+        memo = (self.num_experts, self.precision, self.seed, pass_id, target, tuple(true))
         out = NOISY_MEMO.get(memo)
         if out is None:
             if len(NOISY_MEMO) >= NOISY_MEMO_SIZE:
                 NOISY_MEMO.clear()
-            out = NOISY_MEMO[memo] = self._perturb(true, target)
+            out = NOISY_MEMO[memo] = self._perturb(true, target, pass_id)
         return list(out)
 
-    def _perturb(self, true: list[int], target: int) -> tuple[int, ...]:
-        rng = np.random.default_rng([self.seed, self.cache.pass_id, target])
+    def _perturb(self, true: list[int], target: int, pass_id: int) -> tuple[int, ...]:
+        rng = np.random.default_rng([self.seed, pass_id, target])
         truth = set(true)
         wrong = [e for e in range(self.num_experts) if e not in truth]
         out = []

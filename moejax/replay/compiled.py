@@ -6,7 +6,7 @@ reference engine, `engine.py`).
 least_stale in its three orders with `prefetch_current="pass"`, belady); every prefetcher
 whose predictions never read the cache (all of them: they are taken from the policy object
 itself, pass by pass, before the kernel runs, exactly as the reference calls it, or for the
-oracle and the temporal prefetcher from the whole request stream at once,
+oracles and the temporal prefetcher from the whole request stream at once,
 `stream_predictions.py`); fetch and
 standard routing; both prefetch queues and pin scopes; prefill layers in waves; the virtual
 clock's copy engines and host link, and the cost model's compute.

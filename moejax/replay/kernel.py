@@ -83,10 +83,10 @@ QUOTA, PSET, PCOUNT = range(3)
 
 # The head of I: settings, scalars, and the blocks' offsets.
 (POLICY, N_SLOTS, N_EXPERTS, N_LAYERS, N_KEYS, N_LISTS, QUEUE, PIN_LAYER, ENGINES,
- STAMP, FREE_N, TICK, BEL_PASS, BEL_POS, BEL_DONE, WALK_W,
- O_KEYS, O_SLOTS, O_LISTS, O_POS, O_STARTS, O_UOFF, O_USES, O_WALK,
- O_SR, O_T, O_C, O_QT, O_FC) = range(29)
-HEAD_SIZE = 29
+ STAMP, FREE_N, TICK, BEL_PASS, BEL_POS, BEL_DONE, WALK_W, H_LEN,
+ O_KEYS, O_SLOTS, O_LISTS, O_POS, O_STARTS, O_UOFF, O_USES, O_WALK, O_HEAP, O_HPOS,
+ O_SR, O_T, O_C, O_QT, O_FC) = range(32)
+HEAD_SIZE = 32
 # The head of F: expert bytes, transfer latency, one engine's and the link's bytes/s.
 F_BYTES, F_LATENCY, F_ENGINE_BPS, F_LINK_BPS = range(4)
 
@@ -131,7 +131,10 @@ def layout(policy: int, n_slots: int, n_experts: int, n_layers: int, queue: int,
     n_lists = 2 * n_layers + 1
     sizes = {O_KEYS: N_KEY_ROWS * n_keys, O_SLOTS: 2 * n_slots, O_LISTS: 3 * n_lists,
              O_POS: 3 * n_layers, O_STARTS: len(starts),
-             O_UOFF: len(uses_off), O_USES: len(uses), O_WALK: walks.size}
+             O_UOFF: len(uses_off), O_USES: len(uses), O_WALK: walks.size,
+             # LFU's heap of the resident keys and the stack its victim search uses, and
+             # each key's place in the heap (`_lfu_victim`); nothing for the others.
+             O_HEAP: (2 * n_slots + 1) * (policy == LFU), O_HPOS: n_keys * (policy == LFU)}
     head = np.zeros(HEAD_SIZE, np.int64)
     head[[POLICY, N_SLOTS, N_EXPERTS, N_LAYERS, N_KEYS, N_LISTS, QUEUE, PIN_LAYER,
           ENGINES, WALK_W]] = [policy, n_slots, n_experts, n_layers, n_keys, n_lists,
@@ -259,6 +262,111 @@ def _first_free(I, w, st):
     return k
 
 
+# -- LFU's order: a binary heap of the resident keys --------------------------------------------
+# LFU's victim is the first key in its order (fewest uses, then least recent: a total order,
+# each use having its own tick) that is not protected. A scan of every slot per miss made LFU's
+# replays cost in proportion to the cache's size; the heap keeps the resident keys in that
+# order (a key's place changes only when it is admitted, used or evicted), and the search
+# descends from the root only through protected keys.
+@jit
+def _hp(I, k):  # where key `k` is in the heap
+    return np.uint64(I[O_HPOS] + k)
+
+
+@jit
+def _lfu_before(I, a, b):
+    """Whether key `a` comes before key `b` in LFU's order."""
+    ca, cb = I[_k(I, COUNT, a)], I[_k(I, COUNT, b)]
+    return ca < cb or (ca == cb and I[_k(I, LAST, a)] < I[_k(I, LAST, b)])
+
+
+@jit
+def _heap_put(I, i, k):
+    I[np.uint64(I[O_HEAP] + i)] = k
+    I[_hp(I, k)] = i
+
+
+@jit
+def _heap_up(I, i):
+    h = I[O_HEAP]
+    k = I[np.uint64(h + i)]
+    while i > 0:
+        parent = (i - 1) // 2
+        above = I[np.uint64(h + parent)]
+        if not _lfu_before(I, k, above):
+            break
+        _heap_put(I, i, above)
+        i = parent
+    _heap_put(I, i, k)
+
+
+@jit
+def _heap_down(I, i):
+    h, n = I[O_HEAP], I[H_LEN]
+    k = I[np.uint64(h + i)]
+    while True:
+        c = 2 * i + 1
+        if c >= n:
+            break
+        if c + 1 < n and _lfu_before(I, I[np.uint64(h + c + 1)], I[np.uint64(h + c)]):
+            c += 1
+        below = I[np.uint64(h + c)]
+        if not _lfu_before(I, below, k):
+            break
+        _heap_put(I, i, below)
+        i = c
+    _heap_put(I, i, k)
+
+
+@jit
+def _heap_push(I, k):
+    i = I[H_LEN]
+    I[H_LEN] += 1
+    _heap_put(I, i, k)
+    _heap_up(I, i)
+
+
+@jit
+def _heap_remove(I, k):
+    i = I[_hp(I, k)]
+    n = I[H_LEN] - 1
+    I[H_LEN] = n
+    I[_hp(I, k)] = -1
+    if i < n:  # the last key takes its place, then moves up or down to where it belongs
+        last = I[np.uint64(I[O_HEAP] + n)]
+        _heap_put(I, i, last)
+        _heap_up(I, i)
+        _heap_down(I, I[_hp(I, last)])
+
+
+@jit
+def _lfu_victim(I, st):
+    """The first key in LFU's order not protected by stamp `st` (-1: none): a key comes
+    before every key below it, so an unprotected key ends its branch, and a protected one
+    leads to its children (a stack in I, after the heap)."""
+    h, n = I[O_HEAP], I[H_LEN]
+    stack = h + I[N_SLOTS]
+    best = -1
+    top = 0
+    if n > 0:
+        I[np.uint64(stack)] = 0
+        top = 1
+    while top > 0:
+        top -= 1
+        i = I[np.uint64(stack + top)]
+        k = I[np.uint64(h + i)]
+        if best >= 0 and not _lfu_before(I, k, best):
+            continue  # (nothing below it comes before `best` either)
+        if I[_k(I, PROT, k)] != st:
+            best = k
+            continue
+        for c in (2 * i + 1, 2 * i + 2):
+            if c < n:
+                I[np.uint64(stack + top)] = c
+                top += 1
+    return best
+
+
 # -- the eviction policies (moejax/policies/eviction.py) --------------------------------------
 @jit
 def _is_ls(policy):
@@ -309,6 +417,7 @@ def _on_admit(I, k, prefetch):
         _use(I, k)
     elif policy == LFU:
         _use(I, k)
+        _heap_push(I, k)
     elif _is_ls(policy):
         _ls_request(I, k)
 
@@ -336,6 +445,7 @@ def _on_access(I, k, pos, p):
     elif policy == LFU:
         I[_k(I, COUNT, k)] += 1
         _use(I, k)
+        _heap_down(I, I[_hp(I, k)])  # one use more, and the latest: later in the order
     elif _is_ls(policy):
         _ls_request(I, k)
     elif policy == BELADY:
@@ -389,24 +499,12 @@ def victim(I, pos, st, incoming, p):
             if best >= 0:
                 return best
         return -1
-    # The scans over the slots read the offsets once (the stores into I in the loop keep
-    # LLVM from hoisting them), and index unsigned (`_at`).
+    # Belady's scan over the slots reads the offsets once (the stores into I in the loop keep
+    # LLVM from hoisting them), and indexes unsigned (`_at`).
     u = np.uint64
     ko, so = I[O_KEYS], I[O_SLOTS]
     if policy == LFU:  # fewest uses, then least recent
-        best = -1
-        cb = lb = 0
-        for s in range(I[N_SLOTS]):
-            k = I[u(so + s)]
-            if k < 0:
-                continue
-            at_k = ko + k * N_KEY_ROWS
-            if I[u(at_k + PROT)] == st:
-                continue
-            ck, lk = I[u(at_k + COUNT)], I[u(at_k + LAST)]
-            if best < 0 or ck < cb or (ck == cb and lk < lb):
-                best, cb, lb = k, ck, lk
-        return best
+        return _lfu_victim(I, st)
     if policy == BELADY:  # furthest next use, ties to the lowest key
         _bel_where(I, pos, p)
         # The request index: the pass's pass-layers start at p * L.
@@ -474,6 +572,8 @@ def _allocate(I, F, pos, st, incoming, p, running_pos):
     I[_s(I, KEY_OF, s)] = -1
     I[_k(I, EVICTED_IN, v)] = p
     _remove(I, EL, v)
+    if I[POLICY] == LFU:
+        _heap_remove(I, v)
     vpos = v // I[N_EXPERTS]
     F[_c(I, R_EVICT, vpos)] += 1
     if I[_k(I, ORIGIN_PASS, v)] >= 0:

@@ -1,16 +1,19 @@
 """The predictions of the prefetchers whose choice is a function of the request stream alone,
 taken for the whole stream at once in numpy instead of from the policy object gate by gate in
 Python (`compiled.stepped_predictions`): `oracle`, the target layer's requests in the same
-pass, and `temporal`, the target layer's requests in the previous pass. Gate by gate, a
+pass, `temporal`, the target layer's requests in the previous pass, and `noisy_oracle`, the
+oracle's perturbed group by group by the policy's own `perturbed`. Gate by gate, a
 prefetching replay of a million requests spent seconds in Python before its kernel ran
-(`benchmarks/replay_limit.py`); here it is a few array operations.
+(`benchmarks/replay_limit.py`); here it is a few array operations (and the noisy oracle's
+perturbation, group by group).
 
 The same groups, in the same order, as `compiled.stepped_predictions` builds from `predict`:
 per pass-layer, the targets `lookahead` MoE layers on (those the model has), each with the
 target's requests in rank order — the compiled engine's own request arrays,
 `keys[starts[pl]:starts[pl + 1]]`. Taken only where that equality is structural, and checked
 (`tests/test_compiled_replay.py`, random traces against the policy stepped gate by gate):
-- the exact class (not a subclass: `noisy_oracle` is an oracle that perturbs its answer);
+- the exact class (a subclass may answer otherwise: `noisy_oracle` is an oracle that
+  perturbs its answer, taken here as itself);
 - the policy in its first state (a temporal prefetcher that saw nothing yet) and the cache
   before its first pass;
 - every trace with the cache's MoE layers, in increasing order.
@@ -23,7 +26,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from moejax.policies.prefetch import OraclePrefetch, TemporalPrefetch
+from moejax.policies.prefetch import NoisyOraclePrefetch, OraclePrefetch, TemporalPrefetch
 
 
 def stream_predictions(cache, traces, keys: np.ndarray, starts: np.ndarray) -> tuple | None:
@@ -32,7 +35,7 @@ def stream_predictions(cache, traces, keys: np.ndarray, starts: np.ndarray) -> t
     None where this module does not take them (the module's docstring)."""
     prefetch = cache.prefetch
     layers = list(cache.shape.layers)
-    if type(prefetch) is OraclePrefetch:
+    if type(prefetch) in (OraclePrefetch, NoisyOraclePrefetch):
         back = 0  # the target's requests in the same pass
     elif type(prefetch) is TemporalPrefetch and not prefetch.last and not prefetch.order:
         back = 1  # in the previous pass
@@ -61,6 +64,14 @@ def stream_predictions(cache, traces, keys: np.ndarray, starts: np.ndarray) -> t
     np.cumsum(sizes, out=grp_start[1:])
     at = np.repeat(starts[source] - grp_start[:-1], sizes) + np.arange(grp_start[-1])
     experts = keys[at].astype(np.int64) - np.repeat(target * n_experts, sizes)
+    if type(prefetch) is NoisyOraclePrefetch:  # each group as the policy perturbs it
+        flat, bounds = experts.tolist(), grp_start.tolist()
+        passes, at_layer = (of // n_layers).tolist(), [layers[t] for t in target.tolist()]
+        chosen = []
+        for g in range(n_groups):
+            chosen.extend(prefetch.perturbed(passes[g], at_layer[g],
+                                             flat[bounds[g]:bounds[g + 1]]))
+        experts = np.asarray(chosen, np.int64).reshape(-1)
     if back:  # as stepping leaves it: each layer's requests in the last pass
         last = n_pl - n_layers
         prefetch.last = {layer: (keys[starts[last + i]:starts[last + i + 1]]
