@@ -87,7 +87,7 @@ class Passes:
 def requests(traces, n_experts: int):
     """The requests of every pass-layer (global key `position * E + expert`, rank order) as one
     array, the start of each pass-layer in it, each request's token-expert pairs in its
-    pass-layer, and the `Passes`. Runs of one-token passes (decode) are taken as whole arrays:
+    pass-layer (empty when every pass has one token: one pair each), and the `Passes`. Runs of one-token passes (decode) are taken as whole arrays:
     a token's top-k are distinct and already in rank order. Keys and pair counts are int32
     (keys < L * E, counts <= a pass's tokens): half the memory of int64 and of its page faults
     on fresh arrays (a 1M-request replay: this call 4-6 ms with int64 arrays, 2-4 with
@@ -160,7 +160,10 @@ def requests(traces, n_experts: int):
         at += n * length
         pl += n
     passes = Passes(np.concatenate(prefill), np.concatenate(tokens), np.concatenate(pairs))
-    mult = np.ones(len(keys), np.int32)  # a one-token pass's request: one pair
+    # A one-token pass's request is one pair; a stream of one-token passes only leaves `mult`
+    # empty (the kernels then count one pair a request), not a million ones written into
+    # fresh pages (on this machine, about a millisecond a million requests).
+    mult = np.ones(len(keys) if counted else 0, np.int32)
     for where, counts in counted:
         mult[where:where + len(counts)] = counts
     return keys, starts, mult, passes
@@ -244,24 +247,23 @@ def forget_predictions() -> None:
 
 
 def _kept_predictions(cache: ExpertCache, traces, keys: np.ndarray, starts: np.ndarray):
-    """`stepped_predictions`, or for the whole stream at once where the prefetcher's choice is
-    a function of the requests alone (`stream_predictions`), else taken once per process for
-    the same prefetcher and traces. The policy object of a later run is then not stepped (nothing
-    reads it after a replay: its predictions are the run's whole use of it)."""
+    """`stepped_predictions`, taken once per process for the same prefetcher and traces, and
+    for the whole stream at once where the prefetcher's choice is a function of the requests
+    alone (`stream_predictions`). The policy object of a later run is then not stepped
+    (nothing reads it after a replay: its predictions are the run's whole use of it)."""
     if cache.prefetch.name == "none":
         return stepped_predictions(cache, traces, keys, starts)
-    whole = stream_predictions(cache, traces, keys, starts)  # (None: not a stream's function)
-    if whole is not None:
-        return whole
     key = _predictions_key(cache, traces)
-    if key is None:
-        return stepped_predictions(cache, traces, keys, starts)
     if key in _KEPT:
         _KEPT.move_to_end(key)
         return _KEPT[key]
-    out = _KEPT[key] = stepped_predictions(cache, traces, keys, starts)
-    if len(_KEPT) > _KEEP:
-        _KEPT.popitem(last=False)
+    out = stream_predictions(cache, traces, keys, starts)  # (None: not a stream's function)
+    if out is None:
+        out = stepped_predictions(cache, traces, keys, starts)
+    if key is not None:
+        _KEPT[key] = out
+        if len(_KEPT) > _KEEP:
+            _KEPT.popitem(last=False)
     return out
 
 

@@ -725,8 +725,8 @@ def begin_pass(I):
 @jit
 def run(I, F, keys, mult, pass_tokens, pass_pairs, pred, compute, cost):
     """Replays the pass-layers on the state `(I, F)` of `layout` (compiled.run gives the
-    arguments). `keys` / `mult`: each request's key and token-expert pairs, pass-layer after
-    pass-layer (their starts are in `I`); `pred`: the predictions `(grp_off, grp_target,
+    arguments). `keys` / `mult`: each request's key and token-expert pairs (`mult` empty: one
+    each), pass-layer after pass-layer (their starts are in `I`); `pred`: the predictions `(grp_off, grp_target,
     grp_start, experts)`; `compute`: the cost model's per-pass times and the layer walk
     `(dense, attn, half, dense_before, dense_after)` (`compiled._compute_plan`); `cost`:
     `CostModel.experts`'s terms `(has_cost, per_expert, shared_params, dtype_bytes,
@@ -736,6 +736,7 @@ def run(I, F, keys, mult, pass_tokens, pass_pairs, pred, compute, cost):
     has_cost, per_expert, shared_params, dtype_b, peak_flops, hbm_bps, launch = cost
     n_slots, n_layers = I[N_SLOTS], I[N_LAYERS]
     watchdog, pin_layer = I[QUEUE] != IMMEDIATE, I[PIN_LAYER] == 1
+    has_mult = len(mult) > 0  # (empty: one pair a request, `compiled.requests`)
     idle = I[QUEUE] == WATCHDOG_IDLE
     starts = I[I[O_STARTS]:I[O_STARTS] + len(pass_pairs) * n_layers + 1]
     n_pass = len(pass_pairs)
@@ -827,7 +828,7 @@ def run(I, F, keys, mult, pass_tokens, pass_pairs, pred, compute, cost):
                 for j in range(w0, w1):
                     i = order[j]
                     k = keys[i]
-                    pairs += mult[i]
+                    pairs += mult[i] if has_mult else 1
                     s = I[_k(I, SLOT, k)]
                     if s >= 0:
                         at = F[I[O_SR] + s]

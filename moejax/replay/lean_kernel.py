@@ -133,6 +133,7 @@ def run(I, F, keys, mult, pass_tokens, pass_pairs, compute, cost):
             append(n_layers + pos, k)
 
     n_pass = len(pass_pairs)
+    has_mult = len(mult) > 0  # (empty: one pair a request, `compiled.requests`)
     passes = np.zeros((n_pass, 3))
     running = np.zeros((n_pass, len(RUNNING)))  # the running totals of RUNNING's rows
     pins = np.zeros(n_slots, np.int64)
@@ -205,7 +206,7 @@ def run(I, F, keys, mult, pass_tokens, pass_pairs, compute, cost):
                     i = order[u(j)] if waves else a + j
                     k = keys[u(i)]
                     if waves:  # (one wave: the pass's pairs, below)
-                        pairs += mult[u(i)]
+                        pairs += mult[u(i)] if has_mult else 1
                     s = I[key_at(slot_b, k)]
                     if s >= 0:
                         at = F[u(sr + s)]
