@@ -7,6 +7,8 @@ them (`RunSpec`).
 Each spec is frozen and has no defaults: its values come from a checked config, so the
 schema (`moejax/jobs/schema.py`) stays the one place a default is written. A section's spec
 has exactly the section's fields (`tests/test_run_spec.py` holds the two to each other).
+`io.*`'s rule (`check_io`, `IO_MODES`) is here too, beside its spec, so that checking a config
+needs no checkpoint reader.
 """
 
 from __future__ import annotations

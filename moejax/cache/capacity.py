@@ -4,8 +4,8 @@
   `capacity_of="experts"` (the default): a fraction of all routed experts' bytes at native
   precision; `"model"`: a fraction of the whole model's native bytes, dense weights included
   (SpecMD's meaning: "5% or 0.6 GB" of OLMoE-1B-7B). `ModelConfig.model_bytes` computes the
-  latter from the model's shapes alone (no weights are allocated): OLMoE-1B-7B comes to 6.92e9 parameters,
-  12.89 GiB in bfloat16, Mixtral-8x7B to 86.99 GiB (SpecMD's model table).
+  latter from the model's shapes alone (no weights are allocated): OLMoE-1B-7B comes to
+  6.92e9 parameters, 12.89 GiB in bfloat16, Mixtral-8x7B to 86.99 GiB (SpecMD's model table).
 * **Pools**: one per precision in use (the miss policy's `levels`, high to low), sharing `C`:
   pool P gets the byte share `s_P` (`cache.precision_shares`; "" = equal shares) and
   `slots_P = floor(s_P * C / bytes_P)` slots of `bytes_P` (one expert at P), at most one per

@@ -87,11 +87,11 @@ class Passes:
 def requests(traces, n_experts: int):
     """The requests of every pass-layer (global key `position * E + expert`, rank order) as one
     array, the start of each pass-layer in it, each request's token-expert pairs in its
-    pass-layer (empty when every pass has one token: one pair each), and the `Passes`. Runs of one-token passes (decode) are taken as whole arrays:
-    a token's top-k are distinct and already in rank order. Keys and pair counts are int32
-    (keys < L * E, counts <= a pass's tokens): half the memory of int64 and of its page faults
-    on fresh arrays (a 1M-request replay: this call 4-6 ms with int64 arrays, 2-4 with
-    int32)."""
+    pass-layer (empty when every pass has one token: one pair each), and the `Passes`. Runs of
+    one-token passes (decode) are taken as whole arrays: a token's top-k are distinct and
+    already in rank order. Keys and pair counts are int32 (keys < L * E, counts <= a pass's
+    tokens): half the memory of int64 and of its page faults on fresh arrays (a 1M-request
+    replay: this call 4-6 ms with int64 arrays, 2-4 with int32)."""
     # Pieces of the key array in order: a run of one-token passes as (rows, offsets), laid out
     # straight into the array below; a wider pass-layer's requests as an array.
     n_keys = max((len(t.layers) for t in traces), default=0) * n_experts

@@ -19,7 +19,8 @@ turn a block and row into an index):
   lru_per_layer (either quota) one per position; Least-Stale stale[p] = p and current[p] =
   L + p; the last one is the watchdog's queue;
 * per slot (`_s(I, row, slot)`): its key, and the free-slot stack; per MoE layer position:
-  lru_per_layer's quota and this pass's predicted set (id, size);
+  lru_per_layer's quota and this pass's predicted set (id, size); LFU only: its heap of the
+  resident keys with the victim search's stack, and each key's place in the heap;
 * read-only: each pass-layer's first request, each key's sorted request indices (Belady), the
   victim walk of FLD or Least-Stale per running position (`policies/eviction.py`'s walks, as a
   table `[L + 1, width]`);
@@ -28,8 +29,9 @@ turn a block and row into an index):
 
 The ordered containers of the policies (LRU's order, a layer's queue, Least-Stale's queues,
 the watchdog's queue) are the intrusive lists: a key is in at most one list of each kind, as
-it is in at most one of the policy's OrderedDicts. "Protected" sets (the running wave, one
-prefetch call's selection) are stamps: key `g` is protected while its stamp is the current one.
+it is in at most one of the policy's OrderedDicts; LFU's order is a binary heap. "Protected"
+sets (the running wave, one prefetch call's selection) are stamps: key `g` is protected while
+its stamp is the current one.
 
 The time arithmetic (a transfer's booking, when a slot lands, a stall, the watchdog's timing, the
 experts step's roofline) is `moejax/timing/timeline.py`'s, compiled in: the reference calls the
@@ -726,8 +728,8 @@ def begin_pass(I):
 def run(I, F, keys, mult, pass_tokens, pass_pairs, pred, compute, cost):
     """Replays the pass-layers on the state `(I, F)` of `layout` (compiled.run gives the
     arguments). `keys` / `mult`: each request's key and token-expert pairs (`mult` empty: one
-    each), pass-layer after pass-layer (their starts are in `I`); `pred`: the predictions `(grp_off, grp_target,
-    grp_start, experts)`; `compute`: the cost model's per-pass times and the layer walk
+    each), pass-layer after pass-layer (their starts are in `I`); `pred`: the predictions
+    `(grp_off, grp_target, grp_start, experts)`; `compute`: the cost model's per-pass times and the layer walk
     `(dense, attn, half, dense_before, dense_after)` (`compiled._compute_plan`); `cost`:
     `CostModel.experts`'s terms `(has_cost, per_expert, shared_params, dtype_bytes,
     peak_flops, hbm_bps, launch)`. Returns per pass `(start, end, stall)` and running totals
