@@ -22,7 +22,7 @@ import shutil
 import time
 
 from launch import cells as cells_lib
-from launch import worker
+from launch import sweep, worker
 from moejax import jobs
 from moejax.jobs import replay as replay_job
 from moejax.replay import compiled, lean_kernel
@@ -86,7 +86,10 @@ def main():
         parser.error("--part takes 0..parts-1, --warm a count >= 0")
     path, _, arg = args.config.partition(":")
     path = os.path.abspath(path)
-    cells = cells_lib.cells_from_config(path, arg or None)[args.part::args.parts]
+    try:
+        cells = cells_lib.cells_from_config(path, arg or None)[args.part::args.parts]
+    except sweep.CONFIG_FILE_ERRORS as e:  # the config file's own mistakes
+        parser.error(f"--config={args.config}: {e}")
     if len(cells) <= args.warm:
         parser.error(f"{len(cells)} cells in this part: fewer than --warm={args.warm} + 1")
     for owner, name, label in STEPS:

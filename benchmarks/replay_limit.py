@@ -21,9 +21,9 @@ before the timed runs), the prefetcher's predictions and the cost model's values
 (taken anew each run: a grid's worker keeps them across cells); the trace is already in memory
 on both sides. The bare kernels count hits and nothing else. `cache.pin_scope=request` for
 `lru` and the strict per-layer LRU (only the incoming expert protected: the bare kernels'
-reading), whose hits must equal the bare kernels' (the script checks). Each rep runs every case once, in turn (alternated), and the table gives
-the median rate and the spread (min-max) over reps; `ratio` is moejax's median rate over the
-bare LRU's median rate in the same run.
+reading), whose hits must equal the bare kernels' (the script checks). Each rep runs every
+case once, in turn (alternated), and the table gives the median rate and the spread (min-max)
+over reps; `ratio` is moejax's median rate over the bare LRU's median rate in the same run.
 """
 
 from __future__ import annotations

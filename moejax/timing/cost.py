@@ -19,8 +19,8 @@ class CostModel:
         """One `CostModel` per model and hardware in a process, its memos with it: a grid's
         cells of one model build a cache each, and the cost model's calls per distinct
         (tokens, context) were about half of a short replay's preparation. (It holds nothing
-        but pure functions of its two arguments and their memos.) Keyed by the model's JSON,
-        as `cache.from_spec.model_bytes_of` is: a config's fields need not be hashable."""
+        but pure functions of its two arguments and their memos.) Keyed by the model's JSON:
+        a config's fields need not be hashable."""
         return _shared(cfg.to_json(), hw)
 
     @staticmethod
