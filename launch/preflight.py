@@ -7,9 +7,11 @@ error at launch, naming the cells it breaks, instead of the same failure in ever
 the sweep has started. What only the model or the run can tell (a checkpoint that does not
 load, a slot count above the model's experts) still fails in its cell.
 
-About 1-2.5 ms a cell on a 2-core machine, with JAX imported once: `python -m launch.sweep
---config=studies/specmd/grid_specmd.py --sweep_dir=D --dry_run` (4,692 cells) takes 5.4-12 s, against
-0.3 s without the check; the launcher says so before the check starts (`expected_seconds`).
+About 1 ms a cell on a 2-core machine (each cell's config a copy of one `get_config` result,
+`cells.get_config_copy`): `python -m launch.sweep --config=studies/specmd/grid_specmd.py
+--sweep_dir=D --dry_run` (4,692 cells) takes 5.4 s, 1.7 s for the 768 cells of
+`:traces=captures` (2026-12-06); the launcher says so before the check starts
+(`expected_seconds`).
 The checks run in one spawned process (`check_in_subprocess`), so
 that the launching process stays free of JAX, as it always was; a local run has them shared by
 the workers of its pool (`check_in_pool`), which then run the cells: they start once, and the
@@ -25,11 +27,10 @@ from launch import cells as cells_lib
 from launch import worker
 
 # What checking n cells takes, roughly (`expected_seconds`, said before the check starts):
-# starting the process and importing JAX, then each cell. Measured on a 2-core machine: 2.3 s
-# and ~2 ms a cell (4,692 cells of studies/specmd/grid_specmd.py in 11.7 s; 5.4 s in an earlier
-# measurement).
-START_S = 2.5
-PER_CELL_S = 0.002
+# starting the process and importing what a check needs, then each cell. Measured on a 2-core
+# machine (the dry runs above, 2026-12-06): 1.0 s and ~0.9 ms a cell.
+START_S = 1.0
+PER_CELL_S = 0.001
 
 
 def expected_seconds(cells: int, processes: int = 1) -> float:
@@ -62,7 +63,7 @@ def cell_errors(config_path: str, arg: str | None,
     errors: dict[str, str] = {}
     for i, cell in enumerate(cells):
         try:  # a fresh config per cell, as the worker builds it
-            config = cells_lib.call_get_config(module, arg)
+            config = cells_lib.get_config_copy(module, arg)
         except Exception as e:
             if i == 0:
                 raise ConfigFileError(e) from e

@@ -350,9 +350,14 @@ def duration(seconds: float) -> str:
     return f"{seconds / 86400:.1f} days"
 
 
-def _cell_time(seconds: float) -> str:
-    """A cell's wall time: "2.0 s" under 10 s, else as `duration`."""
+def _seconds(seconds: float) -> str:
+    """A time so far: "2.0 s" under 10 s, else as `duration`."""
     return f"{seconds:.1f} s" if seconds < 10 else duration(seconds)
+
+
+def _cell_time(seconds: float) -> str:
+    """A cell's wall time: "26 ms" under a second (a replay cell's), else as `_seconds`."""
+    return f"{seconds * 1000:.0f} ms" if seconds < 0.9995 else _seconds(seconds)
 
 
 def _plural(n: int, word: str) -> str:
@@ -435,7 +440,7 @@ class Progress:
     def line(self) -> str:
         left = self.to_run - self.ran - self.failed
         text = (f"{self.before + self.ran + self.failed}/{self.total} cells done "
-                f"({self.failed} failed), {_cell_time(self.clock() - self.t0)} elapsed")
+                f"({self.failed} failed), {_seconds(self.clock() - self.t0)} elapsed")
         return text + (f"; {remaining(self.times, left, self.workers)}" if left > 0 else "")
 
     def cell(self, ok: bool, seconds: float | None) -> None:

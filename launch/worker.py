@@ -1,6 +1,7 @@
-"""One cell in a pool process: a fresh `get_config(arg)`, the cell's overrides on its declared
-fields, `moejax.jobs.run(config, cell_dir)`. Output goes to the cell's `log.txt`; a failure is
-returned (and kept in `error.txt`), never raised, so one bad cell does not stop the others."""
+"""One cell in a pool process: a fresh `get_config(arg)` (or a copy of an equal earlier one,
+`cells.get_config_copy`), the cell's overrides on its declared fields,
+`moejax.jobs.run(config, cell_dir)`. Output goes to the cell's `log.txt`; a failure is returned
+(and kept in `error.txt`), never raised, so one bad cell does not stop the others."""
 
 from __future__ import annotations
 
@@ -94,7 +95,7 @@ def apply_overrides(config, overrides: dict[str, Any]) -> None:
 
 
 def build_config(config_path: str, arg: str | None, overrides: dict[str, Any]):
-    config = cells_lib.call_get_config(cells_lib.load_config_module(config_path), arg)
+    config = cells_lib.get_config_copy(cells_lib.load_config_module(config_path), arg)
     apply_overrides(config, overrides)
     return config
 

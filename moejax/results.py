@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
-import json
 import os
 import stat
 import tempfile
 from typing import Any
 
+from moejax import json_text
+
 
 def write_json_atomic(path: str, obj: Any) -> None:
-    write_text_atomic(path, json.dumps(obj, indent=2, default=_default))
+    """`obj` as `json.dumps(obj, indent=2)` writes it (numpy values as Python's), atomically
+    (`write_text_atomic`); the text by `json_text.dumps`, the same and faster."""
+    write_text_atomic(path, json_text.dumps(obj, default=_default))
 
 
 def write_text_atomic(path: str, text: str) -> None:

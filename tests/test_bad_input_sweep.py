@@ -208,8 +208,8 @@ def test_the_check_of_the_cells_configs_is_announced_before_it_starts(tiny_confi
     sweep_dir = tmp_path / "s"
     assert sweep.main([f"--config={tiny_config}:3000", f"--sweep_dir={sweep_dir}",
                        "--dry_run"]) == 0
-    # 2.5 s to start and 2 ms a cell (launch/preflight.py): 8.5 s
-    assert said == ["3000 cells to run; checking each one's config first (about 8 s, at ~2 ms "
+    # 1 s to start and 1 ms a cell (launch/preflight.py): 4 s
+    assert said == ["3000 cells to run; checking each one's config first (about 4 s, at ~1 ms "
                     "a cell) ...\n"]
 
 

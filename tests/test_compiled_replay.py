@@ -547,6 +547,35 @@ def test_predictions_are_taken_once_per_prefetcher_and_trace_content(monkeypatch
     _assert_same(ref, fast)
 
 
+def test_request_arrays_are_built_once_per_trace_content(monkeypatch):
+    """The request arrays are built once for traces of the same values
+    (`compiled._kept_requests`), and again for a trace changed in place since: each run
+    gives the reference's numbers."""
+    trace = random_scored_trace(np.random.default_rng(2), 4, 16, 2, [3] + [1] * 30, 1000)
+    compiled.forget_predictions()
+    built = []
+    real = compiled.requests
+
+    def counted(traces, n_experts):
+        built.append(n_experts)
+        return real(traces, n_experts)
+    monkeypatch.setattr(compiled, "requests", counted)
+
+    def both(slots):
+        ref = _cache(_config(slots=slots), trace, expert_bytes=1000)
+        fast = _cache(_config(slots=slots), trace, expert_bytes=1000)
+        assert replay(ref, [trace], engine="reference").engine == "reference"
+        assert replay(fast, [trace]).engine == "compiled"
+        _assert_same(ref, fast)
+    both(5)
+    both(11)
+    assert len(built) == 1
+    row = trace.ids[3, 0]  # the first decode token's first layer: another expert, still distinct
+    row[0] = next(e for e in range(trace.num_experts) if e not in row)
+    both(11)
+    assert len(built) == 2
+
+
 _ARRAYS = st.builds(
     lambda dtype, shape, order, step, writeable: _shaped(dtype, shape, order, step, writeable),
     st.sampled_from([np.int64, np.int32, np.float64, np.bool_, np.uint8]),

@@ -541,6 +541,41 @@ def test_command_lines_round_trip_through_bash_and_the_config_flags(config_file,
         assert got == value and type(got) is type(value), key
 
 
+def test_a_workers_config_is_a_copy_of_get_configs_once_two_calls_agree(tmp_path):
+    """`get_config_copy`: get_config is called until two calls on the same bytes pickle the
+    same, then each cell gets an independent copy equal to a fresh call (locked the same,
+    type-safe the same); a result that changes from call to call, or a file edited since, is
+    built by get_config itself."""
+    path = tmp_path / "c.py"
+    path.write_text("import ml_collections\nCALLS = []\n"
+                    "def get_config(arg=None):\n"
+                    "    CALLS.append(arg)\n"
+                    "    c = ml_collections.ConfigDict()\n"
+                    "    c.rate, c.name = 0.5, arg or 'x'\n"
+                    "    c.sub = ml_collections.ConfigDict({'n': 3})\n"
+                    "    return c\n")
+    calls = []
+    for _ in range(4):
+        module = cells_lib.load_config_module(str(path))
+        config = cells_lib.get_config_copy(module, "a")
+        calls.append(len(module.CALLS))
+        assert config.to_dict() == {"rate": 0.5, "name": "a", "sub": {"n": 3}}
+        config.sub.n = 4  # a cell's change stays in its copy
+        with pytest.raises(TypeError):
+            config.rate = "fast"
+    assert calls == [1, 1, 0, 0]
+    stat = os.stat(path)
+    path.write_text(path.read_text().replace("0.5", "0.7"))
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    module = cells_lib.load_config_module(str(path))
+    assert cells_lib.get_config_copy(module, "a").rate == 0.7 and module.CALLS == ["a"]
+    path.write_text("import itertools\nimport ml_collections\nCOUNT = itertools.count()\n"
+                    "def get_config():\n"
+                    "    return ml_collections.ConfigDict({'n': next(COUNT)})\n")
+    module = cells_lib.load_config_module(str(path))  # (one module: its count goes on)
+    assert [cells_lib.get_config_copy(module, None).n for _ in range(4)] == [0, 1, 2, 3]
+
+
 def test_a_config_file_is_run_from_its_current_bytes_each_time(tmp_path):
     """A worker loads the config file for every cell (a fresh module each time) and compiles it
     again only when its bytes changed: an edit of the same size within the same second is

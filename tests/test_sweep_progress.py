@@ -32,6 +32,10 @@ def test_the_time_left_is_the_median_cell_time_x_cells_left_over_workers():
         "2 workers)")
     assert sweep.remaining([], left=6, workers=2) == (
         "time left unknown (no cell has finished in this run yet)")
+    # A replay cell takes milliseconds: its median is said in them, not as "0.0 s".
+    assert sweep.remaining([0.026, 0.031, 0.020], left=400, workers=2) == (
+        "~5 s left (the median of the 3 cells finished in this run, 26 ms, x 400 to go / "
+        "2 workers)")
 
 
 class Clock:

@@ -203,6 +203,26 @@ class NoisyOraclePrefetch(OraclePrefetch):
             out = NOISY_MEMO[memo] = self._perturb(true, target, pass_id)
         return list(out)
 
+    def perturbed_groups(self, pass_ids: np.ndarray, targets: np.ndarray, experts: np.ndarray,
+                         bounds: np.ndarray) -> np.ndarray:
+        """`perturbed(pass_ids[g], targets[g], experts[bounds[g]:bounds[g + 1]])` for every
+        group `g`, concatenated: the whole stream's at once, compiled
+        (`moejax/policies/seeded_draws.py`, numpy's draws written out), where every seed word
+        is one 32-bit word; one group at a time otherwise."""
+        from moejax.policies import seeded_draws
+
+        if (len(pass_ids) and seeded_draws.fits(self.seed, pass_ids.min(), pass_ids.max(),
+                                                targets.min(), targets.max())
+                and 0 <= experts.min() and experts.max() < self.num_experts):
+            return seeded_draws.perturb_groups(self.seed, float(self.precision),
+                                               self.num_experts, pass_ids, targets, experts,
+                                               bounds)
+        flat, at = experts.tolist(), bounds.tolist()
+        out = []
+        for g, (pass_id, target) in enumerate(zip(pass_ids.tolist(), targets.tolist())):
+            out.extend(self.perturbed(pass_id, target, flat[at[g]:at[g + 1]]))
+        return np.asarray(out, np.int64).reshape(-1)
+
     def _perturb(self, true: list[int], target: int, pass_id: int) -> tuple[int, ...]:
         rng = np.random.default_rng([self.seed, pass_id, target])
         truth = set(true)

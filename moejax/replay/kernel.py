@@ -119,7 +119,14 @@ def drop_stale_cache(module: str, sources: tuple) -> None:
 
 # This kernel compiles in `timeline.py`'s arithmetic.
 drop_stale_cache("kernel", (timeline,))
-jit = numba.njit(cache=True)
+# The kernel's steps, compiled without numba's reference counting (`_nrt=False`): each is a
+# function of its own that takes the state arrays, and with reference counting numba takes and
+# gives back their counts around every call, two atomic operations each time (a quarter of a
+# prefetching replay's time, `benchmarks/replay_limit.py`). No step allocates (one that did
+# would not compile) or keeps an array past its call.
+jit = numba.njit(cache=True, _nrt=False)
+# The kernels (`run`, here and in `lean_kernel.py`): they allocate their outputs.
+kernel_jit = numba.njit(cache=True)
 
 
 # -- layout ---------------------------------------------------------------------------------
@@ -145,6 +152,7 @@ def layout(policy: int, n_slots: int, n_experts: int, n_layers: int, queue: int,
     for block, size in sizes.items():
         head[block] = at
         at += size
+    assert head[O_KEYS] == HEAD_SIZE, "the key block must come first (`_k`)"
     I = np.full(at, -1, np.int64)
     I[:HEAD_SIZE] = head
     per_key = key_rows(I, n_keys)
@@ -185,7 +193,9 @@ def _at(I, block, width, row, j):
 
 @jit
 def _k(I, row, g):  # per key, in I (key-major)
-    return np.uint64(I[O_KEYS] + g * N_KEY_ROWS + row)
+    # The key block comes first after the head (`layout`): its offset is the constant
+    # HEAD_SIZE, not a load of I[O_KEYS] at every access (5% of a prefetching replay).
+    return np.uint64(HEAD_SIZE + g * N_KEY_ROWS + row)
 
 
 @jit
@@ -539,9 +549,9 @@ def victim(I, pos, st, incoming, p):
 def _book(I, F, issue_at):
     """`Channels._book` of one expert issued at `issue_at` (`timeline.book`): when it lands."""
     t = I[O_T]
-    booked = timeline.book(F[t + 2:t + 2 + I[ENGINES]], F[t + 1], _fc(I, F, F_BYTES), issue_at,
-                           _fc(I, F, F_LATENCY), _fc(I, F, F_ENGINE_BPS),
-                           _fc(I, F, F_LINK_BPS))
+    booked = timeline.book_in(F, t + 2, I[ENGINES], F[t + 1], _fc(I, F, F_BYTES), issue_at,
+                              _fc(I, F, F_LATENCY), _fc(I, F, F_ENGINE_BPS),
+                              _fc(I, F, F_LINK_BPS))
     F[t + 1] = booked[3]
     return booked[4]
 
@@ -671,7 +681,7 @@ def _watchdog(I, F, pins, n_pins, now, strict, p, running_pos):
             continue
         issue = now
         if idle:
-            issue = timeline.watchdog_issue_time(F[I[O_QT] + k], F[t + 2:t + 2 + I[ENGINES]])
+            issue = timeline.watchdog_issue_time_in(F[I[O_QT] + k], F, t + 2, I[ENGINES])
             if not timeline.watchdog_may_issue(issue, now, strict):
                 return
         if st < 0:
@@ -724,7 +734,7 @@ def begin_pass(I):
 
 
 # -- the run ------------------------------------------------------------------------------------
-@jit
+@kernel_jit
 def run(I, F, keys, mult, pass_tokens, pass_pairs, pred, compute, cost):
     """Replays the pass-layers on the state `(I, F)` of `layout` (compiled.run gives the
     arguments). `keys` / `mult`: each request's key and token-expert pairs (`mult` empty: one
@@ -857,7 +867,7 @@ def run(I, F, keys, mult, pass_tokens, pass_pairs, pred, compute, cost):
                         if misses == 0:  # what is on the engines went before it
                             e = I[O_T] + 2
                             engine_wait = timeline.stall(
-                                F[e + timeline.earliest(F[e:e + I[ENGINES]])], now)
+                                F[e + timeline.earliest_in(F, e, I[ENGINES])], now)
                         r = _admit(I, F, k, s, now, False)
                         if r > ready:
                             ready = r

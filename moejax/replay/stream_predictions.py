@@ -2,10 +2,10 @@
 taken for the whole stream at once in numpy instead of from the policy object gate by gate in
 Python (`compiled.stepped_predictions`): `oracle`, the target layer's requests in the same
 pass, `temporal`, the target layer's requests in the previous pass, and `noisy_oracle`, the
-oracle's perturbed group by group by the policy's own `perturbed`. Gate by gate, a
-prefetching replay of a million requests spent seconds in Python before its kernel ran
-(`benchmarks/replay_limit.py`); here it is a few array operations (and the noisy oracle's
-perturbation, group by group).
+oracle's perturbed by the policy's own `perturbed_groups` (numpy's seeded draws, compiled).
+Gate by gate, a prefetching replay of a million requests spent seconds in Python before its
+kernel ran (`benchmarks/replay_limit.py`); here it is a few array operations and one compiled
+loop.
 
 The same groups, in the same order, as `compiled.stepped_predictions` builds from `predict`:
 per pass-layer, the targets `lookahead` MoE layers on (those the model has), each with the
@@ -65,13 +65,9 @@ def stream_predictions(cache, traces, keys: np.ndarray, starts: np.ndarray) -> t
     at = np.repeat(starts[source] - grp_start[:-1], sizes) + np.arange(grp_start[-1])
     experts = keys[at].astype(np.int64) - np.repeat(target * n_experts, sizes)
     if type(prefetch) is NoisyOraclePrefetch:  # each group as the policy perturbs it
-        flat, bounds = experts.tolist(), grp_start.tolist()
-        passes, at_layer = (of // n_layers).tolist(), [layers[t] for t in target.tolist()]
-        chosen = []
-        for g in range(n_groups):
-            chosen.extend(prefetch.perturbed(passes[g], at_layer[g],
-                                             flat[bounds[g]:bounds[g + 1]]))
-        experts = np.asarray(chosen, np.int64).reshape(-1)
+        experts = prefetch.perturbed_groups(of // n_layers,
+                                            np.asarray(layers, np.int64)[target], experts,
+                                            grp_start)
     if back:  # as stepping leaves it: each layer's requests in the last pass
         last = n_pl - n_layers
         prefetch.last = {layer: (keys[starts[last + i]:starts[last + i + 1]]

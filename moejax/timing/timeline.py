@@ -7,7 +7,8 @@ The reference engine (the clocks in `clock.py`, the cost model in `cost.py`, the
 calls it). So the two engines book a transfer, charge a compiled step and decide when the
 watchdog may issue with one formula, and the same floating-point operations in the same order:
 there is nothing to keep in step by hand. Each function is plain Python over scalars and one
-indexable sequence (a list in the reference, an array view in the kernel).
+indexable sequence (a list in the reference; in the kernel a window of a larger array, read in
+place by the `_in` forms: `earliest_in`'s docstring says why).
 
 The transfer booking (DESIGN.md "Clocks and the hardware model"): a transfer of `nbytes`
 issued at `issue_at`
@@ -30,9 +31,18 @@ from numba.extending import register_jitable
 def earliest(free) -> int:
     """The index of the smallest entry of `free` (the lowest index among equals): the copy
     engine (or storage queue slot) that frees first."""
+    return earliest_in(free, 0, len(free))
+
+
+@register_jitable
+def earliest_in(buffer, first: int, n: int) -> int:
+    """`earliest(buffer[first:first + n])`, read in place. The kernel keeps the engines' free
+    times inside a larger array: a slice of it is an array view, whose reference count numba
+    takes and gives back around every call (two atomic operations; a fifth of a prefetching
+    replay's time when the booking took a slice)."""
     e = 0
-    for j in range(1, len(free)):
-        if free[j] < free[e]:
+    for j in range(1, n):
+        if buffer[first + j] < buffer[first + e]:
             e = j
     return e
 
@@ -43,8 +53,18 @@ def book(engine_free, link_free: float, nbytes: float, issue_at: float, latency_
     """Books one transfer (module docstring): sets `engine_free[e]` to its end and returns
     `(e, start, link_start, link_end, end)`; the caller keeps `link_end` as the link's new
     free time."""
-    e = earliest(engine_free)
-    free = engine_free[e]
+    return book_in(engine_free, 0, len(engine_free), link_free, nbytes, issue_at, latency_s,
+                   engine_bps, link_bps)
+
+
+@register_jitable
+def book_in(buffer, first: int, n: int, link_free: float, nbytes: float, issue_at: float,
+            latency_s: float, engine_bps: float, link_bps: float
+            ) -> tuple[int, float, float, float, float]:
+    """`book(buffer[first:first + n], ...)` in place (`earliest_in`): `e` is the engine's
+    index among the `n`."""
+    e = earliest_in(buffer, first, n)
+    free = buffer[first + e]
     start = issue_at if issue_at > free else free
     data_start = start + latency_s
     link_start = data_start if data_start > link_free else link_free
@@ -52,7 +72,7 @@ def book(engine_free, link_free: float, nbytes: float, issue_at: float, latency_
     end = data_start + nbytes / engine_bps
     if link_end > end:
         end = link_end
-    engine_free[e] = end
+    buffer[first + e] = end
     return e, start, link_start, link_end, end
 
 
@@ -75,7 +95,13 @@ def watchdog_issue_time(queued_at: float, engine_free) -> float:
     """When the queue head would go under `watchdog_idle` (the variant that waits for an
     idle copy engine): once it is queued and a copy engine is free. (SpecMD's `watchdog`
     issues at once when a slot can be had; its transfer queues on the engine.)"""
-    free = engine_free[earliest(engine_free)]
+    return watchdog_issue_time_in(queued_at, engine_free, 0, len(engine_free))
+
+
+@register_jitable
+def watchdog_issue_time_in(queued_at: float, buffer, first: int, n: int) -> float:
+    """`watchdog_issue_time(queued_at, buffer[first:first + n])` in place (`earliest_in`)."""
+    free = buffer[first + earliest_in(buffer, first, n)]
     return queued_at if queued_at > free else free
 
 
