@@ -574,6 +574,11 @@ def test_request_arrays_are_built_once_per_trace_content(monkeypatch):
     row[0] = next(e for e in range(trace.num_experts) if e not in row)
     both(11)
     assert len(built) == 2
+    monkeypatch.setattr(compiled, "KEEP_REQUEST_BYTES", 1000)  # arrays over it are not kept
+    compiled.forget_predictions()
+    both(7)
+    both(7)
+    assert len(built) == 4
 
 
 _ARRAYS = st.builds(

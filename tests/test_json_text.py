@@ -39,7 +39,8 @@ def _default(o):  # results.json's (`moejax.results`): numpy values as Python's
 
 SCALARS = st.one_of(
     st.none(), st.booleans(), st.integers(-2 ** 70, 2 ** 70),
-    st.floats(allow_nan=True, allow_infinity=True), st.sampled_from([0.0, -0.0, 5e-324, 1e300, math.inf, -math.inf, math.nan]),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.sampled_from([0.0, -0.0, 5e-324, 1e300, math.inf, -math.inf, math.nan]),
     st.text(max_size=8), st.builds(Ratio, st.floats(-10, 10)), st.just(Level.LOW),
     st.builds(np.float32, st.floats(-1e6, 1e6, width=32)), st.builds(np.int64, st.integers(0, 9)),
     st.just(np.bool_(True)))

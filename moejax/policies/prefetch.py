@@ -213,7 +213,8 @@ class NoisyOraclePrefetch(OraclePrefetch):
 
         if (len(pass_ids) and seeded_draws.fits(self.seed, pass_ids.min(), pass_ids.max(),
                                                 targets.min(), targets.max())
-                and 0 <= experts.min() and experts.max() < self.num_experts):
+                and (experts.size == 0
+                     or (0 <= experts.min() and experts.max() < self.num_experts))):
             return seeded_draws.perturb_groups(self.seed, float(self.precision),
                                                self.num_experts, pass_ids, targets, experts,
                                                bounds)

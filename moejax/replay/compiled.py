@@ -172,8 +172,12 @@ def requests(traces, n_experts: int):
 # The request arrays built last in this process, each with copies of the trace fields they were
 # built from (`_kept_requests`): a grid replays one trace at many cache sizes, evictions and
 # queues, and comparing a replay's traces with those copies, value for value, costs a small
-# part of building the arrays again (a capture grid's cell: about 0.1 ms against 1.4).
-_REQUESTS: collections.deque = collections.deque(maxlen=8)
+# part of building the arrays again (a capture grid's cell: about 0.1 ms against 1.4). At most
+# `KEEP_REQUESTS` of them and `KEEP_REQUEST_BYTES` of arrays (oldest out first): a long trace,
+# replayed once, is not held after its replay.
+_REQUESTS: collections.deque = collections.deque()
+KEEP_REQUESTS = 8
+KEEP_REQUEST_BYTES = 1 << 28
 
 
 def _request_inputs(traces) -> list[tuple]:
@@ -194,11 +198,18 @@ def _kept_requests(traces, n_experts: int):
     arrays are shared by the replays that take them: nothing writes them (the kernels read
     `keys` and `mult`; `layout` copies `starts`)."""
     now = _request_inputs(traces)
-    for inputs, experts, out in _REQUESTS:
+    for inputs, experts, out, _ in _REQUESTS:
         if experts == n_experts and _same_inputs(inputs, now):
             return out
     out = requests(traces, n_experts)
-    _REQUESTS.append(([(*x[:4], x[4].copy(), x[5].copy()) for x in now], n_experts, out))
+    inputs = [(*x[:4], x[4].copy(), x[5].copy()) for x in now]
+    nbytes = (sum(x[4].nbytes + x[5].nbytes for x in inputs)
+              + sum(a.nbytes for a in out[:3]) + sum(a.nbytes for a in vars(out[3]).values()))
+    if nbytes <= KEEP_REQUEST_BYTES:
+        _REQUESTS.append((inputs, n_experts, out, nbytes))
+        while (len(_REQUESTS) > KEEP_REQUESTS
+               or sum(entry[3] for entry in _REQUESTS) > KEEP_REQUEST_BYTES):
+            _REQUESTS.popleft()
     return out
 
 
