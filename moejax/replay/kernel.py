@@ -121,9 +121,9 @@ def drop_stale_cache(module: str, sources: tuple) -> None:
 drop_stale_cache("kernel", (timeline,))
 # The kernel's steps, compiled without numba's reference counting (`_nrt=False`): each is a
 # function of its own that takes the state arrays, and with reference counting numba takes and
-# gives back their counts around every call, two atomic operations each time (a quarter of a
-# prefetching replay's time, `benchmarks/replay_limit.py`). No step allocates (one that did
-# would not compile) or keeps an array past its call.
+# gives back their counts around every call, two atomic operations each time (about a quarter
+# of a prefetching replay's kernel time: docs/findings/speed.md). No step allocates (one that
+# did would not compile) or keeps an array past its call.
 jit = numba.njit(cache=True, _nrt=False)
 # The kernels (`run`, here and in `lean_kernel.py`): they allocate their outputs.
 kernel_jit = numba.njit(cache=True)

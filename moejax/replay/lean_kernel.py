@@ -12,7 +12,7 @@ calls a function per step of a request; per request that was most of its time. H
   booking) is written out in the loop or in inner functions, which numba inlines;
 - the scalars the general kernel keeps in `I` and `F` (the clock, the link's free time, a
   single copy engine's free time, the stamp, the free slots' count, the recency tick) live in
-  locals, written back at the end (the engine's: 7% of a 1M-request replay);
+  locals, written back at the end (the engine's: 7% of a 1M-request `lru` replay's loop);
 - the integer counters are summed per layer in a local array, added to `F` at the end (sums
   of integers: exact in any order), and the running totals are returned for the rows this
   loop counts only (`RUNNING`);
@@ -152,7 +152,7 @@ def run(I, F, keys, mult, pass_tokens, pass_pairs, compute, cost):
     free_n = I[K.FREE_N]
     tick = I[K.TICK]
     one_engine = len(engines) == 1
-    engine = engines[0]  # the one engine's free time, when there is one
+    engine = engines[0] if one_engine else 0.0  # the one engine's free time, when one
     per_link = nbytes / link_bps  # `timeline.book`'s quotients, the same each time
     per_engine = nbytes / engine_bps
     lru_like = policy == K.LRU or policy == K.FIFO

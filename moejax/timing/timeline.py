@@ -37,9 +37,9 @@ def earliest(free) -> int:
 @register_jitable
 def earliest_in(buffer, first: int, n: int) -> int:
     """`earliest(buffer[first:first + n])`, read in place. The kernel keeps the engines' free
-    times inside a larger array: a slice of it is an array view, whose reference count numba
-    takes and gives back around every call (two atomic operations; a fifth of a prefetching
-    replay's time when the booking took a slice)."""
+    times inside a larger array: a slice of it is an array view, which numba's runtime counts
+    a reference to, two atomic operations each time, where the kernel's loop runs with the
+    runtime (`kernel.kernel_jit`)."""
     e = 0
     for j in range(1, n):
         if buffer[first + j] < buffer[first + e]:
