@@ -7,9 +7,9 @@ each worker: 0.7 s of it).
 
 The policy's definition stays `_perturb`, numpy's own generator; this is a second reading of
 the same stream, held equal to it by `tests/test_seeded_draws.py` (random seeds, passes,
-targets, precisions and truths, against numpy itself). What it reproduces, from numpy's
-sources (`numpy/random/bit_generator.pyx`, `_pcg64.pyx`, `src/pcg64/pcg64.h`,
-`src/distributions/distributions.c`):
+targets, precisions and truths, against numpy itself: that test, not this text, is the
+check). What it reproduces, named as numpy's sources name it (`bit_generator.pyx`,
+`_pcg64.pyx`, `pcg64.h`, `distributions.c`):
 - `SeedSequence(entropy)`: a pool of four 32-bit words hashed from the entropy words, mixed
   all to all (`mix_entropy`), then `generate_state(4, uint64)` (`INIT_B`, `MULT_B`);
 - `PCG64`: its 128-bit state seeded by `pcg64_set_seed` (state then increment, high words
