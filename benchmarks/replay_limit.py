@@ -2,8 +2,8 @@
 over the `L * E` keys, hits only) and a bare per-layer LRU (one list and a fixed quota per
 layer) beside moejax's compiled replay of the same request stream, in one process, alternated.
 
-    python benchmarks/replay_limit.py [--trace=olmoe_prose] [--reps=5] [--repeats=1,16] \
-        [--capacities=0.05,0.25]
+    python benchmarks/replay_limit.py [--trace=olmoe_prose | --random_shape=LxExK] [--reps=5] \
+        [--repeats=1,16] [--capacities=0.05,0.25]
 
 The stream: a shipped real capture (`moejax/assets/captures/`, 512 decode steps x 16 layers x
 top-8 = 65 536 requests for OLMoE), replayed `--repeats` times through one cache (16: about 1M
@@ -42,6 +42,7 @@ from moejax.jobs.schema import base_config
 from moejax.jobs.specs import resolve
 from moejax.quant import formats
 from moejax.replay import compiled, replay
+from moejax.testing import random_scored_trace
 from moejax.timing import CostModel
 from moejax.traces import load_traces
 
@@ -190,9 +191,27 @@ def bare_run(kind: str, keys: np.ndarray, n_keys: int, n_experts: int, cache) ->
     return time.perf_counter() - start, int(hits)
 
 
+def random_shape_trace(shape: str, parser: argparse.ArgumentParser):
+    """512 one-token passes of random routing (`moejax.testing.random_scored_trace`, seed 0,
+    ids only) over the `LxExK` shape: a speed check on a model shape no shipped capture has.
+    Random routing reuses experts less than a model's, so its hit rate is lower."""
+    try:
+        layers, experts, k = (int(x) for x in shape.lower().split("x"))
+    except ValueError:
+        parser.error(f"--random_shape={shape!r} takes LxExK, e.g. 32x8x2")
+    if not (layers >= 1 and experts >= 2 and 1 <= k <= experts):
+        parser.error(f"--random_shape={shape!r}: layers >= 1, experts >= 2, 1 <= K <= experts")
+    return random_scored_trace(np.random.default_rng(0), layers, experts, k, [1] * 512, 1000,
+                               scores=False, prefill_passes=0)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trace", default="olmoe_prose", choices=bundled.CAPTURE_NAMES)
+    parser.add_argument("--random_shape", default="", metavar="LxExK",
+                        help="instead of a capture, 512 decode passes of random routing over L "
+                             "MoE layers of E experts, top-K (a model shape with no capture "
+                             "shipped, e.g. 32x8x2 for Mixtral's)")
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--repeats", default="1,16",
                         help="how many times the capture runs through one cache, per size")
@@ -207,9 +226,12 @@ def main():
                      f"{args.capacities!r} shares of the experts, comma-separated")
     if args.reps < 1 or min(repeat_list) < 1 or not all(0 < c <= 1 for c in capacities):
         parser.error("--reps and --repeats take numbers >= 1, --capacities shares in (0, 1]")
-    (trace,) = load_traces(bundled.capture_path(args.trace))
+    if args.random_shape:
+        trace, name = random_shape_trace(args.random_shape, parser), f"random {args.random_shape}"
+    else:
+        (trace,), name = load_traces(bundled.capture_path(args.trace)), args.trace
     n_keys = len(trace.layers) * trace.num_experts
-    print(f"{args.trace}: {trace.num_passes} passes x {len(trace.layers)} layers x top-"
+    print(f"{name}: {trace.num_passes} passes x {len(trace.layers)} layers x top-"
           f"{trace.top_k} of {trace.num_experts} experts; {args.reps} alternated reps")
     print("| requests | capacity | case | moejax M req/s (min-max) | bare M req/s (min-max) "
           "| moejax / bare LRU | hits |")
