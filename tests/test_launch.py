@@ -560,6 +560,7 @@ def test_a_workers_config_is_a_copy_of_get_configs_once_two_calls_agree(tmp_path
         config = cells_lib.get_config_copy(module, "a")
         calls.append(len(module.CALLS))
         assert config.to_dict() == {"rate": 0.5, "name": "a", "sub": {"n": 3}}
+        assert not config.is_locked  # as get_config returned it
         config.sub.n = 4  # a cell's change stays in its copy
         with pytest.raises(TypeError):
             config.rate = "fast"
