@@ -268,24 +268,20 @@ def run(I, F, keys, mult, pass_tokens, pass_pairs, compute, cost):
                             t_evict += 1
                         # `timeline.book`, written out (the module's docstring)
                         if one_engine:  # its free time in a register (`engine`)
-                            if misses == 0:  # what is on the engine went before it
-                                engine_wait = timeline.stall(engine, now)
-                            data_start = max(now, engine) + latency
-                            link = max(data_start, link) + per_link
-                            engine = end = max(data_start + per_engine, link)
+                            free = engine
                         else:
-                            if misses == 0:  # what is on the engines went before it
-                                engine_wait = timeline.stall(
-                                    engines[u(timeline.earliest(engines))], now)
                             e = timeline.earliest(engines)
                             free = engines[u(e)]
-                            begin_at = now if now > free else free
-                            data_start = begin_at + latency
-                            link_start = data_start if data_start > link else link
-                            link = link_start + per_link
-                            end = data_start + per_engine
-                            if link > end:
-                                end = link
+                        if misses == 0:  # what is on the engines went before it
+                            engine_wait = timeline.stall(free, now)
+                        data_start = (now if now > free else free) + latency
+                        link = (data_start if data_start > link else link) + per_link
+                        end = data_start + per_engine
+                        if link > end:
+                            end = link
+                        if one_engine:
+                            engine = end
+                        else:
                             engines[u(e)] = end
                         r = timeline.landed(end, F[u(sr + s)])
                         I[key_at(slot_b, k)] = s
