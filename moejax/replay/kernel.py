@@ -47,6 +47,7 @@ import os
 
 import numba
 import numpy as np
+from numba.extending import register_jitable
 
 from moejax.timing import timeline
 
@@ -124,7 +125,12 @@ drop_stale_cache("kernel", (timeline,))
 # gives back their counts around every call, two atomic operations each time (about a quarter
 # of a prefetching replay's kernel time: docs/findings/speed.md). No step allocates (one that
 # did would not compile) or keeps an array past its call.
-jit = numba.njit(cache=True, _nrt=False)
+# `register_jitable`, not `njit`: a step is compiled into the kernel that calls it, once per
+# argument types. An `njit` step was compiled again for every distinct constant it was called
+# with (numba types a constant argument as its literal value: 34 copies of `_at`, 184
+# functions in all), which made a cold compile of the kernel about 34 s instead of 15; the
+# machine code is the same (the constants are folded in after inlining either way).
+jit = register_jitable(_nrt=False)
 # The kernels (`run`, here and in `lean_kernel.py`): they allocate their outputs.
 kernel_jit = numba.njit(cache=True)
 
