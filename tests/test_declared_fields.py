@@ -116,7 +116,7 @@ def test_a_section_given_a_value_names_the_section():
     c = base_config().to_dict()
     c["policies"] = "lru"
     with pytest.raises(ConfigError, match=r"^policies='lru': policies is a section of fields "
-                                          r"\(eviction, miss, prefetch, preset, routing"):
+                                          r"\(eviction, miss, modules, prefetch, preset, routing"):
         jobs.check(ml_collections.ConfigDict(c, type_safe=False), warn=False)
 
 

@@ -67,7 +67,7 @@ def run(config: ml_collections.ConfigDict, workdir: str,
             print(f"note: --workdir={workdir}: the earlier run's files moved to {aside}",
                   file=sys.stderr)
         results = job(config, workdir)
-        _record_warnings(config, workdir, results)
+        _record_run_notes(config, workdir, results)
         return results
     except Interrupted:  # the job said what it kept
         raise
@@ -78,18 +78,38 @@ def run(config: ml_collections.ConfigDict, workdir: str,
         claim.release()
 
 
-def _record_warnings(config: ml_collections.ConfigDict, workdir: str, results) -> None:
-    """Every warning said for this run's settings, kept in its results.json (`warnings`):
-    a setting accepted and not applied is never only a line on a terminal."""
+def load_policy_modules(config: ml_collections.ConfigDict) -> list:
+    """Imports the modules `policies.modules` names and the `moejax.policies` entry points
+    (`moejax/policies/user_modules.py`); what was loaded. A config without a policies section
+    (the train job's) loads the entry points only."""
+    from moejax.policies import user_modules
+
+    policies = config.get("policies") or {}
+    return user_modules.load(policies.get("modules", ""))
+
+
+def _record_run_notes(config: ml_collections.ConfigDict, workdir: str, results) -> None:
+    """Kept in the run's results.json: every warning said for its settings (`warnings`: a
+    setting accepted and not applied is never only a line on a terminal), and the policy
+    modules from outside the package it loaded (`policy_modules`: path, SHA-256, what each
+    registered)."""
     if not isinstance(results, dict):
         return
     from moejax.jobs.unapplied import warned
     from moejax.results import write_json_atomic
 
+    notes = {}
     said = warned(config)
+    if said:
+        notes["warnings"] = said
+    from moejax.policies import user_modules
+
+    modules = user_modules.records(load_policy_modules(config))
+    if modules:
+        notes["policy_modules"] = modules
     path = os.path.join(workdir, "results.json")
-    if said and os.path.exists(path):
-        results["warnings"] = said
+    if notes and os.path.exists(path):
+        results.update(notes)
         write_json_atomic(path, results)
 
 
@@ -124,6 +144,9 @@ def check(config: ml_collections.ConfigDict, warn: bool = True) -> None:
 
     schema = declared_defaults()  # (read only)
     check_declared(config, schema, moved=MOVED)
+    # A user's policies are registered before any spec is checked (a worker's check loads them
+    # in its own process).
+    load_policy_modules(config)
     if config.job not in JOBS:
         raise ConfigError(f"config.job={config.job!r} is not one of {JOBS}")
     for old, new in MOVED_FOR_JOB.get(config.job, {}).items():

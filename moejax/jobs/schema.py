@@ -150,6 +150,10 @@ def base_config() -> ml_collections.ConfigDict:
     # A named combination (SpecMD Table 2, specmd_1..specmd_5): fills the fields not given, so
     # `preset=specmd_1 eviction=least_stale` is specmd_1 with Least-Stale eviction.
     c.policies.preset = ""
+    # Policies of the user's own: paths to .py files or importable module names, comma-separated,
+    # imported before any spec is resolved (moejax/policies/user_modules.py); results.json's
+    # `policy_modules` keeps each one's path and SHA-256.
+    c.policies.modules = ""
 
     c.hardware = ml_collections.ConfigDict()
     c.hardware.preset = "a100_specmd"  # a100_specmd, h100_pcie, h200, cpu

@@ -5,7 +5,8 @@ A line is the policy's kind, a space, its spec with every spec argument at its d
 `[replay only]` for a policy that cannot run live, and ` -- ` with the first sentence of its
 docstring. Kinds come in the registry's order (`moejax.policies.base.KINDS`: eviction, prefetch,
 miss, routing), names sorted within a kind. Without arguments it prints the same list. README's
-policy list is this output.
+policy list is this output. `--modules=my_policies.py` lists a user's policies too; installed
+packages' (entry point group `moejax.policies`) are always listed.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import inspect
 import sys
 
 from moejax import cli
-from moejax.policies import KINDS, Policy, names, policy_class, spec_arguments
+from moejax.policies import KINDS, Policy, names, policy_class, spec_arguments, user_modules
 
 PROG = "python -m moejax.policies"
 SUMMARY_WIDTH = 72  # the docstring's first sentence is cut (at a word) beyond this
@@ -69,8 +70,16 @@ def main(argv: list[str] | None = None) -> int:
         "its arguments' defaults, what it is. Without arguments, the same as --list.")
     ap.add_argument("--list", action="store_true",
                     help="one line per registered policy (the default)")
-    ap.parse_args(sys.argv[1:] if argv is None else list(argv))
-    return cli.guarded(PROG, lambda: print("\n".join(lines())))
+    ap.add_argument("--modules", default="", metavar="FILES",
+                    help="your own policies' files or modules, comma-separated, listed too "
+                         "(as --config.policies.modules loads them)")
+    args = ap.parse_args(sys.argv[1:] if argv is None else list(argv))
+
+    def show():
+        user_modules.load(args.modules)  # and the installed packages' entry points
+        print("\n".join(lines()))
+
+    return cli.guarded(PROG, show)
 
 
 if __name__ == "__main__":

@@ -43,15 +43,23 @@ def spec_arguments(cls: type[Policy]) -> dict[str, Any]:
 
 
 def register(kind: str, name: str):
-    """Class decorator: `cls` becomes policy `name` of `kind`."""
+    """Class decorator: `cls` becomes policy `name` of `kind`. A class that does not set its own
+    `name` gets this one. A name registered already by another module is refused (a module
+    imported again, e.g. a user's file loaded anew, replaces its own policies)."""
     if kind not in KINDS:
         raise ValueError(f"unknown policy kind {kind!r}; kinds: {sorted(KINDS)}")
 
     def wrap(cls):
         if not (isinstance(cls, type) and issubclass(cls, KINDS[kind])):
             raise TypeError(f"{kind} policy {name!r} must subclass {KINDS[kind].__name__}")
+        if "name" not in cls.__dict__:
+            cls.name = name
         if cls.name != name:
             raise TypeError(f"{cls.__name__}.name is {cls.name!r}, registered as {name!r}")
+        taken = _REGISTRIES[kind].get(name)
+        if taken is not None and taken.__module__ != cls.__module__:
+            raise TypeError(f"{kind} policy {name!r} is registered already, by "
+                            f"{taken.__module__}.{taken.__qualname__}: choose another name")
         undeclared = sorted(set(spec_arguments(cls)) ^ set(cls.ARGS))
         if undeclared:
             raise TypeError(f"{kind} policy {name!r}: ARGS must declare exactly its spec "
@@ -60,6 +68,16 @@ def register(kind: str, name: str):
         return cls
 
     return wrap
+
+
+def registered() -> dict[str, dict[str, type[Policy]]]:
+    """Every registered class by kind and name (a copy)."""
+    return {kind: dict(classes) for kind, classes in _REGISTRIES.items()}
+
+
+def unregister(kind: str, name: str) -> None:
+    """Takes policy `name` of `kind` out of the registry (`user_modules.unload`)."""
+    _REGISTRIES[kind].pop(name, None)
 
 
 def names(kind: str, *, live: bool | None = None) -> list[str]:

@@ -1,0 +1,201 @@
+"""Policies in a user's own file (`policies.modules`, `moejax/policies/user_modules.py`), the
+shipped example `examples/policies/mru.py`, and installed packages' entry points."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from moejax import jobs
+from moejax.errors import ConfigError
+from moejax.jobs.schema import base_config
+from moejax.policies import KINDS, build, names, user_modules
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MRU_FILE = os.path.join(ROOT, "examples", "policies", "mru.py")
+CAPTURE = os.path.join(ROOT, "moejax", "assets", "captures", "olmoe_code.jsonl")
+
+
+@pytest.fixture(autouse=True)
+def _built_in_policies_only():
+    """Each test's modules are taken out after it: the other test modules sharing this worker
+    process see the built-in registry."""
+    yield
+    user_modules.unload()
+
+
+def _replay(workdir: str, eviction: str, modules: str = "") -> dict:
+    c = base_config()
+    c.job = "replay"
+    c.replay.trace = CAPTURE
+    c.cache.slots = 256
+    c.policies.eviction, c.policies.prefetch = eviction, "none"
+    c.policies.modules = modules
+    c.log.tensorboard = False
+    return jobs.run(c, workdir)
+
+
+def test_the_example_mru_evicts_the_most_recently_used_evictable_key():
+    user_modules.load(MRU_FILE)
+    mru = build("eviction", "mru")
+    for key in [(0, 1), (0, 2), (1, 3)]:
+        mru.on_admit(key, key[0], False)
+    mru.on_access((0, 1), 0)  # (0, 1) is now the most recent
+    assert mru.victim(1, lambda k: True) == (0, 1)
+    assert mru.victim(1, lambda k: k != (0, 1)) == (1, 3)
+    mru.on_evict((0, 1))
+    assert mru.victim(1, lambda k: True) == (1, 3)
+    assert mru.victim(1, lambda k: False) is None
+
+
+def test_unload_leaves_the_built_in_policies_as_they_were():
+    before = {kind: names(kind) for kind in KINDS}
+    user_modules.load(MRU_FILE)
+    assert names("eviction") == sorted([*before["eviction"], "mru"])
+    user_modules.unload()
+    assert {kind: names(kind) for kind in KINDS} == before
+
+
+def test_a_replay_with_a_users_policy_records_its_file_and_runs_on_the_reference(tmp_path):
+    results = _replay(str(tmp_path / "mru"), "mru", modules=MRU_FILE)
+    with open(MRU_FILE, "rb") as f:
+        digest = hashlib.sha256(f.read()).hexdigest()
+    assert results["policy_modules"] == [{"module": MRU_FILE, "path": MRU_FILE,
+                                          "sha256": digest, "registers": ["eviction mru"]}]
+    on_disk = json.loads((tmp_path / "mru" / "results.json").read_text())
+    assert on_disk["policy_modules"] == results["policy_modules"]
+    assert results["replay"]["engine"] == "reference"
+    total = results["cache"]["total"]
+    assert total["hits"] + total["late_hits"] + total["misses"] == total["requests"]
+    # MRU keeps the experts LRU would evict: on a decode capture, whose layers recur in
+    # order, the two differ.
+    lru_results = _replay(str(tmp_path / "lru"), "lru")
+    lru = lru_results["cache"]["total"]
+    assert (total["hits"], total["misses"]) != (lru["hits"], lru["misses"])
+    assert "policy_modules" not in lru_results  # it named none, and no package registers one
+
+
+def test_a_module_named_by_its_import_name_loads(tmp_path, monkeypatch):
+    (tmp_path / "lab_policies.py").write_text(textwrap.dedent('''
+        from moejax.policies import EvictionPolicy, register
+
+        @register("eviction", "lab_first_in")
+        class FirstIn(EvictionPolicy):
+            """Evicts the earliest admitted key still resident."""
+            def __init__(self):
+                self.keys = []
+            def on_admit(self, key, pos, prefetch):
+                self.keys.append(key)
+            def on_evict(self, key):
+                self.keys.remove(key)
+            def victim(self, pos, evictable, incoming=None):
+                return next((k for k in self.keys if evictable(k)), None)
+    '''))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    loaded = user_modules.load("lab_policies")
+    assert [item.registers for item in loaded] == [("eviction lab_first_in",)]
+    assert loaded[0].path == str(tmp_path / "lab_policies.py")
+    assert "lab_first_in" in names("eviction")
+    # Loaded again: the same module, nothing registered twice.
+    assert user_modules.load("lab_policies") == loaded
+
+
+@pytest.mark.parametrize("source, message", [
+    ("", r"'{path}' is not a file"),
+    ("raise RuntimeError('no GPU here')",
+     r"importing '{path}' failed: RuntimeError: no GPU here"),
+    ("from moejax.policies import EvictionPolicy, register\n"
+     "@register('eviction', 'lru')\nclass Mine(EvictionPolicy):\n    pass\n",
+     r"eviction policy 'lru' is registered already, by moejax\.policies\.eviction\.LRU"),
+])
+def test_a_bad_module_is_a_one_line_error_naming_it(tmp_path, source, message):
+    path = str(tmp_path / "mine.py")
+    if source:
+        (tmp_path / "mine.py").write_text(source)
+    c = base_config()
+    c.job = "replay"
+    c.policies.modules = path
+    with pytest.raises(ConfigError, match=message.format(path=path.replace(".", r"\."))) as e:
+        jobs.check(c, warn=False)
+    assert str(e.value).startswith("policies.modules: ") and "\n" not in str(e.value)
+
+
+def test_a_module_that_is_not_importable_is_named():
+    with pytest.raises(ConfigError, match=r"'no_such_policies' is neither a \.py file nor an "
+                                          r"importable module"):
+        user_modules.load("no_such_policies")
+
+
+@pytest.mark.slow
+def test_an_installed_packages_entry_point_registers_its_policies(tmp_path):
+    """A package installed with an entry point in the `moejax.policies` group: its policies
+    are listed and run without `policies.modules` (a distribution's metadata on the path, as
+    pip leaves it)."""
+    (tmp_path / "pkg_policies.py").write_text(textwrap.dedent('''
+        from moejax.policies import EvictionPolicy, register
+
+        @register("eviction", "pkg_newest")
+        class Newest(EvictionPolicy):
+            """Evicts the newest admitted key."""
+            def __init__(self):
+                self.keys = []
+            def on_admit(self, key, pos, prefetch):
+                self.keys.append(key)
+            def on_evict(self, key):
+                self.keys.remove(key)
+            def victim(self, pos, evictable, incoming=None):
+                return next((k for k in reversed(self.keys) if evictable(k)), None)
+    '''))
+    info = tmp_path / "pkg_policies-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: pkg-policies\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[moejax.policies]\npkg = pkg_policies\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), ROOT])}
+    out = subprocess.run([sys.executable, "-m", "moejax.policies", "--list"], env=env,
+                         capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    assert "eviction pkg_newest -- Evicts the newest admitted key" in out.stdout.splitlines()
+
+
+SWEEP = '''
+def get_config(arg=None):
+    from moejax.jobs.schema import base_config
+
+    c = base_config()
+    c.job = "replay"
+    c.replay.trace = {capture!r}
+    c.policies.modules = {mru!r}
+    c.policies.eviction, c.policies.prefetch = "mru", "none"
+    c.log.tensorboard = False
+    return c
+
+
+def sweep(add):
+    for slots in (64, 256):
+        add(**{{"cache.slots": slots}})
+'''
+
+
+@pytest.mark.slow
+def test_a_sweeps_workers_run_a_users_policy(tmp_path):
+    """The launcher checks the cells and each pool worker runs them, every process loading the
+    user's file from the config."""
+    config = tmp_path / "grid.py"
+    config.write_text(SWEEP.format(capture=CAPTURE, mru=MRU_FILE))
+    out = subprocess.run([sys.executable, "-m", "launch.sweep", f"--config={config}",
+                          f"--sweep_dir={tmp_path / 's'}", "--workers=2"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    found = sorted(str(p) for p in (tmp_path / "s").rglob("results.json"))
+    assert len(found) == 2, found
+    for path in found:
+        results = json.loads(open(path).read())
+        assert results["policy_modules"][0]["registers"] == ["eviction mru"]
+        assert results["config"]["policies"]["eviction"] == "mru"
+        assert results["replay"]["engine"] == "reference"
