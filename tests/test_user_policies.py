@@ -81,6 +81,20 @@ def test_a_replay_with_a_users_policy_records_its_file_and_runs_on_the_reference
     assert "policy_modules" not in lru_results  # it named none, and no package registers one
 
 
+def test_results_name_the_code_that_ran_even_if_the_file_changed_after_the_check(tmp_path):
+    mine = tmp_path / "mru_copy.py"
+    original = open(MRU_FILE).read()
+    mine.write_text(original)
+    c = base_config()
+    c.job, c.replay.trace, c.cache.slots = "replay", CAPTURE, 64
+    c.policies.eviction, c.policies.prefetch, c.policies.modules = "mru", "none", str(mine)
+    c.log.tensorboard = False
+    jobs.check(c, warn=False)
+    mine.write_text(original + "# edited while the run was starting\n")
+    results = jobs.run(c, str(tmp_path / "w"), checked=True)
+    assert results["policy_modules"][0]["sha256"] == hashlib.sha256(original.encode()).hexdigest()
+
+
 def test_a_module_named_by_its_import_name_loads(tmp_path, monkeypatch):
     (tmp_path / "lab_policies.py").write_text(textwrap.dedent('''
         from moejax.policies import EvictionPolicy, register

@@ -104,7 +104,8 @@ def _record_run_notes(config: ml_collections.ConfigDict, workdir: str, results) 
         notes["warnings"] = said
     from moejax.policies import user_modules
 
-    modules = user_modules.records(load_policy_modules(config))
+    policies = config.get("policies") or {}
+    modules = user_modules.records(user_modules.loaded(policies.get("modules", "")))
     if modules:
         notes["policy_modules"] = modules
     path = os.path.join(workdir, "results.json")

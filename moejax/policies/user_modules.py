@@ -44,6 +44,7 @@ class Loaded:
 
 
 _loaded: dict[str, Loaded] = {}  # by file path: what this process imported
+_by_given: dict[str, Loaded] = {}  # by the name `policies.modules` gave: what it loaded last
 _entry_points_done = False
 
 
@@ -122,7 +123,15 @@ def load(modules: str) -> list[Loaded]:
             continue
         is_file = given.endswith(".py") or os.sep in given or (os.altsep or os.sep) in given
         out.append(_from_file(given) if is_file else _from_module(given))
+        _by_given[given] = out[-1]
     return out
+
+
+def loaded(modules: str) -> list[Loaded]:
+    """What `load(modules)` loaded in this process, without importing anything again: the code
+    a run checked its specs against and ran, even if a file changed since."""
+    return [_by_given[g] for g in (m.strip() for m in str(modules or "").split(","))
+            if g in _by_given]
 
 
 def load_entry_points() -> list[Loaded]:
@@ -154,6 +163,7 @@ def unload() -> None:
         if module is not None:
             del sys.modules[module]
     _loaded.clear()
+    _by_given.clear()
     _entry_points_done = False
 
 
