@@ -15,7 +15,7 @@ import pytest
 from moejax import jobs
 from moejax.errors import ConfigError
 from moejax.jobs.schema import base_config
-from moejax.policies import KINDS, build, names, user_modules
+from moejax.policies import KINDS, build, conformance, names, user_modules
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MRU_FILE = os.path.join(ROOT, "examples", "policies", "mru.py")
@@ -213,3 +213,94 @@ def test_a_sweeps_workers_run_a_users_policy(tmp_path):
         assert results["policy_modules"][0]["registers"] == ["eviction mru"]
         assert results["config"]["policies"]["eviction"] == "mru"
         assert results["replay"]["engine"] == "reference"
+
+
+LAST_PASS_FILE = os.path.join(ROOT, "examples", "policies", "last_pass.py")
+BAD = '''
+import random
+
+from moejax.policies import EvictionPolicy, register
+
+
+@register("eviction", "bad_anyone")
+class Anyone(EvictionPolicy):
+    """Names a key that may not be resident."""
+
+    def victim(self, pos, evictable, incoming=None):
+        return (0, 0)
+
+
+@register("eviction", "bad_dice")
+class Dice(EvictionPolicy):
+    """A victim drawn from an unseeded generator."""
+
+    def __init__(self):
+        self.keys = []
+
+    def on_admit(self, key, pos, prefetch):
+        self.keys.append(key)
+
+    def on_evict(self, key):
+        self.keys.remove(key)
+
+    def victim(self, pos, evictable, incoming=None):
+        keys = [k for k in self.keys if evictable(k)]
+        return random.choice(keys) if keys else None
+'''
+
+
+def test_the_example_prefetcher_gives_the_built_in_temporals_numbers(tmp_path):
+    c = base_config()
+    c.job, c.replay.trace, c.cache.slots = "replay", CAPTURE, 256
+    c.policies.modules = LAST_PASS_FILE
+    c.log.tensorboard = False
+    runs = {}
+    for prefetch in ("last_pass", "temporal(lookahead=1)"):
+        c.policies.prefetch = prefetch
+        c.replay.engine = "reference"
+        runs[prefetch] = jobs.run(c, str(tmp_path / prefetch.split("(")[0]))["cache"]["total"]
+    mine, built_in = runs["last_pass"], runs["temporal(lookahead=1)"]
+    assert mine["prefetch_issued"] > 0
+    for key in ("hits", "late_hits", "misses", "collision_misses", "prefetch_issued",
+                "prefetch_used"):
+        assert mine[key] == built_in[key], key
+
+
+def test_the_conformance_kit_passes_the_examples():
+    # Three checks on each of a capture's three sizes and on the scored trace.
+    for target, kind, captures, n in ((f"{MRU_FILE}:MRU", "eviction mru", ("olmoe_code",), 12),
+                                      (f"{LAST_PASS_FILE}:LastPass", "prefetch last_pass", (),
+                                       3)):
+        report = conformance.check(target, captures=captures)
+        assert report.policy == kind
+        assert report.passed, report.table()
+        assert len(report.results) == n
+        assert {r.check for r in report.results} == {"accounting", "capacity", "determinism"}
+
+
+def test_the_conformance_kit_fails_a_bad_victim_and_a_random_one(tmp_path):
+    bad = tmp_path / "bad_policies.py"
+    bad.write_text(BAD)
+    anyone = conformance.check(f"{bad}:Anyone", captures=("olmoe_code",))
+    assert not anyone.passed
+    first = anyone.results[0]
+    assert (first.check, first.condition, first.passed) == (
+        "runs", "olmoe_code, 5% of experts", False)
+    assert "bad_anyone chose (0, 0), which is protected or not resident" in first.detail
+    dice = conformance.check(f"{bad}:Dice", captures=("olmoe_code",))
+    failed = {r.check for r in dice.results if not r.passed}
+    assert failed == {"determinism"}, dice.table()
+    assert "FAIL  determinism" in dice.table()
+
+
+def test_the_conformance_command_exits_1_on_a_failure_and_2_on_a_bad_target(tmp_path, capsys):
+    bad = tmp_path / "bad_policies.py"
+    bad.write_text(BAD)
+    assert conformance.main([f"{bad}:Anyone", "--captures=olmoe_code"]) == 1
+    assert capsys.readouterr().out.startswith("eviction bad_anyone: 0 of 4 checks passed")
+    assert conformance.main([f"{bad}:Nobody"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.endswith("registers no policy class 'Nobody' (it registers: eviction "
+                        "bad_anyone, eviction bad_dice)") and len(err.splitlines()) == 1
+    assert conformance.main(["mru"]) == 2
+    assert "give FILE.py:Class or module:Class" in capsys.readouterr().err
