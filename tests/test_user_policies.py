@@ -304,3 +304,32 @@ def test_the_conformance_command_exits_1_on_a_failure_and_2_on_a_bad_target(tmp_
                         "bad_anyone, eviction bad_dice)") and len(err.splitlines()) == 1
     assert conformance.main(["mru"]) == 2
     assert "give FILE.py:Class or module:Class" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_a_live_run_runs_a_users_policy(tmp_path):
+    """The embedded model generating, its cache evicting with the user's MRU."""
+    c = base_config()  # configs/default.py's config: the embedded model, generate
+    c.policies.modules, c.policies.eviction = MRU_FILE, "mru"
+    c.run.max_new_tokens = 4
+    c.log.tensorboard = False
+    results = jobs.run(c, str(tmp_path / "live"))
+    assert results["job"] == "generate" and len(results["generated_token_ids"]) > 0
+    assert results["policy_modules"][0]["registers"] == ["eviction mru"]
+    total = results["cache"]["total"]
+    assert total["requests"] > 0
+    assert total["hits"] + total["late_hits"] + total["misses"] == total["requests"]
+
+
+def test_the_conformance_kit_fails_an_mru_that_evicts_a_pinned_expert(tmp_path):
+    """The README's MRU with the `evictable` test left out: the expert used last is often one
+    the running wave pins, and the cache refuses it; the kit names where."""
+    broken = tmp_path / "mru_broken.py"
+    broken.write_text(open(MRU_FILE).read().replace(
+        "next((key for key in reversed(self.order) if evictable(key)), None)",
+        "next(reversed(self.order), None)"))
+    report = conformance.check(f"{broken}:MRU", captures=("olmoe_code",))
+    failed = [r for r in report.results if not r.passed]
+    assert failed and not report.passed
+    assert (failed[0].check, failed[0].condition) == ("runs", "olmoe_code, 5% of experts")
+    assert "which is protected or not resident" in failed[0].detail
