@@ -4,7 +4,7 @@
 class declares about its arguments and its compiled form (`declare.py`), and SpecMD's Table 2
 combinations (`presets.py`)."""
 
-from moejax.policies import eviction, miss, prefetch, presets, routing  # noqa: F401 (registration)
+from moejax.policies import cooccurrence, eviction, miss, prefetch, presets, routing  # noqa: F401 (registration)
 from moejax.policies.base import (
     KINDS,
     EvictionPolicy,
