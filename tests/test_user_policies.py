@@ -30,6 +30,35 @@ def _built_in_policies_only():
     user_modules.unload()
 
 
+def _keeping_keys(name: str, doc: str, choose: str, cls: str = "Mine") -> str:
+    """The source of a user's file with one eviction policy, `name` (class `cls`): it keeps its
+    resident keys in admission order, and `choose` is its victim (an expression of `keys`, the
+    evictable ones in that order)."""
+    return textwrap.dedent(f'''
+        import random
+
+        from moejax.policies import EvictionPolicy, register
+
+        @register("eviction", {name!r})
+        class {cls}(EvictionPolicy):
+            """{doc}."""
+            def __init__(self):
+                self.keys = []
+            def on_admit(self, key, pos, prefetch):
+                self.keys.append(key)
+            def on_evict(self, key):
+                self.keys.remove(key)
+            def victim(self, pos, evictable, incoming=None):
+                keys = [k for k in self.keys if evictable(k)]
+                return {choose} if keys else None
+    ''')
+
+
+def _by_admission(name: str, doc: str, newest_first: bool) -> str:
+    """`_keeping_keys` whose victim is the earliest admitted key still resident, or the newest."""
+    return _keeping_keys(name, doc, "keys[-1]" if newest_first else "keys[0]")
+
+
 def _replay(workdir: str, eviction: str, modules: str = "") -> dict:
     c = base_config()
     c.job = "replay"
@@ -96,21 +125,9 @@ def test_results_name_the_code_that_ran_even_if_the_file_changed_after_the_check
 
 
 def test_a_module_named_by_its_import_name_loads(tmp_path, monkeypatch):
-    (tmp_path / "lab_policies.py").write_text(textwrap.dedent('''
-        from moejax.policies import EvictionPolicy, register
-
-        @register("eviction", "lab_first_in")
-        class FirstIn(EvictionPolicy):
-            """Evicts the earliest admitted key still resident."""
-            def __init__(self):
-                self.keys = []
-            def on_admit(self, key, pos, prefetch):
-                self.keys.append(key)
-            def on_evict(self, key):
-                self.keys.remove(key)
-            def victim(self, pos, evictable, incoming=None):
-                return next((k for k in self.keys if evictable(k)), None)
-    '''))
+    (tmp_path / "lab_policies.py").write_text(
+        _by_admission("lab_first_in", "Evicts the earliest admitted key still resident",
+                      newest_first=False))
     monkeypatch.syspath_prepend(str(tmp_path))
     loaded = user_modules.load("lab_policies")
     assert [item.registers for item in loaded] == [("eviction lab_first_in",)]
@@ -151,21 +168,8 @@ def test_an_installed_packages_entry_point_registers_its_policies(tmp_path):
     """A package installed with an entry point in the `moejax.policies` group: its policies
     are listed and run without `policies.modules` (a distribution's metadata on the path, as
     pip leaves it)."""
-    (tmp_path / "pkg_policies.py").write_text(textwrap.dedent('''
-        from moejax.policies import EvictionPolicy, register
-
-        @register("eviction", "pkg_newest")
-        class Newest(EvictionPolicy):
-            """Evicts the newest admitted key."""
-            def __init__(self):
-                self.keys = []
-            def on_admit(self, key, pos, prefetch):
-                self.keys.append(key)
-            def on_evict(self, key):
-                self.keys.remove(key)
-            def victim(self, pos, evictable, incoming=None):
-                return next((k for k in reversed(self.keys) if evictable(k)), None)
-    '''))
+    (tmp_path / "pkg_policies.py").write_text(
+        _by_admission("pkg_newest", "Evicts the newest admitted key", newest_first=True))
     info = tmp_path / "pkg_policies-0.1.dist-info"
     info.mkdir()
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: pkg-policies\nVersion: 0.1\n")
@@ -228,25 +232,8 @@ class Anyone(EvictionPolicy):
 
     def victim(self, pos, evictable, incoming=None):
         return (0, 0)
-
-
-@register("eviction", "bad_dice")
-class Dice(EvictionPolicy):
-    """A victim drawn from an unseeded generator."""
-
-    def __init__(self):
-        self.keys = []
-
-    def on_admit(self, key, pos, prefetch):
-        self.keys.append(key)
-
-    def on_evict(self, key):
-        self.keys.remove(key)
-
-    def victim(self, pos, evictable, incoming=None):
-        keys = [k for k in self.keys if evictable(k)]
-        return random.choice(keys) if keys else None
-'''
+''' + _keeping_keys("bad_dice", "A victim drawn from an unseeded generator",
+                     "random.choice(keys)", cls="Dice")
 
 
 def test_the_example_prefetcher_gives_the_built_in_temporals_numbers(tmp_path):
