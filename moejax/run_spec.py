@@ -83,6 +83,9 @@ class PolicySpec:
     prefetch: str
     miss: str
     routing: str
+    # The user's policy files or modules, comma-separated: `jobs.check` imports them before any
+    # spec is resolved (`moejax/policies/user_modules.py`); results.json keeps what they were.
+    modules: str
 
 
 @dataclasses.dataclass(frozen=True)

@@ -61,7 +61,7 @@ def test_a_resolved_run_carries_the_configs_values_and_is_frozen():
     assert isinstance(run, RunSpec) and run.job == "generate" and run.seed == 7
     assert (run.cache.slots, run.cache.precision, run.cache.given_slots) == (12, "int4", 12)
     assert run.policies == PolicySpec(preset="", eviction="lfu", prefetch="", miss="",
-                                      routing="")
+                                      routing="", modules="")
     assert (run.model.lookahead, run.model.seed) == (3, 7)
     assert run.hardware.io == IOSpec(split=1, workers=2, mode="pread")
     assert run.trace.request_tokens == 64 and run.batch_size == 2

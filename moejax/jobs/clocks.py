@@ -173,7 +173,7 @@ def resident_run(run: RunSpec, precision: str) -> RunSpec:
         warm_start="all", seed="", full_layers=0, host_capacity_frac=1.0, host_bytes=0,
         host_compute_layers=0)
     policies = PolicySpec(preset="", eviction="lru", prefetch="none", miss="fetch",
-                          routing="standard")
+                          routing="standard", modules=run.policies.modules)
     return dataclasses.replace(virtual_run(run), cache=cache, policies=policies,
                                trace_driven=run.job == "replay")
 

@@ -4,7 +4,15 @@
 class declares about its arguments and its compiled form (`declare.py`), and SpecMD's Table 2
 combinations (`presets.py`)."""
 
-from moejax.policies import cooccurrence, eviction, miss, prefetch, presets, routing  # noqa: F401 (registration)
+from moejax.policies import (  # noqa: F401 (registration)
+    cooccurrence,
+    eviction,
+    miss,
+    prefetch,
+    presets,
+    routing,
+    s3fifo,
+)
 from moejax.policies.base import (
     KINDS,
     EvictionPolicy,
