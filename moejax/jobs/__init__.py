@@ -78,14 +78,17 @@ def run(config: ml_collections.ConfigDict, workdir: str,
         claim.release()
 
 
+def _policy_modules(config: ml_collections.ConfigDict) -> str:
+    """`policies.modules`; "" for a config without a policies section (the train job's)."""
+    return (config.get("policies") or {}).get("modules", "")
+
+
 def load_policy_modules(config: ml_collections.ConfigDict) -> list:
     """Imports the modules `policies.modules` names and the `moejax.policies` entry points
-    (`moejax/policies/user_modules.py`); what was loaded. A config without a policies section
-    (the train job's) loads the entry points only."""
+    (`moejax/policies/user_modules.py`); what was loaded."""
     from moejax.policies import user_modules
 
-    policies = config.get("policies") or {}
-    return user_modules.load(policies.get("modules", ""))
+    return user_modules.load(_policy_modules(config))
 
 
 def _record_run_notes(config: ml_collections.ConfigDict, workdir: str, results) -> None:
@@ -96,16 +99,14 @@ def _record_run_notes(config: ml_collections.ConfigDict, workdir: str, results) 
     if not isinstance(results, dict):
         return
     from moejax.jobs.unapplied import warned
+    from moejax.policies import user_modules
     from moejax.results import write_json_atomic
 
     notes = {}
     said = warned(config)
     if said:
         notes["warnings"] = said
-    from moejax.policies import user_modules
-
-    policies = config.get("policies") or {}
-    modules = user_modules.records(user_modules.loaded(policies.get("modules", "")))
+    modules = user_modules.records(user_modules.loaded(_policy_modules(config)))
     if modules:
         notes["policy_modules"] = modules
     path = os.path.join(workdir, "results.json")

@@ -96,11 +96,14 @@ def _from_file(given: str) -> Loaded:
 
 
 def _from_module(given: str) -> Loaded:
-    if given in sys.modules:
+    if given in sys.modules:  # imported already (by the user's own code, or moejax's)
         module = sys.modules[given]
         path = os.path.abspath(getattr(module, "__file__", None) or given)
-        return _loaded.get(path) or Loaded(given, path, _digest(path)
-                                           if os.path.isfile(path) else "", ())
+        if path in _loaded:
+            return _loaded[path]
+        registers = tuple(f"{kind} {name}" for kind, classes in registry.registered().items()
+                          for name, cls in classes.items() if cls.__module__ == given)
+        return Loaded(given, path, _digest(path) if os.path.isfile(path) else "", registers)
     try:
         found = importlib.util.find_spec(given)
     except (ImportError, ValueError):
