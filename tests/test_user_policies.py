@@ -320,3 +320,10 @@ def test_the_conformance_kit_fails_an_mru_that_evicts_a_pinned_expert(tmp_path):
     assert failed and not report.passed
     assert (failed[0].check, failed[0].condition) == ("runs", "olmoe_code, 5% of experts")
     assert "which is protected or not resident" in failed[0].detail
+
+
+def test_a_module_imported_already_says_what_it_registered_and_stays_registered():
+    loaded = user_modules.load("moejax.policies.s3fifo")
+    assert [item.registers for item in loaded] == [("eviction s3fifo",)]
+    user_modules.unload()  # moejax's own module: not this loader's to take out
+    assert "s3fifo" in names("eviction")
