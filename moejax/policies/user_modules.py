@@ -54,7 +54,7 @@ def _digest(path: str) -> str:
 
 
 def _import(given: str, importer) -> Loaded:
-    before = {kind: dict(classes) for kind, classes in registry.registered().items()}
+    before = registry.registered()  # (a copy)
     try:
         module = importer()
     except ConfigError:
