@@ -1,6 +1,6 @@
 """`s3fifo`: S3-FIFO eviction (Yang et al., "FIFO queues are all you need for cache eviction",
-SOSP 2023), as libCacheSim's `S3FIFOv0` (the paper's) describes it: a small FIFO (10% of the
-slots) that every new expert enters, a main FIFO for experts used again, and a ghost FIFO of the
+SOSP 2023), by the rules libCacheSim's `S3FIFOv0` (the paper's version) states: a small FIFO
+(10% of the slots) that every new expert enters, a main FIFO for experts used again, and a ghost FIFO of the
 keys the small queue evicted, as long as the main queue.
 
 - Admitted: into the main queue if its key is in the ghost (it was evicted from the small
@@ -12,6 +12,9 @@ keys the small queue evicted, as long as the main queue.
   it is the victim (and its key joins the ghost). From the main queue: its oldest expert with a
   count above 0 goes back to the end with one use fewer, one without is the victim.
   Experts the cache may not evict (the running wave's) keep their places.
+
+The count's reset on the move to the main queue, and a demand fetch's own use not counting,
+are this implementation's readings where the rules say nothing.
 
 Written through the public policy API, as a user would write it. From the peers: bigrig 0.9.1
 ships it among its adaptive baselines.
