@@ -1,7 +1,7 @@
 """`s3fifo`: S3-FIFO eviction (Yang et al., "FIFO queues are all you need for cache eviction",
 SOSP 2023), by the rules libCacheSim's `S3FIFOv0` (the paper's version) states: a small FIFO
-(10% of the slots) that every new expert enters, a main FIFO for experts used again, and a ghost FIFO of the
-keys the small queue evicted, as long as the main queue.
+(10% of the slots) that every new expert enters, a main FIFO for experts used again, and a
+ghost FIFO of the keys the small queue evicted, as long as the main queue.
 
 - Admitted: into the main queue if its key is in the ghost (it was evicted from the small
   queue not long ago), else into the small queue.
