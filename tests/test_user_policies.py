@@ -327,3 +327,22 @@ def test_a_module_imported_already_says_what_it_registered_and_stays_registered(
     assert [item.registers for item in loaded] == [("eviction s3fifo",)]
     user_modules.unload()  # moejax's own module: not this loader's to take out
     assert "s3fifo" in names("eviction")
+
+
+def test_listing_with_a_missing_module_is_a_one_line_error(capsys):
+    from moejax.policies.__main__ import main
+
+    assert main(["--list", "--modules=no_such_dir/mine.py"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.endswith("policies.modules: 'no_such_dir/mine.py' is not a file (it takes paths "
+                        "to .py files or importable module names, comma-separated)")
+    assert len(err.splitlines()) == 1
+
+
+def test_the_conformance_kit_refuses_python_without_assertions():
+    out = subprocess.run([sys.executable, "-O", "-m", "moejax.policies.conformance",
+                          f"{MRU_FILE}:MRU"], capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 2
+    assert out.stderr.strip().splitlines() == [
+        "python -m moejax.policies.conformance: error: the conformance kit needs Python's "
+        "assertions: run it without -O"]
