@@ -49,6 +49,8 @@ class CacheSpec:
     min_slots: int
     pin_scope: str
     prefetch_queue: str
+    prefetch_share: float
+    prefetch_share_use: str
     expert_bytes: int
     host_capacity_frac: float
     host_bytes: int

@@ -101,8 +101,7 @@ def test_the_stack_curve_equals_a_replay_at_every_size_on_random_traces(traces, 
 
 def _capture_cut(passes: int) -> Trace:
     (trace,) = load_traces(os.path.join(bundled.CAPTURES_DIR, "olmoe_code.jsonl"))
-    return Trace(trace.meta, trace.pass_offsets[:passes + 1].copy(),
-                 trace.tokens[:passes].copy(), trace.ids[:passes].copy())
+    return trace.first_passes(passes)
 
 
 @pytest.mark.parametrize("pin", ["layer", "request"])

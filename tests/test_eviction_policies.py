@@ -804,7 +804,7 @@ def test_every_registered_eviction_policy_has_hand_worked_tests():
 
     tests = [n for n, f in inspect.getmembers(sys.modules[__name__], inspect.isfunction)
              if n.startswith("test_")]
-    worked = {"priority", "s3fifo"}  # tests/test_priority_eviction.py, tests/test_s3fifo.py
+    worked = {"priority", "s3fifo", "arc"}  # tests/test_{priority_eviction,s3fifo,arc}.py
     for name in names("eviction"):
         if any(t.startswith(f"test_{name}_") for t in tests):
             worked.add(name)

@@ -41,6 +41,13 @@ def test_the_paper_settings_and_the_parts():
         _cells("traces=captures,parts=dropin")
     with pytest.raises(ValueError, match="parts="):
         _cells("parts=nothing")
+    # The peers' policies, only when named: 4 evictions x (none + 2 prefetchers x 2 shares).
+    assert not [o for o in _cells("traces=captures") if "cache.prefetch_share" in o
+                or o["policies.eviction"] in ("arc", "s3fifo")]
+    peers = _cells("traces=captures,parts=peers")
+    assert len(peers) == 4 * 3 * 2 * 4 * (1 + 2 * 2)
+    for o in peers[::37]:
+        _config(o)
 
 
 def test_dropin_cells_pair_in_the_report(tmp_path):

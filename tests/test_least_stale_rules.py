@@ -10,7 +10,6 @@ is used in the current pass or selected by prefetching"); every other resident i
 
 from __future__ import annotations
 
-import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -18,46 +17,11 @@ from moejax.cache import PREFETCH_QUEUES, build_cache_for
 from moejax.jobs.schema import base_config
 from moejax.jobs.specs import resolve
 from moejax.replay.engine import replay
-from moejax.testing import random_scored_trace
-from moejax.traces.format import FORMAT, Trace
 from tests.fuzzing import examples
 from tests.policy_strategies import any_spec
+from tests.trace_strategies import BYTES, id_traces
 
-BYTES = 4096
 STALE_FIRST = ("least_stale", "least_stale(order=two_queue)", "least_stale(order=cyclic)")
-
-
-def _local_trace(rng, layers, experts, k, passes, prefill, noise):
-    """An id-only trace whose routing repeats from token to token, as real routing does: each
-    layer's logits are a fixed preference plus `noise` (small: the same experts again)."""
-    rows = sum(passes)
-    logits = rng.normal(0, 2, (1, layers, experts)) + rng.normal(0, noise,
-                                                                  (rows, layers, experts))
-    ids = np.argsort(-logits, axis=-1, kind="stable")[..., :k].astype(np.int64)
-    meta = {"format": FORMAT, "model": {}, "layers": list(range(layers)),
-            "num_experts": experts, "top_k": k, "expert_bytes": BYTES, "lookahead": 0,
-            "prefill_passes": prefill, "source": "test", "info": {}}
-    offsets = np.concatenate([[0], np.cumsum(passes)]).astype(np.int64)
-    return Trace(meta, offsets, np.full(rows, -1, np.int32), ids)
-
-
-@st.composite
-def _traces(draw):
-    """1-2 random id-only sequences of one model: some prefill passes, then decode steps;
-    routing independent from token to token, or repeating (a small `noise`)."""
-    layers = draw(st.integers(2, 5))
-    experts, k = draw(st.integers(4, 12)), draw(st.integers(1, 2))
-    noise = draw(st.sampled_from([None, 0.5, 1.5]))
-    rng = np.random.default_rng(draw(st.integers(0, 2 ** 16)))
-    out = []
-    for _ in range(draw(st.integers(1, 2))):
-        prefill = draw(st.integers(0, 2))
-        passes = [draw(st.integers(2, 5)) for _ in range(prefill)] + [1] * draw(
-            st.integers(2, 8))
-        out.append(random_scored_trace(rng, layers, experts, k, passes, BYTES, scores=False,
-                                       prefill_passes=prefill) if noise is None
-                   else _local_trace(rng, layers, experts, k, passes, prefill, noise))
-    return out
 
 
 def _cache(traces, eviction, prefetch, queue, slots, h2d_gbps=None):
@@ -107,7 +71,7 @@ def _watch_current(cache) -> set:
 
 
 @settings(max_examples=examples(150))
-@given(traces=_traces(), data=st.data())
+@given(traces=id_traces(), data=st.data())
 def test_the_default_evicts_a_current_expert_only_when_no_stale_one_may_go(traces, data):
     usable = lambda cls: not (cls.needs_probs or cls.needs_spec)  # noqa: E731 (id-only traces)
     prefetch = data.draw(any_spec("prefetch", usable), label="prefetch")
@@ -123,7 +87,7 @@ def test_the_default_evicts_a_current_expert_only_when_no_stale_one_may_go(trace
 
 
 @settings(max_examples=examples(150))
-@given(traces=_traces(), eviction=st.sampled_from(STALE_FIRST),
+@given(traces=id_traces(), eviction=st.sampled_from(STALE_FIRST),
        queue=st.sampled_from(("immediate", "watchdog")), data=st.data())
 def test_a_perfect_predictor_never_loses_hits_to_no_prefetch(traces, eviction, queue, data):
     """Ample bandwidth (1e6 GB/s, no latency), the immediate queue and SpecMD's watchdog.

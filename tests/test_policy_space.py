@@ -24,7 +24,7 @@ from moejax.cache.host_path import HostPath
 from moejax.errors import ConfigError
 from moejax.families import preset
 from moejax.policies import build, names
-from moejax.policies.base import KINDS
+from moejax.policies.base import KINDS, EvictionPolicy, PrefetchPolicy
 from moejax.policies.registry import policy_class
 from moejax.replay.engine import replay
 from moejax.replay.gates import layer_gates
@@ -129,6 +129,37 @@ def test_every_registered_policy_declares_its_capabilities(kind):
         assert issubclass(cls, KINDS[kind]) and cls.name == name and cls.kind == kind
         assert not cls.needs_future or cls.replay_only
     assert set(names(kind, live=True)) | set(names(kind, live=False)) == set(names(kind))
+
+
+def test_a_hook_a_class_overrides_implies_its_capability_unless_declared():
+    class Scores(EvictionPolicy):
+        def on_scores(self, layer, probs):
+            pass
+
+    class Future(PrefetchPolicy):
+        def set_future(self, future, cache):
+            pass
+
+    class Precision(EvictionPolicy):
+        def on_use_precision(self, key, precision):
+            pass
+
+    class Declared(EvictionPolicy):
+        needs_probs = False  # its own declaration wins
+
+        def on_scores(self, layer, probs):
+            pass
+
+    class Subclass(Scores):  # inherited from a class that has it
+        pass
+
+    assert Scores.needs_probs and not Scores.needs_precision and not Scores.replay_only
+    assert Future.needs_future and Future.replay_only and not Future.needs_probs
+    assert Precision.needs_precision and not Precision.needs_probs
+    assert not Declared.needs_probs and Subclass.needs_probs
+    # The kinds' base classes, which define the hooks, declare none of them.
+    assert not any((EvictionPolicy.needs_probs, EvictionPolicy.needs_precision,
+                    PrefetchPolicy.needs_future, PrefetchPolicy.replay_only))
 
 
 def test_capabilities_match_what_the_policy_reads():

@@ -48,17 +48,6 @@ def _live(path: str, passes: int, *, width: bool, warmup: bool = False, **cache)
     return c
 
 
-def _first_passes(trace: Trace, passes: int, **meta) -> Trace:
-    """`trace` cut to its first `passes` passes (what a run of `passes` tokens follows)."""
-    rows = int(trace.pass_offsets[passes])
-
-    def cut(a):
-        return None if a is None else a[:rows]
-
-    return Trace({**trace.meta, **meta}, trace.pass_offsets[:passes + 1], trace.tokens[:rows],
-                 trace.ids[:rows], cut(trace.weights), cut(trace.probs), cut(trace.spec))
-
-
 def _replay(tmp_path, trace: Trace, name: str, **cache) -> dict:
     path = str(tmp_path / f"{name}.npz")
     trace.save(path)
@@ -124,7 +113,8 @@ def _check_steps(steps: list, trace: Trace, passes: int, warmup: bool,
 
 @pytest.mark.parametrize("cell", [
     dict(eviction="lru", slots=128, warmup=True),  # prefetch: the default, none (no scores)
-    dict(eviction="least_stale", prefetch="temporal", slots=300),
+    # A staging share for the prefetches (a used one joins the demand share).
+    dict(eviction="least_stale", prefetch="temporal", slots=300, prefetch_share=0.25),
     dict(eviction="lfu", prefetch="temporal", slots=64, prefetch_queue="watchdog"),
 ])
 def test_a_capture_drives_a_narrowed_preset_as_its_replay_runs(tmp_path, steps, cell):
@@ -139,14 +129,16 @@ def test_a_capture_drives_a_narrowed_preset_as_its_replay_runs(tmp_path, steps, 
     assert live["trace_driven"]["passes_run"] == PASSES  # (not the warm-up's)
     (capture,) = load_traces(CAPTURE)
     model = live["model"]["config"]
-    cut = _first_passes(capture, PASSES, model=model, expert_bytes=live["cache"]["expert_bytes"],
-                        info={**capture.meta["info"], "prompt_tokens": 0})
+    cut = capture.first_passes(PASSES, model=model, expert_bytes=live["cache"]["expert_bytes"],
+                               info={**capture.meta["info"], "prompt_tokens": 0})
     replayed = _replay(tmp_path, cut, "capture", **cell)
     ran, rep = live["cache"], replayed["cache"]
     assert ran["slots"] == rep["slots"] == cell["slots"]
     assert ran["total"] == rep["total"]
     assert ran["per_layer"] == rep["per_layer"]
     assert ran["timing"]["total_s"] == rep["timing"]["total_s"]
+    assert ran.get("staging") == rep.get("staging")
+    assert ("staging" in ran) == ("prefetch_share" in cell)
     assert ran["total"]["requests"] == PASSES * 16 * 8
     assert 0 < ran["total"]["hits"] and 0 < ran["total"]["misses"]
     if cell.get("prefetch"):
@@ -170,7 +162,7 @@ def test_a_scored_trace_drives_the_embedded_model_as_its_replay_runs(tmp_path, s
                     str(tmp_path / "live"))
     assert live["trace_driven"]["passes_run"] == PASSES  # (not the warm-up's)
     (trace,) = load_traces(SCORED)
-    replayed = _replay(tmp_path, _first_passes(trace, PASSES), "scored", **cell)
+    replayed = _replay(tmp_path, trace.first_passes(PASSES), "scored", **cell)
     ran, rep = live["cache"], replayed["cache"]
     for part in ("slots", "pools", "total", "per_layer", "timing"):
         assert ran[part] == rep[part], part
@@ -188,7 +180,7 @@ def test_a_trace_driven_run_over_a_whole_cache_speculates_every_decode_pass(tmp_
     cell = dict(capacity_frac=1.0, warm_start="all")
     live = jobs.run(_live(SCORED, PASSES, width=False, **cell), str(tmp_path / "live"))
     (trace,) = load_traces(SCORED)
-    rep = _replay(tmp_path, _first_passes(trace, PASSES), "scored", **cell)["cache"]
+    rep = _replay(tmp_path, trace.first_passes(PASSES), "scored", **cell)["cache"]
     for part in ("slots", "total", "per_layer", "timing"):
         assert live["cache"][part] == rep[part], part
     assert live["cache"]["total"]["misses"] == 0

@@ -254,27 +254,34 @@ def test_the_example_prefetcher_gives_the_built_in_temporals_numbers(tmp_path):
 
 
 def test_the_conformance_kit_passes_the_examples():
-    # Three checks on each of a capture's three sizes and on the scored trace.
-    for target, kind, captures, n in ((f"{MRU_FILE}:MRU", "eviction mru", ("olmoe_code",), 12),
-                                      (f"{LAST_PASS_FILE}:LastPass", "prefetch last_pass", (),
-                                       3)):
-        report = conformance.check(target, captures=captures)
+    # Three checks on each of a capture's three sizes, on the scored trace and on the one with
+    # empty layers; MRU's live run against its replay too (once here: it compiles a model).
+    for target, kind, captures, live, n in (
+            (f"{MRU_FILE}:MRU", "eviction mru", ("olmoe_code",), True, 16),
+            (f"{LAST_PASS_FILE}:LastPass", "prefetch last_pass", (), False, 6)):
+        report = conformance.check(target, captures=captures, live=live)
         assert report.policy == kind
         assert report.passed, report.table()
         assert len(report.results) == n
-        assert {r.check for r in report.results} == {"accounting", "capacity", "determinism"}
+        assert {r.check for r in report.results} == {
+            "accounting", "capacity", "determinism", *(["live"] if live else [])}
+        assert all(r.applies for r in report.results)
+    assert report.results[-1].condition.startswith("empty layers")
+    assert "not applicable" not in report.table()
 
 
 def test_the_conformance_kit_fails_a_bad_victim_and_a_random_one(tmp_path):
     bad = tmp_path / "bad_policies.py"
     bad.write_text(BAD)
-    anyone = conformance.check(f"{bad}:Anyone", captures=("olmoe_code",))
+    anyone = conformance.check(f"{bad}:Anyone", captures=("olmoe_code",), live=False)
     assert not anyone.passed
     first = anyone.results[0]
     assert (first.check, first.condition, first.passed) == (
         "runs", "olmoe_code, 5% of experts", False)
-    assert "bad_anyone chose (0, 0), which is protected or not resident" in first.detail
-    dice = conformance.check(f"{bad}:Dice", captures=("olmoe_code",))
+    # (the cache's words: "which is protected, not resident or ...")
+    assert "bad_anyone chose (0, 0), which is protected" in first.detail
+    assert "not resident" in first.detail
+    dice = conformance.check(f"{bad}:Dice", captures=("olmoe_code",), live=False)
     failed = {r.check for r in dice.results if not r.passed}
     assert failed == {"determinism"}, dice.table()
     assert "FAIL  determinism" in dice.table()
@@ -283,8 +290,8 @@ def test_the_conformance_kit_fails_a_bad_victim_and_a_random_one(tmp_path):
 def test_the_conformance_command_exits_1_on_a_failure_and_2_on_a_bad_target(tmp_path, capsys):
     bad = tmp_path / "bad_policies.py"
     bad.write_text(BAD)
-    assert conformance.main([f"{bad}:Anyone", "--captures=olmoe_code"]) == 1
-    assert capsys.readouterr().out.startswith("eviction bad_anyone: 0 of 4 checks passed")
+    assert conformance.main([f"{bad}:Anyone", "--captures=olmoe_code", "--no-live"]) == 1
+    assert capsys.readouterr().out.startswith("eviction bad_anyone: 0 of 5 checks passed\n")
     assert conformance.main([f"{bad}:Nobody"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.endswith("registers no policy class 'Nobody' (it registers: eviction "
@@ -315,11 +322,125 @@ def test_the_conformance_kit_fails_an_mru_that_evicts_a_pinned_expert(tmp_path):
     broken.write_text(open(MRU_FILE).read().replace(
         "next((key for key in reversed(self.order) if evictable(key)), None)",
         "next(reversed(self.order), None)"))
-    report = conformance.check(f"{broken}:MRU", captures=("olmoe_code",))
+    report = conformance.check(f"{broken}:MRU", captures=("olmoe_code",), live=False)
     failed = [r for r in report.results if not r.passed]
     assert failed and not report.passed
     assert (failed[0].check, failed[0].condition) == ("runs", "olmoe_code, 5% of experts")
-    assert "which is protected or not resident" in failed[0].detail
+    assert "which is protected" in failed[0].detail and "not resident" in failed[0].detail
+
+
+SHARED_TABLE = '''
+from moejax.policies import EvictionPolicy, register
+
+USES = {}  # key -> its uses, for the one cache of the process
+
+
+@register("eviction", "shared_lfu")
+class SharedLFU(EvictionPolicy):
+    """Least frequently used first, counted in a table of the module's."""
+
+    def __init__(self):
+        USES.clear()  # a new cache counts from zero
+        self.keys = []
+
+    def on_admit(self, key, pos, prefetch):
+        self.keys.append(key)
+
+    def on_access(self, key, pos):
+        USES[key] = USES.get(key, 0) + 1
+
+    def on_evict(self, key):
+        self.keys.remove(key)
+
+    def victim(self, pos, evictable, incoming=None):
+        keys = [k for k in self.keys if evictable(k)]
+        return min(keys, key=lambda k: USES.get(k, 0)) if keys else None
+'''
+
+
+def test_the_conformance_kit_fails_a_policy_whose_live_run_is_not_its_replay(tmp_path):
+    """An LFU whose counts live in its module, not its instance: deterministic in replay, but
+    the live run's warm-up builds a throwaway cache after the timed run's and runs passes on it,
+    and those counts are in the table when the timed run starts."""
+    mine = tmp_path / "shared_policies.py"
+    mine.write_text(SHARED_TABLE)
+    report = conformance.check(f"{mine}:SharedLFU", captures=())
+    failed = [r for r in report.results if not r.passed]
+    assert [(r.check, r.condition) for r in failed] == [
+        ("live", "olmoe_code, 12 passes live (OLMoE-1B-7B, width 32) = replay, 64 slots")]
+    assert failed[0].detail.startswith("live and replay differ: hits "), failed[0].detail
+    assert "FAIL  live" in report.table() and not report.passed
+
+
+def test_the_conformance_kit_says_the_live_check_does_not_apply_to_a_replay_only_policy():
+    report = conformance.check("moejax.policies.eviction:Belady", captures=())
+    live = report.results[-1]
+    assert (live.check, live.applies, live.passed) == ("live", False, True)
+    assert live.detail == ("n/a: eviction belady is replay_only (it reads the future routing): "
+                           "it cannot run live")
+    assert report.passed
+    table = report.table()
+    assert table.startswith("eviction belady: 6 of 6 checks passed, 1 not applicable\n")
+    assert "  n/a   live " in table
+
+
+LAYER_BEFORE = '''
+from moejax.policies import EvictionPolicy, register
+
+
+@register("eviction", "layer_before")
+class LayerBefore(EvictionPolicy):
+    """The oldest expert of the MoE layer before the incoming one's (it runs again last)."""
+
+    def set_layer_positions(self, pos_of):
+        self.held = {layer: [] for layer in pos_of}  # each MoE layer's keys, oldest first
+
+    def on_admit(self, key, pos, prefetch):
+        self.held[key[0]].append(key)
+
+    def on_evict(self, key):
+        self.held[key[0]].remove(key)
+
+    def victim(self, pos, evictable, incoming=None):
+        layer = incoming[0]
+        before = layer - 1 if layer > min(self.held) else max(self.held)
+        keys = [k for k in self.held[before] if evictable(k)]  # (a dense layer holds none)
+        keys = keys or [k for held in self.held.values() for k in held if evictable(k)]
+        return keys[0] if keys else None
+'''
+
+
+def test_the_conformance_kit_fails_a_policy_that_takes_a_dense_layer_for_a_moe_one(tmp_path):
+    """The layer before MoE layer 3 is taken to be layer 2: right where MoE layers are
+    consecutive, and a crash where a dense layer, which holds no experts, sits between them;
+    the kit's empty-layers condition has such gaps, and shows the error."""
+    mine = tmp_path / "layer_before.py"
+    mine.write_text(LAYER_BEFORE)
+    report = conformance.check(f"{mine}:LayerBefore", captures=(), live=False)
+    failed = [r for r in report.results if not r.passed]
+    assert [(r.check, r.condition.split(" (")[0], r.detail) for r in failed] == [
+        ("runs", "empty layers", "KeyError: 2")], report.table()
+    assert "FAIL  runs         empty layers (MoE 1, 3, 6;" in report.table()
+
+
+def test_the_empty_layers_condition_has_gaps_an_unused_layer_and_layers_holding_nothing():
+    condition, (trace,), slots = conformance.conditions(())[-1]
+    assert condition.startswith("empty layers") and slots == 2 * trace.top_k
+    assert trace.layers == [1, 3, 6]
+    assert set(trace.ids[:, 1].ravel().tolist()) <= {0, 1}  # layer 3's other experts: never
+    cache = conformance.cache_with("eviction", "lru", trace, slots)
+    asked, held_none = [0], [0]
+    victim = cache.eviction.victim
+
+    def counting(pos, evictable, incoming=None):
+        asked[0] += 1
+        held_none[0] += not any(key[0] == incoming[0] for key in cache.residency)
+        return victim(pos, evictable, incoming)
+
+    cache.eviction.victim = counting
+    conformance.replay(cache, [trace], engine="reference")
+    # The incoming expert's layer held none of its experts at a good share of the victims.
+    assert asked[0] > 100 and held_none[0] > asked[0] // 4, (asked, held_none)
 
 
 def test_a_module_imported_already_says_what_it_registered_and_stays_registered():
@@ -346,3 +467,13 @@ def test_the_conformance_kit_refuses_python_without_assertions():
     assert out.stderr.strip().splitlines() == [
         "python -m moejax.policies.conformance: error: the conformance kit needs Python's "
         "assertions: run it without -O"]
+
+
+def test_the_file_of_a_policy_imported_already_names_it_without_a_second_import():
+    """A shipped policy named by its file (`moejax/policies/s3fifo.py:S3FIFO`) is the module
+    imported already, not a second registration of its name."""
+    assert conformance.resolve_target("moejax/policies/s3fifo.py:S3FIFO") == ("eviction",
+                                                                                "s3fifo")
+    (loaded,) = user_modules.load("moejax/policies/arc.py")
+    assert loaded.given == "moejax/policies/arc.py" and loaded.registers == ("eviction arc",)
+

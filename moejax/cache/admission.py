@@ -30,6 +30,7 @@ def serve(cache, layer: int, pos: int, wave: PlannedWave, pinned: set[Key], now:
     slot_pool, pools, slot_storage = cache.slot_pool, cache.shape.pools, cache.slot_storage
     on_access, tell, fixed = cache.eviction.on_access, cache.tell_precision, cache.fixed
     by_layer = cache.pin_scope == "layer"
+    staging = cache.staging
     served = [] if multi else None
     if multi:
         out.demand_bytes, out.demand_by_pool = 0, [0] * len(pools)
@@ -87,6 +88,8 @@ def serve(cache, layer: int, pos: int, wave: PlannedWave, pinned: set[Key], now:
         if multi:
             served.append(slot_pool[slot])
         on_access(key, pos)
+        if staging is not None:
+            staging.accessed(cache, key, pos, pinned if by_layer else {key})
         if tell:
             cache.eviction.on_use_precision(key, pools[slot_pool[slot]].precision)
     return out, served
@@ -120,7 +123,7 @@ def prefetch_now(cache, gate: LayerGate, pos: int, pinned: set[Key], issue_at: f
                 continue
             if host is not None and not host.can_take(key, pos, cache.host_evictable):
                 continue  # no host slot for it either: this prediction does not go
-            slot = cache.allocate(pos, protected, key)
+            slot = cache.allocate(pos, protected, key, prefetch=True)
             if slot is None:  # no room: prefetch never blocks
                 if host is None:
                     return

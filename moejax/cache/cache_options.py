@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from moejax.cache.staging import check as check_prefetch_share
 from moejax.errors import ConfigError
 
 # What a demand fetch may not evict. "layer": any expert the running layer (wave) requests —
@@ -47,7 +48,8 @@ class CacheOptions:
     storage (None: every expert in host memory); `full_layers`: ds4's whole-layer placement;
     `host_compute_layers` and `host_path`: the MoE layers whose experts run on the host and
     the model of that path; `timing`: the live runtime's host work (`RuntimeTiming`) on a
-    `HostDeviceClock`."""
+    `HostDeviceClock`; `prefetch_share`: the staging share and what a prefetched expert's use does
+    (`prefetch_share_use`; `staging.py`)."""
 
     clock: object
     cost: object = None  # moejax.timing.CostModel
@@ -60,6 +62,8 @@ class CacheOptions:
     host_compute_layers: int = 0
     host_path: object = None  # moejax.cache.host_path.HostPath
     timing: object = None  # moejax.cache.runtime_timing.RuntimeTiming
+    prefetch_share: float = 0.0
+    prefetch_share_use: str = "promote"
 
     def __post_init__(self):
         if self.pin_scope not in PIN_SCOPES:
@@ -68,6 +72,7 @@ class CacheOptions:
             raise ConfigError(f"cache.prefetch_queue={self.prefetch_queue!r} is not one of "
                               f"{PREFETCH_QUEUES}")
         _count("full_layers", self.full_layers)
+        check_prefetch_share(self.prefetch_share, self.prefetch_share_use)
         if self.timing is not None:
             self.timing.check_clock(self.clock)
 

@@ -38,6 +38,7 @@ from moejax.cache.capacity import CacheShape
 from moejax.cache.host_stage import HostCompute, HostRun
 from moejax.cache.metrics import CacheMetrics, PassTiming
 from moejax.cache.precision_pools import PrecisionPools
+from moejax.cache.staging import Staging
 from moejax.cache.watchdog_queue import WatchdogQueue
 from moejax.errors import ConfigError
 from moejax.policies.base import (
@@ -139,6 +140,12 @@ class ExpertCache:
         self.wave_slots = s  # slots a wave of an ordinary layer may use
         if options.full_layers:
             placement.reserve_full_layers(self, options.full_layers)
+        # The staging share for prefetches (`staging.py`; None: every slot open to both).
+        self.staging = (Staging(options.prefetch_share, s, shape.top_k, len(pools),
+                                options.full_layers, options.prefetch_share_use)
+                        if options.prefetch_share else None)
+        if self.staging is not None:
+            self.wave_slots = self.staging.demand_slots
         self.host_path = options.host_path
         self.host_compute = HostCompute(self, options.host_compute_layers, options.full_layers)
         self.host_layers = self.host_compute.layers
@@ -260,6 +267,8 @@ class ExpertCache:
             self.in_cache[key[0]].discard(key[1])
             self.layer_changes[key[0]] += 1
             self.eviction.on_evict(key)
+            if self.staging is not None:
+                self.staging.evicted(key)
             origin = self.prefetch_origin.pop(key, None)
             # Prefetched for a layer of this pass that has not run yet: evicted before use.
             early = (origin is not None and origin[0] == self.pass_id
@@ -269,19 +278,28 @@ class ExpertCache:
                                         early)
             return slot
 
-    def allocate(self, pos: int, protected: set[Key], incoming: Key, pool: int = 0) -> int | None:
-        """A slot for `incoming`: a free one, or a victim's that is not in `protected` (one
-        pool; with several, `PrecisionPools.allocate` replaces it). The eviction policy may
-        refuse the free slot (`may_take_free`: a strict per-layer quota at its share)."""
-        evictable = lambda k: k not in protected  # noqa: E731
-        if self.free and self.eviction.may_take_free(incoming, evictable):
+    def allocate(self, pos: int, protected: set[Key], incoming: Key, pool: int = 0,
+                 prefetch: bool = False) -> int | None:
+        """A slot for `incoming` (a prefetch's when `prefetch`): a free one, or a victim's that
+        is not in `protected` (one pool; with several, `PrecisionPools.allocate` replaces it).
+        The eviction policy may refuse the free slot (`may_take_free`: a strict per-layer quota
+        at its share). With a staging share, both come from the incoming expert's share."""
+        staging = self.staging
+        if staging is None:
+            evictable = lambda k: k not in protected  # noqa: E731
+            room = bool(self.free)
+        else:
+            evictable = staging.evictable(prefetch, protected)
+            room = bool(self.free) and not staging.full(prefetch, len(self.residency))
+        if room and self.eviction.may_take_free(incoming, evictable):
             return self.free.pop()
         victim = self.eviction.victim(pos, evictable, incoming)
         if victim is None:
             return None
-        if victim in protected or victim not in self.residency:
+        if not evictable(victim) or victim not in self.residency:
             raise AssertionError(f"eviction policy {self.eviction.name} chose {victim}, which is "
-                                 "protected or not resident")
+                                 "protected or not resident" + (
+                                     "" if staging is None else " or in the other share"))
         return self.evict(victim)
 
     def admit(self, key: Key, slot: int, issue_at: float, prefetch: bool, pos: int,
@@ -305,6 +323,8 @@ class ExpertCache:
         self.layer_changes[key[0]] += 1
         self.seen_this_pass.add(key)
         self.eviction.on_admit(key, pos, prefetch)
+        if self.staging is not None:
+            self.staging.admitted(key, prefetch)
         if self.sink is not None:
             self.sink.load(key, slot, prefetch)
         return ready
@@ -489,3 +509,9 @@ class ExpertCache:
         used = sum(n * p.expert_bytes for n, p in zip(held, self.shape.pools))
         assert used <= self.shape.capacity_bytes + 1e-6, "byte budget exceeded"
         assert sum(len(v) for v in self.in_cache.values()) == len(self.residency)
+        if self.staging is not None:
+            staged = self.staging.staged
+            assert staged <= self.residency.keys(), "a staged expert is not resident"
+            assert len(staged) <= self.staging.slots, "the staging share is over its slots"
+            assert len(self.residency) - len(staged) <= self.staging.demand_slots, \
+                "the demand share is over its slots"

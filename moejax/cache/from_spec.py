@@ -186,6 +186,10 @@ def build_cache(run: RunSpec, shape: CacheShape,
         timing = RuntimeTiming(work, cost,
                                trace_driven=run.trace_driven if driven is None else driven,
                                speculate=run.cache.speculate)
+    if run.cache.prefetch_share and prefetch.name == "none":
+        raise ConfigError(f"cache.prefetch_share={run.cache.prefetch_share} sets slots apart for "
+                          "prefetches, but policies.prefetch is none: set a prefetcher or "
+                          "leave the share at 0")
     host = build_host_tier(run, shape, shape.expert_bytes, renormalize)
     host_compute_layers = run.cache.host_compute_layers
     host_path = None  # (without a model the cache says what host compute needs)
@@ -195,7 +199,9 @@ def build_cache(run: RunSpec, shape: CacheShape,
         clock, cost, lookahead_scores=max(1, prefetch.lookahead) if model_cfg else 0,
         pin_scope=run.cache.pin_scope, prefetch_queue=run.cache.prefetch_queue, host=host,
         full_layers=run.cache.full_layers, host_path=host_path,
-        host_compute_layers=host_compute_layers, timing=timing)
+        host_compute_layers=host_compute_layers, timing=timing,
+        prefetch_share=run.cache.prefetch_share,
+        prefetch_share_use=run.cache.prefetch_share_use)
     cache = ExpertCache(shape, eviction, prefetch, miss, routing, options)
     cache.seeding = seed_cache(run.cache, cache)
     return cache

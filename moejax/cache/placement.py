@@ -54,8 +54,13 @@ def seed(cache, keys: list[Key], priorities: dict[Key, int] | None = None) -> in
         raise AssertionError("seed the cache before its first pass")
     if priorities is not None and hasattr(cache.eviction, "set_priorities"):
         cache.eviction.set_priorities(priorities)
+    # Seeding fills the demand share (`staging.py`): the staging share is the prefetches'.
+    room = len(cache.free)
+    if cache.staging is not None:
+        room = min(room, cache.staging.demand_slots
+                   - (len(cache.residency) - len(cache.staging.staged)))
     chosen = [k for k in dict.fromkeys(keys) if k not in cache.residency
-              and k[0] in cache.pos_of and k[0] not in cache.host_layers][:len(cache.free)]
+              and k[0] in cache.pos_of and k[0] not in cache.host_layers][:room]
     # Coldest first: within one priority (and for a recency policy) the hottest is the most
     # recently admitted, so it goes last.
     for key in reversed(chosen):

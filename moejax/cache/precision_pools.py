@@ -27,9 +27,11 @@ class PrecisionPools:
     def __init__(self, cache):
         self.cache = cache
 
-    def allocate(self, pos: int, protected: set[Key], incoming: Key, pool: int = 0) -> int | None:
+    def allocate(self, pos: int, protected: set[Key], incoming: Key, pool: int = 0,
+                 prefetch: bool = False) -> int | None:
         """A slot of `pool` for `incoming`: a free one, or a victim's (of that pool) that is
-        not in `protected`; the eviction policy may refuse the free slot (`may_take_free`)."""
+        not in `protected`; the eviction policy may refuse the free slot (`may_take_free`).
+        (No staging share with several pools: `prefetch` is not read.)"""
         cache = self.cache
         free = cache.free_lists[pool]
         residency, slot_pool = cache.residency, cache.slot_pool

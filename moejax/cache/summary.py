@@ -103,9 +103,10 @@ def host_line(host, bytes_known: bool = True) -> str:
 
 
 def table(metrics: CacheMetrics, header: str, bytes_known: bool = True, host=None,
-          clock: str = "cache clock", no_ttft: str = NO_PREFILL) -> str:
+          clock: str = "cache clock", no_ttft: str = NO_PREFILL, staging=None) -> str:
     """`bytes_known=False`: bytes and times print as "unknown" (counts stay exact); `host`:
-    the cache's host tier, when it has one; `clock`: the clock the times are on
+    the cache's host tier, when it has one; `staging`: its prefetch staging share, when it has
+    one (`moejax/cache/staging.py`); `clock`: the clock the times are on
     (`clock_words`); `no_ttft`: why there is no TTFT when no prefill pass ran (a replayed
     trace says its own reason)."""
     t, tm = metrics.totals(), metrics.timing()
@@ -141,6 +142,15 @@ def table(metrics: CacheMetrics, header: str, bytes_known: bool = True, host=Non
         lines.append(f"stall behind prefetch transfers {behind} ms of "
                      f"{_ms(t['stall_s'], bytes_known)} ms (demand fetches queued behind "
                      "prefetches already on a copy engine)")
+    if staging is not None:
+        s = staging.summary()
+        lines.append(f"staging share {s['slots']} slots for prefetches (prefetch_share "
+                     f"{s['prefetch_share']}, a used one "
+                     f"{'joins the demand share' if s['on_use'] == 'promote' else 'stays'}), "
+                     f"{s['demand_slots']} "
+                     f"for demand fetches: prefetched experts used {_int(s['used'])} (promoted "
+                     f"{_int(s['promoted'])}), wasted (evicted unused) {_int(s['wasted'])}, "
+                     f"unused at the end {_int(s['unused_at_end'])}")
     if len(metrics.precisions) > 1:
         lines.extend(_precision_lines(t, bytes_known))
     if t["host_computed"]:
@@ -336,6 +346,8 @@ def cache_results(cache, policies: dict, passes: bool = True,
                                "layers": sorted(cache.host_layers)}
     if cache.seeding is not None:
         out["seed"] = cache.seeding
+    if cache.staging is not None:
+        out["staging"] = cache.staging.summary()
     if not expert_bytes_known:
         _without_sizes(out)
     return out

@@ -83,7 +83,7 @@ class WatchdogQueue:
             if cache.host is not None and not cache.host.can_take(key, cache.running_pos,
                                                                   cache.host_evictable):
                 return  # no host slot until the running wave is done
-            slot = cache.allocate(cache.running_pos, protected, key)
+            slot = cache.allocate(cache.running_pos, protected, key, prefetch=True)
             if slot is None:
                 return  # no room until the running layer or a prefetch target is done
             del queue[key]

@@ -102,7 +102,8 @@ def cache_table(config: ml_collections.ConfigDict, cache: ExpertCache, *, header
     header = header or cache_header(config, cache, policies, bytes_known)
     return summary.table(settle(cache).metrics, header,
                          bytes_known=bytes_known, host=cache.host,
-                         clock=cache_clock_words(cache), no_ttft=no_ttft)
+                         clock=cache_clock_words(cache), no_ttft=no_ttft,
+                         staging=cache.staging)
 
 
 def report_cache(config: ml_collections.ConfigDict, cache: ExpertCache, workdir: str, *,

@@ -122,14 +122,7 @@ def _first_passes(trace: Trace, passes: int, cfg: ModelConfig) -> Trace:
     by position)."""
     if passes > trace.num_passes:
         raise ValueError(f"the run ran {passes} passes of a sequence of {trace.num_passes}")
-    rows = int(trace.pass_offsets[passes])
-    meta = {**trace.meta, "layers": list(cfg.moe_layers), "prefill_passes": 1}
-
-    def cut(a):
-        return None if a is None else a[:rows]
-
-    return Trace(meta, trace.pass_offsets[:passes + 1].copy(), trace.tokens[:rows],
-                 trace.ids[:rows], cut(trace.weights), cut(trace.probs), cut(trace.spec))
+    return trace.first_passes(passes, layers=list(cfg.moe_layers), prefill_passes=1)
 
 
 def needs_replay(cache: ExpertCache | None) -> bool:
@@ -171,7 +164,7 @@ def resident_run(run: RunSpec, precision: str) -> RunSpec:
         run.cache, enabled=True, precision="" if precision == "native" else precision,
         capacity_frac=1.0, capacity_of="experts", slots=0, min_slots=0, precision_shares="",
         warm_start="all", seed="", full_layers=0, host_capacity_frac=1.0, host_bytes=0,
-        host_compute_layers=0)
+        host_compute_layers=0, prefetch_share=0.0)
     policies = PolicySpec(preset="", eviction="lru", prefetch="none", miss="fetch",
                           routing="standard", modules=run.policies.modules)
     return dataclasses.replace(virtual_run(run), cache=cache, policies=policies,

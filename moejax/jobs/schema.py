@@ -77,6 +77,14 @@ def base_config() -> ml_collections.ConfigDict:
     # misses go ahead of those not issued) or "watchdog_idle" (the same, with a stricter
     # reading, a named variant: a transfer is issued only onto an idle copy engine).
     c.cache.prefetch_queue = "immediate"
+    # A staging share for prefetches (moejax/cache/staging.py; from nunspark's staging
+    # buffer): that share of the slots (floor, at least one) holds prefetched experts only, and
+    # a prefetch never evicts an expert a demand fetch brought in; the rest is the demand
+    # share. 0: none, every slot open to both (the default, SpecMD's cache). Reference engine.
+    c.cache.prefetch_share = 0.0
+    # A prefetched expert's first use: "promote" (it joins the demand share, which evicts its
+    # own victim when full) or "stay" (it stays staged until a prefetch evicts it; a variant).
+    c.cache.prefetch_share_use = "promote"
     # Replay of traces that do not record expert sizes (capture / vLLM logs): bytes per expert
     # (0: from the trace or model.preset; unknown sizes still give exact counts).
     c.cache.expert_bytes = 0

@@ -15,7 +15,7 @@ import os
 import ml_collections
 
 from moejax.bundled import EMBEDDED
-from moejax.cache import CAPACITY_OF, CLOCKS, LOAD_PATHS
+from moejax.cache import CAPACITY_OF, CLOCKS, LOAD_PATHS, check_prefetch_share
 from moejax.errors import ConfigError
 from moejax.families import FAMILIES, get_family
 from moejax.jobs.schema import REPLAYS
@@ -153,6 +153,7 @@ def check_settings(config: ml_collections.ConfigDict) -> HardwareSpec:
               "1.0: every expert in host memory, no storage tier")
     _count(c.host_bytes, "cache.host_bytes", 0,
            "an integer >= 0 (0: use cache.host_capacity_frac)")
+    check_prefetch_share(c.prefetch_share, c.prefetch_share_use)
     _check_io(config)
     hardware = HardwareSpec(hardware_from(config), host_cpu_from(config), host_work_from(config),
                             storage_from(config), config.clock.kind, _section(IOSpec, config.io))

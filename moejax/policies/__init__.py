@@ -5,6 +5,7 @@ class declares about its arguments and its compiled form (`declare.py`), and Spe
 combinations (`presets.py`)."""
 
 from moejax.policies import (  # noqa: F401 (registration)
+    arc,
     cooccurrence,
     eviction,
     miss,

@@ -18,6 +18,10 @@ than probing for attributes:
 * `needs_precision` (eviction): is told the precision each use was served at
   (`on_use_precision`); the cache calls that hook only for policies that declare it.
 
+A class that overrides `set_future`, `on_scores` or `on_use_precision` gets the capabilities
+they imply unless its own body declares them (`Policy.INFERRED`); the flags are set on the
+class when it is defined, so the registry, the jobs and the cache read them as declared.
+
 Precisions (`moejax/quant/formats.py`, high to low: native, int8, int4, int2). A policy whose
 constructor declares `cache_precision` receives the cache's plain precision (`cache.precision`:
 what a plain fetch and a prefetch move); a miss policy receives the *given* `cache.precision`,
@@ -62,8 +66,22 @@ class Policy:
     # when built without the registry: its compiled form is then unknown).
     arguments: dict | None = None
 
+    # Capabilities a hook implies, set for a class that overrides the hook and does not
+    # declare them in its own body (a declaration wins): it reads the future (so it runs in
+    # replay only), the router's probabilities, or the precision of each use. What a policy
+    # reads of a gate (`needs_probs` for `gate.probs`, `needs_spec`) is not inferred: declare it.
+    INFERRED: ClassVar[dict[str, tuple[str, ...]]] = {
+        "set_future": ("needs_future", "replay_only"), "on_scores": ("needs_probs",),
+        "on_use_precision": ("needs_precision",)}
+
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
+        if cls.__module__ != __name__:  # the kinds' base classes define the hooks' defaults
+            for hook, flags in Policy.INFERRED.items():
+                if hook in cls.__dict__:
+                    for flag in flags:
+                        if flag not in cls.__dict__:
+                            setattr(cls, flag, True)
         if cls.needs_future and not cls.replay_only:
             raise TypeError(f"{cls.__name__} needs the future, so it must be replay_only")
 

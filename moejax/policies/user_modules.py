@@ -77,6 +77,14 @@ def _from_file(given: str) -> Loaded:
     known = _loaded.get(path)
     if known is not None and known.sha256 == _digest(path):
         return known
+    # The file of a module imported already under its own name (moejax's own policies, a
+    # package's): importing it again would register its policies a second time.
+    imported = next((n for n, m in list(sys.modules.items())
+                     if not n.startswith(_FILE_MODULE_PREFIX)
+                     and getattr(m, "__file__", None)
+                     and os.path.abspath(m.__file__) == path), None)
+    if imported is not None:
+        return dataclasses.replace(_from_module(imported), given=given)
     name = _FILE_MODULE_PREFIX + hashlib.sha256(path.encode()).hexdigest()[:16]
 
     def importer():

@@ -43,6 +43,10 @@ OPTIONS = {
     "host_path": (lambda h: h is None, lambda h: "a host compute model (moejax/cache/"
                   "host_path.py)"),
     # The host's work (moejax/cache/runtime_timing.py): the kernel charges the device's steps.
+    # The staging share (moejax/cache/staging.py): the kernel's slots are one share.
+    "prefetch_share": (lambda s: s == 0, lambda s: f"a prefetch staging share "
+                       f"(prefetch_share={s})"),
+    "prefetch_share_use": (lambda u: True, lambda u: ""),  # read only with a share
     "timing": (lambda t: t is None, lambda t: "the live runtime's host work modelled "
                "(hardware.json's host_work)"),
 }

@@ -102,6 +102,20 @@ class Trace:
         """`[steps, L, K]` ids of the decode steps, in order."""
         return self.ids[self.decode_rows()]
 
+    def first_passes(self, passes: int, **meta) -> Trace:
+        """The trace cut to its first `passes` passes (what a run of `passes` passes follows),
+        its `meta` updated with `meta` (`prefill_passes` at most `passes`, unless given)."""
+        if not 1 <= passes <= self.num_passes:
+            raise ValueError(f"first_passes({passes}) of a trace of {self.num_passes} passes")
+        rows = int(self.pass_offsets[passes])
+
+        def cut(a):
+            return None if a is None else a[:rows]
+
+        meta = {**self.meta, "prefill_passes": min(self.prefill_passes, passes), **meta}
+        return Trace(meta, self.pass_offsets[:passes + 1].copy(), self.tokens[:rows],
+                     self.ids[:rows], cut(self.weights), cut(self.probs), cut(self.spec))
+
     def save(self, path: str) -> None:
         arrays = {"meta": np.asarray(json.dumps(self.meta)), "pass_offsets": self.pass_offsets,
                   "tokens": self.tokens, "ids": self.ids}

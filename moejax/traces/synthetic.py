@@ -11,19 +11,26 @@ from moejax.traces.format import FORMAT, Trace
 def random_scored_trace(rng, layers: int, experts: int, k: int, passes: list[int],
                         expert_bytes: int, noisy_spec: bool = True, weights: bool = True, *,
                         layer_ids: list[int] | None = None, lookahead: int = 1,
-                        scores: bool = True, prefill_passes: int = 1):
+                        scores: bool = True, prefill_passes: int = 1,
+                        confine: dict[int, int] | None = None):
     """A `Trace` from random router logits: top-k ids in rank order, renormalised weights
     (left out with `weights=False`), probabilities, and speculative scores for the next
     `lookahead` MoE layers — their probabilities, times uniform(0.5, 1.5) noise when
     `noisy_spec`. `passes`: token rows per pass, the first `prefill_passes` of them prefill.
     `layer_ids`: the MoE layers' indices (default `0..layers-1`; give gaps for dense layers in
     between). `scores=False`: ids only (no weights, probabilities or speculative scores), as an
-    imported capture."""
+    imported capture. `confine`: MoE layer id -> N, that layer's routing confined to its
+    first N experts (>= k) in every pass: the others are never chosen, their probabilities 0."""
     layer_ids = list(range(layers)) if layer_ids is None else list(layer_ids)
     if len(layer_ids) != layers:
         raise ValueError(f"layer_ids {layer_ids} are not {layers} layers")
     rows = sum(passes)
     logits = rng.normal(0, 2, (rows, layers, experts))
+    for layer, n in (confine or {}).items():
+        if layer not in layer_ids or not k <= n <= experts:
+            raise ValueError(f"confine={{{layer}: {n}}}: needs a MoE layer of {layer_ids} "
+                             f"and {k} <= N <= {experts}")
+        logits[:, layer_ids.index(layer), n:] = -np.inf
     probs = np.exp(logits) / np.exp(logits).sum(-1, keepdims=True)
     ids = np.argsort(-probs, axis=-1, kind="stable")[..., :k]
     w = np.take_along_axis(probs, ids, -1)

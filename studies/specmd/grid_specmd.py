@@ -17,7 +17,11 @@ when space allows; the idle-engine variant, `watchdog_idle`, is not in the grid)
 * `dropin` — SpecMD's drop-in experiment: presets specmd_1..specmd_4 as they are, and with
   their eviction replaced by Least-Stale (scored traces: the presets' prefetchers and
   cache-aware routing read gate scores);
-* `miss` — the miss policies under least_stale + score_percentile(80) (scored traces).
+* `miss` — the miss policies under least_stale + score_percentile(80) (scored traces);
+* `peers` (only when named: `all` is SpecMD's three) — the peers' policies against LRU and
+  Least-Stale: eviction {lru, least_stale, s3fifo, arc} x prefetch {none, temporal, cooccur},
+  each prefetcher also with a staging share of 25% (`cache.prefetch_share=0.25`); the peers'
+  policies run on the reference engine.
 
 Traces (`traces=` all (default), captures, scored, long, families):
 * `captures`: the four real captures (OLMoE-1B-7B, Qwen1.5-MoE-A2.7B; ids only: no score
@@ -55,6 +59,11 @@ FAMILY_EVICTIONS = ("lru", "fld", "score", "least_stale", "least_stale(order=lef
 FAMILY_PREFETCHES = ("none", "topk(overfetch=1.0)", "score_percentile(p=80)", "oracle")
 MISSES = ("fetch", "drop(keep=2)", "substitute(tol=0.05)", "fetch_priority", "fetch_lowest_bit")
 PARTS = ("policies", "dropin", "miss")
+# Named only (`parts=peers`, `parts=policies+peers`): not in `all`, which stays SpecMD's grid.
+PEER_PARTS = ("peers",)
+PEER_EVICTIONS = ("lru", "least_stale", "s3fifo", "arc")
+PEER_PREFETCHES = ("none", "temporal", "cooccur")
+PEER_SHARES = (0.0, 0.25)
 # Config arguments (`studies/specmd/grid_specmd.py:traces=captures,engine=reference`): `engine` is
 # `replay.engine` for every cell (benchmarks/replay_grid_engines.py runs both).
 ARGS = {"traces": "all", "parts": "all", "engine": "auto", "hardware_file": ""}
@@ -92,8 +101,9 @@ def traces(which: str) -> list[tuple[str, dict]]:
 def sweep(add, arg: str | None = None):
     args = parse_args(arg, ARGS)
     parts = PARTS if args["parts"] == "all" else tuple(args["parts"].split("+"))
-    if not set(parts) <= set(PARTS):
-        raise ValueError(f"parts={args['parts']!r}: expected all or a '+'-list of {PARTS}")
+    if not set(parts) <= set(PARTS + PEER_PARTS):
+        raise ValueError(f"parts={args['parts']!r}: expected all or a '+'-list of "
+                         f"{PARTS + PEER_PARTS}")
     for path, model in traces(args["traces"]):
         scored = path.endswith(".npz")
         family = path.startswith(bundled.FAMILY_TRACES_DIR)
@@ -116,6 +126,13 @@ def sweep(add, arg: str | None = None):
                         add(**cell, **{"policies.preset": preset})
                         add(**cell, **{"policies.preset": preset,
                                        "policies.eviction": "least_stale"})
+                if "peers" in parts and not family:
+                    for eviction in PEER_EVICTIONS:
+                        for prefetch in PEER_PREFETCHES:
+                            for share in PEER_SHARES if prefetch != "none" else (0.0,):
+                                add(**cell, **{"policies.eviction": eviction,
+                                               "policies.prefetch": prefetch},
+                                    **({"cache.prefetch_share": share} if share else {}))
                 if "miss" in parts and scored:
                     for miss in MISSES:
                         add(**cell, **{"policies.eviction": "least_stale",
