@@ -213,8 +213,8 @@ def test_a_train_run_says_what_it_does_not_read(capsys):
     err = capsys.readouterr().err
     for said in ("cache.slots=4 does not apply: read only by the jobs that run the model and the "
                  "replay job; this is a train run",
-                 "replay.trace='t.npz' does not apply: its section is read only by the replay and "
-                 "curve jobs; this is a train run",
+                 "replay.trace='t.npz' does not apply: its section is read only by the replay, "
+                 "curve and plan jobs; this is a train run",
                  "run.prompt='hi' does not apply: read only by the generate job; this is a "
                  "train run"):
         assert err.count(said) == 1, (said, err)

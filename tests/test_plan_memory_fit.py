@@ -100,3 +100,27 @@ def test_fewer_slots_than_top_k_do_not_fit():
     f = fit(OLMOE, budget, context=128)
     assert f.slots == 4 and not f.fits
     assert f.shortfall_bytes == 4 * f.expert_bytes
+
+
+def test_a_budget_of_the_expert_slots_counts_the_rest_beside_it():
+    """`budget_of="experts"` (the plan job's default): the whole budget is for slots, and the
+    dense weights and the KV cache are what the device holds besides. OLMoE-1B-7B at width 32:
+    an expert is 3 x 32 x 32 bfloat16 parameters, 6,144 bytes."""
+    cfg = preset("olmoe", "olmoe-1b-7b", 32)
+    f = fit(cfg, 0.0015, context=4096, budget_of="experts")
+    assert f.expert_bytes == 3 * 32 * 32 * 2 == 6144
+    assert f.free_bytes == 1_500_000 and f.slots == 1_500_000 // 6144 == 244
+    assert f.device_bytes == f.dense_bytes + f.kv_bytes + 244 * 6144
+    assert f.line().startswith("1.50 MB for expert slots: 244 native slots of 6.1 kB (23.8% of "
+                               "the 1,024 routed experts); beside them dense")
+    # The same budget read as the whole device holds nothing: the dense weights alone are more.
+    assert not fit(cfg, 0.0015, context=4096).fits and f.dense_bytes > 1_500_000
+    short = fit(cfg, 0.00004, context=4096, budget_of="experts")  # 40 kB: 6 slots of 8
+    assert not short.fits and short.slots == 6
+    assert short.shortfall_bytes == 8 * 6144 - 40_000
+    assert short.line().startswith("40.0 kB for expert slots: does not fit; 9.2 kB short of 8")
+
+
+def test_a_budget_of_something_else_is_named():
+    with pytest.raises(ValueError, match="budget_of='gpu' is not one of"):
+        fit(OLMOE, 1.0, context=1, budget_of="gpu")

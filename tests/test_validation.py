@@ -49,6 +49,23 @@ def test_the_summary_is_of_absolute_errors():
     assert s["median"] == pytest.approx(0.15)  # |errors| 0.02, 0.1, 0.2, 0.5
     assert s["max"] == pytest.approx(0.5)
     assert s["signed_median"] == pytest.approx(0.06)
+    # signed errors -0.2, 0.02, 0.1, 0.5: numpy's linear percentiles at 5% and 95%
+    assert s["signed_p5"] == pytest.approx(-0.2 + 0.15 * 0.22)
+    assert s["signed_p95"] == pytest.approx(0.1 + 0.85 * 0.4)
+
+
+def test_the_summary_records_the_conditions_the_cells_ran(tmp_path):
+    """`covers`: each policy field's specs as they ran (a field left to the default is the
+    default's spec), from the validation's own cells."""
+    from moejax.calibration import validate
+
+    ((group, cells),) = matrix.validation_matrix(quick=True)
+    base = matrix.base_config(group, str(tmp_path / "hardware.json"), 48, 16, 32)
+    base.hardware.file = ""  # (resolving a config reads no profile here)
+    got = validate.covers([c.config(base) for c in cells])
+    assert got == {"policies.eviction": ["lru"], "policies.prefetch": ["none", "temporal"],
+                   "cache.prefetch_queue": ["immediate"], "cache.precision": ["native"],
+                   "policies.miss": ["fetch"]}
 
 
 def test_rankings_count_only_what_the_spreads_separate():

@@ -31,19 +31,24 @@ def errors(rows: list[dict], metric: str) -> list[float]:
 
 
 def summary(rows: list[dict]) -> dict:
-    """Per metric: cells, median / 90th percentile / largest |error|, the signed median, and
-    how many cells the virtual clock predicted above the wall clock."""
+    """Per metric: cells, median / 90th percentile / largest |error|, the signed median, the
+    signed errors' 5th and 95th percentiles (the central 90% of them: the planner's band,
+    `moejax/plan/forecast.py`), and how many cells the virtual clock predicted above the wall
+    clock."""
     out = {}
     for m in METRICS:
         e = np.asarray(errors(rows, m), np.float64)
         if not len(e):
             out[m] = {"cells": 0, "median": None, "p90": None, "max": None,
-                      "signed_median": None, "over": 0}
+                      "signed_median": None, "signed_p5": None, "signed_p95": None,
+                      "over": 0}
             continue
         a = np.abs(e)
         out[m] = {"cells": int(len(e)), "median": float(np.median(a)),
                   "p90": float(np.percentile(a, 90)), "max": float(a.max()),
-                  "signed_median": float(np.median(e)), "over": int(np.sum(e > 0))}
+                  "signed_median": float(np.median(e)),
+                  "signed_p5": float(np.percentile(e, 5)),
+                  "signed_p95": float(np.percentile(e, 95)), "over": int(np.sum(e > 0))}
     return out
 
 

@@ -107,10 +107,34 @@ def run_validation(workdir: str, hardware_file: str, *, quick: bool, reps: int, 
                               "reps": reps, "load_average": result["load_average"],
                               "ttft": summ["ttft"], "decode": summ["decode"],
                               "goals_met": all(g["met"] for g in met.values()),
-                              "file": path})
+                              "covers": covers([e.config for e in entries]), "file": path})
     out(f"results -> {path}, {png}, {os.path.join(workdir, 'validation.md')}; the summary -> "
         f"{hardware_file} (validation)")
     return result
+
+
+# The settings a validation's cells ran, per field: the conditions its errors describe (the
+# planner bands a forecast only inside them, `moejax/plan/forecast.py`).
+COVERED_FIELDS = ("policies.eviction", "policies.prefetch", "cache.prefetch_queue",
+                  "cache.precision", "policies.miss")
+
+
+def covers(configs) -> dict[str, list[str]]:
+    """Each of `COVERED_FIELDS` -> the values the cells ran (the specs as resolved: a field
+    left to its preset or default is the spec that ran; precision "" is native)."""
+    from moejax.jobs.specs import resolve
+    from moejax.policies import presets
+
+    out: dict[str, set] = {f: set() for f in COVERED_FIELDS}
+    for config in configs:
+        spec = resolve(config)
+        policies = presets.resolve(spec.policies)
+        out["policies.eviction"].add(policies["eviction"])
+        out["policies.prefetch"].add(policies["prefetch"])
+        out["policies.miss"].add(policies["miss"])
+        out["cache.prefetch_queue"].add(spec.cache.prefetch_queue)
+        out["cache.precision"].add(spec.cache.precision or "native")
+    return {f: sorted(v) for f, v in out.items()}
 
 
 def _remember(hardware_file: str, summary: dict) -> None:

@@ -1,6 +1,7 @@
 """The jobs `python -m moejax.main` runs, by `config.job` (each a library function
 `run(config, workdir)`): generate, perplexity, quality, eval, record_traces, replay, curve
-(a replay's capacity curve) and train.
+(a replay's capacity curve), plan (a configuration recommended for a model on a machine) and
+train.
 `schema.py` declares every field a job config has (`base_config`); `specs.py` checks a config
 and resolves it, once per job, into the typed specs the layers below take (`moejax.run_spec`);
 `unapplied.py` says each setting given that a run does not use; `common.py` is what the jobs
@@ -182,6 +183,7 @@ _RUNNERS = {"generate": ("moejax.jobs.generate", "run"),
             "record_traces": ("moejax.jobs.record_traces", "run"),
             "replay": ("moejax.jobs.replay", "run"),
             "curve": ("moejax.jobs.curve", "run"),
+            "plan": ("moejax.jobs.plan", "run"),
             "train": ("moejax.train.loop", "train")}
 
 

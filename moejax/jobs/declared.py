@@ -141,16 +141,22 @@ def unread_by_job(config: ml_collections.ConfigDict, defaults: ml_collections.Co
         readers = ("the jobs that run the model" if set(jobs) == set(live)
                    else "the jobs that run the model and the replay job"
                    if set(jobs) == {*live, "replay"}
-                   else f"the {' and '.join(jobs)} job{'s' if len(jobs) > 1 else ''}")
+                   else f"the {_listed(jobs)} job{'s' if len(jobs) > 1 else ''}")
         why = f"{'its section is ' if section else ''}read only by {readers}; this is a {job} run"
         out += [(f, why) for f in fields if given(f)]
     if unnamed and job not in unnamed:
         readers = ("the jobs that run the model or a replay"
-                   if set(unnamed) - set(live) <= {"replay", "curve"}
-                   else f"the {' and '.join(unnamed)} jobs")
+                   if set(unnamed) - set(live) <= {"replay", "curve", "plan"}
+                   else f"the {_listed(unnamed)} jobs")
         why = f"read only by {readers}; this is a {job} run"
         out += [(f, why) for f in leaves(config) if f not in named and given(f)]
     return out
+
+
+def _listed(names) -> str:
+    """"a", "a and b", "a, b and c"."""
+    names = list(names)
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
 
 
 def listing(schema: ml_collections.ConfigDict, read_by: tuple, where: str = "") -> list[str]:

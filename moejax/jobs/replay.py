@@ -72,6 +72,16 @@ def _model_config(config: ml_collections.ConfigDict, trace: Trace) -> ModelConfi
     return cfg
 
 
+def _same_shape(cfg: ModelConfig, trace: Trace, path: str) -> ModelConfig:
+    """`cfg`, when its MoE layers, experts and top-k are the trace's."""
+    if (cfg.num_moe_layers, cfg.num_experts, cfg.top_k) != (len(trace.layers), trace.num_experts,
+                                                           trace.top_k):
+        raise ConfigError(f"the model has {cfg.num_moe_layers} MoE layers x {cfg.num_experts} "
+                          f"experts, top-{cfg.top_k}; {path} has {len(trace.layers)} x "
+                          f"{trace.num_experts}, top-{trace.top_k}")
+    return cfg
+
+
 def _precision_bytes(config: ml_collections.ConfigDict, trace: Trace,
                      cfg: ModelConfig | None, by_slots: bool = False
                      ) -> tuple[dict[str, int], bool]:
@@ -145,10 +155,13 @@ class Loaded:
         return self.traces[0]
 
 
-def load(config: ml_collections.ConfigDict, by_slots: bool = False) -> Loaded:
+def load(config: ml_collections.ConfigDict, by_slots: bool = False,
+         model: ModelConfig | None = None) -> Loaded:
     """The replay `config` describes, read and checked before any cache is built: the trace
     file, its model, the expert sizes and the policies (`by_slots`: the caller sizes every
-    cache in slots itself, so unknown expert sizes need no `cache.slots`)."""
+    cache in slots itself, so unknown expert sizes need no `cache.slots`; `model`: the model
+    config instead of the trace's or the preset's, the planner's from a Hugging Face
+    config.json)."""
     spec = resolve(config)
     routing = presets.resolve(spec.policies)["routing"]
     if policy_class("routing", routing).name == "trace":
@@ -168,7 +181,7 @@ def load(config: ml_collections.ConfigDict, by_slots: bool = False) -> Loaded:
     for t in traces[1:]:
         if (t.layers, t.num_experts, t.top_k) != (first.layers, first.num_experts, first.top_k):
             raise ConfigError(f"{rp.trace}: sequences of different model shapes")
-    cfg = _model_config(config, first)
+    cfg = _model_config(config, first) if model is None else _same_shape(model, first, rp.trace)
     precision_bytes, bytes_known = _precision_bytes(config, first, cfg, by_slots)
     policies = _policies_for(config, first)
     specs = {k: policies[k] for k in presets.FIELDS}

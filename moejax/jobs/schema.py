@@ -8,7 +8,8 @@ import functools
 
 import ml_collections
 
-JOBS = ("generate", "perplexity", "quality", "eval", "record_traces", "replay", "curve", "train")
+JOBS = ("generate", "perplexity", "quality", "eval", "record_traces", "replay", "curve", "plan",
+        "train")
 
 
 @functools.cache
@@ -42,6 +43,9 @@ def base_config() -> ml_collections.ConfigDict:
     # it by an io_callback (SpecMD's gate hook). benchmarks/cache_runtime.py (part 4) compares
     # them.
     c.model.gate_path = "returned"
+    # The plan job's model as a Hugging Face config.json (no weights: the planner reads the
+    # dimensions only); "" (not given): model.checkpoint, or model.family / model.preset.
+    c.model.hf_config = ""
 
     # The expert cache. With cache.enabled=False every expert is on the device.
     c.cache = ml_collections.ConfigDict()
@@ -328,6 +332,42 @@ def base_config() -> ml_collections.ConfigDict:
     # when one differs): the smallest stack-distance size, the largest, then drawn by `seed`.
     c.curve.checks = 5
 
+    # The plan job (configs/plan.py, moejax/jobs/plan.py): for the model on the machine
+    # (hardware.*, host.*, storage.*) and the workload (replay.trace; without one, the shipped
+    # captures of the model's family), which cache configuration to run and how fast it will
+    # be: each candidate replayed on the virtual clock, ranked, the best recommended as a
+    # command line (docs/DESIGN.md "The planner").
+    c.plan = ml_collections.ConfigDict()
+    # The device memory the expert slots may take, decimal GB (> 0). Read as `budget_of` says.
+    c.plan.device_gb = 0.0
+    # "experts": device_gb is the expert slots' budget, the dense weights and the KV cache
+    # counted beside it; "device": device_gb is the whole device, the slots get what the dense
+    # weights and the KV cache leave.
+    c.plan.budget_of = "experts"
+    c.plan.context = 4096  # tokens of KV cache counted for one sequence
+    # Host memory for experts, decimal GB: 0 (not given) holds every expert; less than the
+    # experts take needs the disk tier (cache.host_bytes), if `disk` allows it.
+    c.plan.host_gb = 0.0
+    c.plan.disk = True
+    # Constraints: native precision only (moejax has no lossless compression), or a quality
+    # floor, the lowest precision a candidate may move experts at (native, int8, int4, int2).
+    c.plan.lossless = False
+    c.plan.min_precision = "int4"
+    # What the ranking maximises: "decode" (tok/s), "ttft" (its inverse), or "mix":
+    # decode_weight x decode / best decode + (1 - decode_weight) x best TTFT / TTFT.
+    c.plan.objective = "decode"
+    c.plan.decode_weight = 0.5
+    # Candidates kept after each stage of the search for the next stage to vary.
+    c.plan.keep = 2
+    # A candidate within this share of the best objective that takes fewer device bytes is
+    # recommended instead (the knee's saving); 0: the best, whatever it takes.
+    c.plan.tolerance = 0.01
+    # Run the recommended configuration live (trace-driven at model.width) and compare the
+    # measured decode with the band of the virtual clock's forecast of that run.
+    c.plan.verify = False
+    c.plan.verify_tokens = 48
+    c.plan.verify_reps = 3
+
     c.profile = ml_collections.ConfigDict()
     c.profile.enabled = False
 
@@ -415,7 +455,7 @@ MOVED_FOR_JOB = {
 # (`moejax/jobs/declared.py: unread_by_job`): accepted and ignored is never silent.
 LIVE = ("generate", "perplexity", "quality", "eval", "record_traces")
 # The jobs that replay a trace instead of running the model.
-REPLAYS = ("replay", "curve")
+REPLAYS = ("replay", "curve", "plan")
 EVERY_JOB = ("job", "seed")
 READ_BY = (
     ("model.checkpoint", LIVE), ("model.gmm_impl", LIVE), ("model.lookahead", LIVE),
@@ -435,12 +475,14 @@ READ_BY = (
     ("tracing.prompts_per_domain", ("record_traces",)),
     ("tracing.prompt_tokens", ("record_traces",)),
     ("tracing.teacher_forced", ("record_traces",)),
-    ("replay.", ("replay", "curve")),
+    ("replay.", ("replay", "curve", "plan")),
     ("curve.", ("curve",)),
-    # The curve job sizes each cache itself and takes its evictions from curve.policies.
+    ("plan.", ("plan",)), ("model.hf_config", ("plan",)),
+    # The curve job sizes each cache itself and takes its evictions from curve.policies; the
+    # plan job sizes each cache from plan.device_gb (an eviction given holds its search to it).
     ("cache.slots", (*LIVE, "replay")), ("cache.capacity_frac", (*LIVE, "replay")),
     ("cache.capacity_of", (*LIVE, "replay")), ("cache.min_slots", (*LIVE, "replay")),
-    ("policies.eviction", (*LIVE, "replay")), ("log.tensorboard", (*LIVE, "replay")),
+    ("policies.eviction", (*LIVE, "replay", "plan")), ("log.tensorboard", (*LIVE, "replay")),
     ("profile.", ("generate",)),
     ("train.", ("train",)),
 )
@@ -453,11 +495,13 @@ TRACE_DRIVEN_READS = ("replay.num_experts", "replay.strict", "replay.request_tok
 # Fields a results.json `config` written before fields moved (`MOVED`) had under no name: a
 # schema config had no train section, nor the perplexity job's window outside `eval`.
 _NEW_FIELDS = ("train.", "perplexity.window", "perplexity.stride", "perplexity.max_tokens",
-               "curve.")
+               "curve.", "plan.", "model.hf_config")
 _TEXT_FILES = {"quality": "quality.text_file", "perplexity": "perplexity.text_file"}
 # Sections declared since results.json configs were written without them: such a config had
-# their fields at the defaults (the curve job's section; no earlier job read it).
-_ADDED_SECTIONS = ("curve",)
+# their fields at the defaults (the curve and plan jobs' sections; no earlier job read them).
+_ADDED_SECTIONS = ("curve", "plan")
+# Fields declared since in a section such configs have: at their defaults there.
+_ADDED_FIELDS = ("model.hf_config",)
 
 
 def current_config(config: dict) -> dict:
@@ -475,11 +519,17 @@ def current_config(config: dict) -> dict:
 
     if not any(k in config for k in ("trace", "text_file")):
         added = [s for s in _ADDED_SECTIONS if s not in config]
-        if not added or "job" not in config:
+        fields = [f for f in _ADDED_FIELDS
+                  if f.split(".")[1] not in (config.get(f.split(".")[0]) or {})]
+        if not (added or fields) or "job" not in config:
             return config
         out, defaults = copy.deepcopy(config), base_config()
         for section in added:
             out[section] = defaults[section].to_dict()
+        for field in fields:
+            section, name = field.split(".")
+            if isinstance(out.get(section), dict):
+                out[section][name] = defaults[section][name]
         return out
 
     out, job = copy.deepcopy(config), config.get("job")

@@ -13,10 +13,17 @@ Bytes as moejax's live runtime allocates them, not an estimate of another runtim
 * an expert slot: one routed expert at a precision (`capacity.precision_bytes_of`: native, or
   the packed int8 / int4 / int2 copy with its scales).
 
-The slots a budget gives at a precision are what is left after the dense weights and the KV
-cache, in whole experts, at most every routed expert; a budget fits when it holds one token's
-experts of a layer (top-k slots: fewer cannot serve a decode step, `capacity.py`). Activations
-and the compiled programs' scratch are not counted (named in the fit's `not_counted`).
+What a budget is of (`budget_of`):
+* "device" (the whole device): the slots are what is left after the dense weights and the KV
+  cache;
+* "experts" (the expert slots only, the plan job's `plan.device_gb`): the slots take the whole
+  budget, and the dense weights and the KV cache are counted beside it (`device_bytes`: what
+  the device then holds in all).
+
+Either way the slots are whole experts, at most every routed expert, and a budget fits when it
+holds one token's experts of a layer (top-k slots: fewer cannot serve a decode step,
+`capacity.py`). Activations and the compiled programs' scratch are not counted (named in the
+fit's `not_counted`).
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ from moejax.cache import precision_bytes_of
 from moejax.model_config import ModelConfig, dtype_bytes
 
 GB = 1e9  # the budgets are decimal gigabytes, as device specifications state them
+BUDGETS_OF = ("device", "experts")
 NOT_COUNTED = "activations and compiled programs' scratch space"
 
 
@@ -52,11 +60,25 @@ class Fit:
     precision: str
     total_experts: int
     top_k: int
+    budget_of: str = "device"  # BUDGETS_OF (the module docstring)
 
     @property
     def free_bytes(self) -> int:
-        """What the dense weights and the KV cache leave for expert slots (< 0: too little)."""
+        """The bytes for expert slots: the whole budget of "experts"; of the "device", what the
+        dense weights and the KV cache leave (< 0: too little)."""
+        if self.budget_of == "experts":
+            return self.budget_bytes
         return self.budget_bytes - self.dense_bytes - self.kv_bytes
+
+    @property
+    def slot_bytes(self) -> int:
+        """What the slots take."""
+        return self.slots * self.expert_bytes
+
+    @property
+    def device_bytes(self) -> int:
+        """The device's whole holding: dense weights, KV cache, expert slots."""
+        return self.dense_bytes + self.kv_bytes + self.slot_bytes
 
     @property
     def slots(self) -> int:
@@ -70,7 +92,9 @@ class Fit:
     @property
     def shortfall_bytes(self) -> int:
         """What the budget lacks for top-k slots (0 when it fits)."""
-        need = self.dense_bytes + self.kv_bytes + self.top_k * self.expert_bytes
+        need = self.top_k * self.expert_bytes
+        if self.budget_of == "device":
+            need += self.dense_bytes + self.kv_bytes
         return max(0, need - self.budget_bytes)
 
     @property
@@ -80,13 +104,16 @@ class Fit:
     def to_dict(self) -> dict:
         return {"budget_bytes": self.budget_bytes, "dense_bytes": self.dense_bytes,
                 "kv_bytes": self.kv_bytes, "expert_bytes": self.expert_bytes,
-                "precision": self.precision, "free_bytes": self.free_bytes,
-                "slots": self.slots, "share_of_experts": self.share_of_experts,
+                "precision": self.precision, "budget_of": self.budget_of,
+                "free_bytes": self.free_bytes, "slots": self.slots,
+                "slot_bytes": self.slot_bytes, "device_bytes": self.device_bytes, "share_of_experts": self.share_of_experts,
                 "fits": self.fits, "shortfall_bytes": self.shortfall_bytes,
                 "not_counted": NOT_COUNTED}
 
     def line(self) -> str:
         """One line: what the budget holds, or what it lacks."""
+        if self.budget_of == "experts":
+            return self._experts_line()
         head = (f"{self.budget_bytes / GB:.2f} GB: dense {self.dense_bytes / GB:.2f} GB, KV "
                 f"cache {self.kv_bytes / GB:.2f} GB")
         if not self.fits:
@@ -97,12 +124,37 @@ class Fit:
                 f"{self.total_experts:,} routed experts; {NOT_COUNTED} not counted)")
 
 
+    def _experts_line(self) -> str:
+        budget = size_text(self.budget_bytes)
+        beside = (f"beside them dense {size_text(self.dense_bytes)}, KV cache {size_text(self.kv_bytes)}"
+                  f" ({NOT_COUNTED} not counted)")
+        if not self.fits:
+            return (f"{budget} for expert slots: does not fit; {size_text(self.shortfall_bytes)} "
+                    f"short of {self.top_k} {self.precision} expert slots of "
+                    f"{size_text(self.expert_bytes)}; {beside}")
+        return (f"{budget} for expert slots: {self.slots:,} {self.precision} slots of "
+                f"{size_text(self.expert_bytes)} ({self.share_of_experts:.1%} of the "
+                f"{self.total_experts:,} routed experts); {beside}: "
+                f"{size_text(self.device_bytes)} on the device in all")
+
+
+def size_text(n: int) -> str:
+    """Bytes in the unit that reads best: GB, MB or kB (decimal)."""
+    for unit, scale in (("GB", GB), ("MB", 1e6)):
+        if abs(n) >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{n / 1e3:.1f} kB"
+
+
 def fit(cfg: ModelConfig, device_gb: float, context: int, precision: str = "native",
-        batch: int = 1, group_size: int | None = None) -> Fit:
+        batch: int = 1, group_size: int | None = None, budget_of: str = "device") -> Fit:
     """`device_gb` (decimal GB) against `cfg` with a KV cache of `context` positions of `batch`
-    sequences and expert slots at `precision`."""
+    sequences and expert slots at `precision`; `budget_of`: the whole "device" or the
+    "experts" slots only (the module docstring)."""
     if device_gb <= 0:
         raise ValueError(f"device_gb={device_gb} must be > 0")
+    if budget_of not in BUDGETS_OF:
+        raise ValueError(f"budget_of={budget_of!r} is not one of {BUDGETS_OF}")
     if context < 1 or batch < 1:
         raise ValueError(f"context={context} and batch={batch} must be >= 1")
     per_precision = (precision_bytes_of(cfg) if group_size is None
@@ -111,4 +163,4 @@ def fit(cfg: ModelConfig, device_gb: float, context: int, precision: str = "nati
         raise ValueError(f"precision={precision!r} is not one of {sorted(per_precision)}")
     return Fit(int(device_gb * GB), dense_bytes(cfg), kv_cache_bytes(cfg, context, batch),
                per_precision[precision], precision,
-               cfg.num_experts * cfg.num_moe_layers, cfg.top_k)
+               cfg.num_experts * cfg.num_moe_layers, cfg.top_k, budget_of)
