@@ -117,6 +117,20 @@ def test_a_searched_field_given_holds_the_search(short_trace, tmp_path):
     assert set(doc["plan"]["fit"]) == {"native"}
 
 
+def test_a_precision_given_holds_the_sizes_to_its_own(short_trace, tmp_path):
+    doc = run_job(_olmoe(short_trace, "--config.plan.device_gb=0.0015",
+                         "--config.cache.precision=int8"), str(tmp_path / "w"))
+    plan = doc["plan"]
+    assert set(plan["fit"]) == {"int8"}
+    slots = plan["fit"]["int8"]["slots"]
+    assert {r["overrides"]["cache.precision"] for r in plan["candidates"]} == {"int8"}
+    assert max(r["predicted"]["slots"] for r in plan["candidates"]) == slots
+    with pytest.raises(ConfigError, match="cache.precision='int2' holds the search to a "
+                       "precision the plan may not use"):
+        run_job(_olmoe(short_trace, "--config.plan.device_gb=0.0015",
+                       "--config.cache.precision=int2"), str(tmp_path / "w2"))
+
+
 def test_a_budget_below_top_k_slots_says_by_how_much(short_trace, tmp_path, capsys):
     doc = run_job(_olmoe(short_trace, "--config.plan.device_gb=0.00001",
                          "--config.plan.lossless=True"), str(tmp_path / "w"))
@@ -402,6 +416,8 @@ def test_a_config_written_before_the_plan_reads_as_one_written_now():
      "model.hf_config='/nonexistent/config.json' is not a file"),
     (("--config.plan.device_gb=1", "--config.model.hf_config=/nonexistent/config.json"),
      "model.hf_config and model.preset both name the model: give one"),
+    (("--config.plan.device_gb=1", "--config.model.preset=",
+      "--config.model.checkpoint=/nonexistent"), "model.checkpoint='/nonexistent' is not a"),
 ])
 def test_bad_plan_input_is_one_error_naming_it(flags, message):
     config = _plan("--config.model.family=olmoe", "--config.model.preset=olmoe-1b-7b",

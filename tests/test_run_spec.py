@@ -33,7 +33,7 @@ from moejax.timing import storage as storage_lib
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # Each spec and the section whose fields it has (less the job's own, more what it adds).
-SECTIONS = [(ModelSpec, "model", (), ("seed",)), (CacheSpec, "cache", (), ()),
+SECTIONS = [(ModelSpec, "model", ("hf_config",), ("seed",)), (CacheSpec, "cache", (), ()),
             (PolicySpec, "policies", (), ()), (IOSpec, "io", (), ()),
             (TraceReading, "replay", ("trace", "engine"), ())]
 
@@ -128,8 +128,9 @@ NOT_A_JOB_CONFIG = {("moejax/analysis/sweep_cells.py", "trace_name"),
                     ("moejax/analysis/sweep_cells.py", "model_label"),
                     ("moejax/analysis/sweep_cells.py", "_disk_columns"),
                     ("moejax/workdir.py", "fresh")}
-READ_A_CONFIG = ("moejax/jobs/", "moejax/calibration/", "moejax/train/", "moejax/cli.py",
-                 "moejax/main.py", "moejax/testing.py")
+# The calibration and the planner compose jobs (live runs, replays): they read configs too.
+READ_A_CONFIG = ("moejax/jobs/", "moejax/calibration/", "moejax/plan/", "moejax/train/",
+                 "moejax/cli.py", "moejax/main.py", "moejax/testing.py")
 
 
 def test_only_the_jobs_and_entry_points_read_a_config():

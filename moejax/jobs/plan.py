@@ -93,6 +93,15 @@ def validate(config: ml_collections.ConfigDict) -> None:
                           "--config.model.family=F --config.model.preset=P")
     if len(given) > 1:
         raise ConfigError(f"{' and '.join(given)} both name the model: give one")
+    if m.checkpoint:
+        from moejax.checkpoint import hugging_face_message, is_hugging_face_dir
+
+        if not os.path.isdir(m.checkpoint):
+            raise ConfigError(f"model.checkpoint={m.checkpoint!r} is not a directory")
+        if is_hugging_face_dir(m.checkpoint):
+            raise ConfigError(f"model.checkpoint={hugging_face_message(m.checkpoint)}; the plan "
+                              "reads its config.json alone as model.hf_config")
+    _precisions(config)  # (a precision given that the constraints forbid)
     if m.hf_config:
         _read_hf(m.hf_config)
         if p.verify:
@@ -166,20 +175,35 @@ def workload(config: ml_collections.ConfigDict, cfg: ModelConfig, workdir: str
 
 
 # -- the search -----------------------------------------------------------------------------
-def _precisions(config, cfg: ModelConfig) -> list[str]:
-    """The precisions the constraints allow, high to low."""
+def _precisions(config) -> list[str]:
+    """The precisions the constraints allow, high to low: native only when lossless, else
+    down to the floor; of a checkpoint, those it has; `cache.precision` given, that one (it
+    must be allowed)."""
     p = config.plan
-    if p.lossless:
-        return ["native"]
-    floor = formats.PRECISIONS.index(p.min_precision)
-    return list(formats.PRECISIONS[:floor + 1])
+    floor = 0 if p.lossless else formats.PRECISIONS.index(p.min_precision)
+    allowed = list(formats.PRECISIONS[:floor + 1])
+    if config.model.checkpoint:
+        from moejax.checkpoint import read_precisions
+
+        has = {"native", *read_precisions(config.model.checkpoint)}
+        allowed = [q for q in allowed if q in has]
+    given = config.cache.precision
+    if given:
+        if given not in allowed:
+            why = ("plan.lossless=True allows native only" if p.lossless else
+                   f"the floor plan.min_precision={p.min_precision!r} and the model allow "
+                   f"{allowed}")
+            raise ConfigError(f"cache.precision={given!r} holds the search to a precision "
+                              f"the plan may not use: {why}")
+        return [given]
+    return allowed
 
 
 def fits_of(config, cfg: ModelConfig) -> dict[str, memory_fit.Fit]:
     p = config.plan
     return {q: memory_fit.fit(cfg, p.device_gb, p.context, q,
                               group_size=config.cache.group_size, budget_of=p.budget_of)
-            for q in _precisions(config, cfg)}
+            for q in _precisions(config)}
 
 
 def _held(config) -> dict:
