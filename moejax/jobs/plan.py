@@ -592,6 +592,13 @@ def _print(config, results: dict, timings: dict, fits: dict, ranked: list[dict],
     print(f"recommended (rank {rec['rank']}): decode {_rate(pr['decode_tok_per_s'])} tok/s "
           f"(band {_band(pr['band'])}), TTFT {_ms(pr['ttft_s'])} ms, expert slots "
           f"{memory_fit.size_text(rec['device_bytes'])}")
+    unbanded = [r for r in ranked[:rec["rank"] - 1] if not r["predicted"].get("band")]
+    if pr.get("band") and unbanded:
+        fastest = unbanded[0]
+        print(f"  ranked above it without a band, so not recommended: {len(unbanded)}, the "
+              f"fastest {describe(fastest['overrides'])} at "
+              f"{_rate(fastest['predicted']['decode_tok_per_s'])} tok/s "
+              f"({fastest['predicted']['band_basis']})")
     if default is not None:
         d = default["predicted"]
         print(f"the default configuration ({describe(default['overrides'])}): decode "
