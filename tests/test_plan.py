@@ -131,6 +131,37 @@ def test_a_precision_given_holds_the_sizes_to_its_own(short_trace, tmp_path):
                        "--config.cache.precision=int2"), str(tmp_path / "w2"))
 
 
+def test_host_memory_short_of_the_experts_takes_the_disk_tier_or_refuses(short_trace, tmp_path,
+                                                                        capsys):
+    """3 MB of host memory holds every expert at int4 (1.97 MB), not at int8 or native (3.6 and
+    6.3 MB): those run behind the disk tier, without host compute (which reads every expert
+    from host memory); with plan.disk=False they are not planned, and say why."""
+    doc = run_job(_olmoe(short_trace, "--config.plan.device_gb=0.0005",
+                         "--config.plan.host_gb=0.003"), str(tmp_path / "w"))
+    for r in doc["plan"]["candidates"]:
+        o = r["overrides"]
+        behind = o["cache.precision"] in ("native", "int8")
+        assert o.get("cache.host_bytes", 0) == (3_000_000 if behind else 0)
+        if behind:
+            assert o["policies.miss"] == "fetch" and not o["cache.host_compute_layers"]
+        assert "error" not in r["predicted"], r["predicted"]
+    assert doc["plan"]["host_refused"] == {}
+    # Held to int8, every candidate is behind the disk tier: the miss stage tries no host
+    # compute there.
+    doc = run_job(_olmoe(short_trace, "--config.plan.device_gb=0.0005",
+                         "--config.plan.host_gb=0.003", "--config.cache.precision=int8"),
+                  str(tmp_path / "w1"))
+    assert all(r["overrides"]["cache.host_bytes"] == 3_000_000 and "error" not in r["predicted"]
+               and r["overrides"]["policies.miss"] == "fetch" for r in doc["plan"]["candidates"])
+    doc = run_job(_olmoe(short_trace, "--config.plan.device_gb=0.0005",
+                         "--config.plan.host_gb=0.003", "--config.plan.disk=False"),
+                  str(tmp_path / "w2"))
+    assert set(doc["plan"]["host_refused"]) == {"native", "int8"}
+    assert {r["overrides"]["cache.precision"] for r in doc["plan"]["candidates"]} == {"int4"}
+    assert "native: not planned, host memory is short: plan.host_gb=0.003 holds 3.00 MB of the " \
+           "experts' 6.29 MB at native, and plan.disk=False" in capsys.readouterr().out
+
+
 def test_a_budget_below_top_k_slots_says_by_how_much(short_trace, tmp_path, capsys):
     doc = run_job(_olmoe(short_trace, "--config.plan.device_gb=0.00001",
                          "--config.plan.lossless=True"), str(tmp_path / "w"))
@@ -317,7 +348,7 @@ def test_every_stage_draws_from_the_whole_space():
     """The exhaustive benchmark's grid (`every_candidate`) holds every candidate any stage
     makes, from any configurations kept; a held field is held in all of them."""
     space = search.Space({"native": [40, 31], "int4": [120]}, [("native", "int4", 0.2)], True,
-                         16, {"cache.prefetch_queue": "watchdog"}, 0)
+                         16, {"cache.prefetch_queue": "watchdog"}, {"native": 0, "int4": 0})
     every = {json.dumps(c, sort_keys=True) for c in search.every_candidate(space)}
     sizes = search.stage_sizes(space)
     made = sizes + search.stage_eviction(space, sizes)

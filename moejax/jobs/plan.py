@@ -216,19 +216,25 @@ def _held(config) -> dict:
             if field_value(config, f) != field_value(schema, f)}
 
 
-def _host_bytes(config, cfg: ModelConfig) -> tuple[int, str | None]:
-    """The host tier's bound (0: host memory holds every expert) and why nothing fits, if so."""
+def _host_bounds(config, cfg: ModelConfig, fits: dict[str, memory_fit.Fit]
+                 ) -> tuple[dict[str, int], dict[str, str]]:
+    """Per precision, the host tier's bound (0: host memory holds every expert at it, the
+    plain precision the host keeps), and the precisions refused (host memory too small and no
+    disk tier allowed) with why."""
     p = config.plan
-    if not p.host_gb:
-        return 0, None
-    need = cfg.num_experts * cfg.num_moe_layers * cfg.expert_bytes
     have = int(p.host_gb * memory_fit.GB)
-    if have >= need:
-        return 0, None
-    if not p.disk:
-        return 0, (f"plan.host_gb={p.host_gb:g} holds {have / 1e9:.2f} of the experts' "
-                   f"{need / 1e9:.2f} GB and plan.disk=False: no configuration fits")
-    return have, None
+    bounds, refused = {}, {}
+    for q, f in fits.items():
+        need = cfg.num_experts * cfg.num_moe_layers * f.expert_bytes
+        if not p.host_gb or have >= need:
+            bounds[q] = 0
+        elif p.disk:
+            bounds[q] = have
+        else:
+            refused[q] = (f"plan.host_gb={p.host_gb:g} holds {memory_fit.size_text(have)} of "
+                          f"the experts' {memory_fit.size_text(need)} at {q}, and "
+                          "plan.disk=False")
+    return bounds, refused
 
 
 def _score(pred: dict, objective: str, weight: float, best: dict) -> float:
@@ -261,7 +267,7 @@ class Planning:
     kind: str
     label: str
     fits: dict[str, memory_fit.Fit]
-    host_refusal: str | None
+    refused: dict[str, str]  # precisions host memory cannot hold (no disk tier), and why
     base: ml_collections.ConfigDict  # the replay config every forecast starts from
     validation: forecast_lib.Validation | None
     forecaster: forecast_lib.Forecaster
@@ -275,7 +281,7 @@ def prepare(config: ml_collections.ConfigDict, workdir: str) -> Planning:
     cfg, model_words = model_of(config)
     paths, kind, label = workload(config, cfg, workdir)
     fits = fits_of(config, cfg)
-    host_bytes, host_refusal = _host_bytes(config, cfg)
+    host_bytes, refused = _host_bounds(config, cfg, fits)
     base = ml_collections.ConfigDict(config.to_dict())
     base.job, base.clock.kind = "replay", "virtual"
     base.log.progress = base.log.tensorboard = False
@@ -297,8 +303,8 @@ def prepare(config: ml_collections.ConfigDict, workdir: str) -> Planning:
         first = forecaster.loaded(search.candidate("native", cfg.top_k), paths[0])
     has_scores = first.first.spec is not None
     sizes, knees = {}, {}
-    feasible = {q: f for q, f in fits.items() if f.fits}
-    if feasible and host_refusal is None:
+    feasible = {q: f for q, f in fits.items() if f.fits and q not in refused}
+    if feasible:
         requests = stack_curve.requests_of(first.traces, cfg.num_experts)
         curve = stack_curve.global_counts(requests, first.spec.cache.pin_scope)
         for q, f in feasible.items():
@@ -310,9 +316,10 @@ def prepare(config: ml_collections.ConfigDict, workdir: str) -> Planning:
                                        top)
                 if knees[q] != top:
                     sizes[q].append(knees[q])
-    space = search.Space(sizes, _cascades(config, cfg, fits, has_scores), has_scores,
+    allowed = {q: f for q, f in fits.items() if q not in refused}
+    space = search.Space(sizes, _cascades(config, cfg, allowed, has_scores), has_scores,
                          cfg.num_moe_layers, _held(config), host_bytes)
-    return Planning(cfg, model_words, paths, kind, label, fits, host_refusal, base, validation,
+    return Planning(cfg, model_words, paths, kind, label, fits, refused, base, validation,
                     forecaster, space, knees)
 
 
@@ -322,8 +329,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     plan = prepare(config, workdir)
     cfg, paths, fits, base = plan.cfg, plan.paths, plan.fits, plan.base
     validation, forecaster, space = plan.validation, plan.forecaster, plan.space
-    sizes, knees, host_refusal = space.sizes, plan.knees, plan.host_refusal
-    feasible = {q: f for q, f in fits.items() if f.fits}
+    sizes, knees = space.sizes, plan.knees
     results = {"model": plan.model_words,
                "workload": {"kind": plan.kind, "traces": paths, "label": plan.label},
                "fit": {q: f.to_dict() for q, f in fits.items()},
@@ -356,8 +362,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
             results["default"] = {"overrides": default["overrides"],
                                   "predicted": _predicted(default["predicted"]),
                                   "device_bytes": default["predicted"]["device_bytes"]}
-    results["why_nothing"] = (host_refusal if host_refusal else
-                              None if feasible else _shortfall(fits))
+    results["host_refused"] = plan.refused
+    results["why_nothing"] = None if sizes else _why_nothing(fits, plan.refused)
     results["band_basis"] = (validation.words() if validation else
                              "none: the hardware profile was never validated (a preset, or a "
                              "hardware.json without `validation`: python -m "
@@ -454,9 +460,16 @@ def _predicted(pred: dict) -> dict:
             "h2d_bytes": pred.get("h2d_bytes")}
 
 
-def _shortfall(fits: dict[str, memory_fit.Fit]) -> str:
-    least = min(fits.values(), key=lambda f: f.shortfall_bytes)
-    return f"does not fit: {least.line()}"
+def _why_nothing(fits: dict[str, memory_fit.Fit], refused: dict[str, str]) -> str:
+    """Why no precision is left: the device budget's shortfall (the least of them), else the
+    host's."""
+    short = [f for f in fits.values() if not f.fits]
+    if short:
+        least = min(short, key=lambda f: f.shortfall_bytes)
+        if len(short) == len(fits):
+            return f"does not fit: {least.line()}"
+    return "; ".join([f"does not fit: {f.line()}" for f in short]
+                     + [f"not without a disk tier: {why}" for why in refused.values()])
 
 
 def _flag(field: str, value) -> str:
@@ -553,7 +566,7 @@ def describe(o: dict) -> str:
     if o.get("cache.host_compute_layers"):
         parts.append(f"host_compute_layers={o['cache.host_compute_layers']}")
     if o.get("cache.host_bytes"):
-        parts.append(f"disk tier, host {o['cache.host_bytes'] / 1e9:.2f} GB")
+        parts.append(f"disk tier, host {memory_fit.size_text(o['cache.host_bytes'])}")
     return ", ".join(parts)
 
 
@@ -567,6 +580,8 @@ def _print(config, results: dict, timings: dict, fits: dict, ranked: list[dict],
     print(f"memory fit (plan.device_gb={p.device_gb:g}: {what}; context {p.context:,} tokens):")
     for f in fits.values():
         print(f"  {f.line()}")
+    for q, why in results["host_refused"].items():
+        print(f"  {q}: not planned, host memory is short: {why}")
     if results["why_nothing"]:
         print(f"nothing to recommend: {results['why_nothing']}")
         return

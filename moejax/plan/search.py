@@ -14,7 +14,11 @@ configurations the stage before ranked best (`keep` of them), every other part h
 3. **prefetch**: every prefetcher the trace can run (`temporal`, `cooccur`; with scores
    `score_percentile(p=80)` and `topk`) under every queue, on the kept configurations.
 4. **miss**: host compute (`host_compute`, `latency_aware`) and the first N MoE layers on the
-   host (`cache.host_compute_layers`, N at 1, a quarter and half of them), on the kept ones.
+   host (`cache.host_compute_layers`, N at 1, a quarter and half of them), on the kept ones
+   (not behind a disk tier: host compute reads every expert from host memory).
+
+Host memory (`plan.host_gb`) holds experts at the plain precision: a precision whose experts it
+cannot hold runs behind the disk tier (`cache.host_bytes`), or not at all without one.
 
 A part the user gave (`policies.eviction=lru`, `cache.precision=int4`, ...) is held to that
 value in every stage. Every candidate replayed is kept with its forecast and the stage that
@@ -52,7 +56,9 @@ class Space:
     has_scores: bool  # the trace has router scores (score prefetchers, cascades)
     num_moe_layers: int
     held: dict[str, object]  # the user's given values of HELD fields
-    host_bytes: int  # 0, or the host tier's bound (the disk tier)
+    # Per precision: 0 (host memory holds every expert at it), or the host tier's bound (the
+    # disk tier): the host keeps experts at the plain precision.
+    host_bytes: dict[str, int]
 
 
 def candidate(precision: str, slots: int, eviction: str = "lru", prefetch: str = "none",
@@ -81,15 +87,15 @@ def default_candidate(space: Space) -> dict | None:
             d = presets.DEFAULTS
             prefetch = d["prefetch"] if space.has_scores else "none"
             return candidate(precision, max(space.sizes[precision]), d["eviction"], prefetch,
-                             miss=d["miss"], host_bytes=space.host_bytes)
+                             miss=d["miss"], host_bytes=space.host_bytes[precision])
     return None
 
 
 def stage_sizes(space: Space) -> list[dict]:
-    out = [candidate(p, s, host_bytes=space.host_bytes)
+    out = [candidate(p, s, host_bytes=space.host_bytes[p])
            for p in formats.PRECISIONS if p in space.sizes for s in space.sizes[p]]
     out += [candidate(high, 0, miss=f"fetch_priority(levels='{high}:{low}')",
-                      host_bytes=space.host_bytes, capacity_frac=frac)
+                      host_bytes=space.host_bytes[high], capacity_frac=frac)
             for high, low, frac in space.cascades]
     return [_held(space, c) for c in out]
 
@@ -113,8 +119,9 @@ def host_layer_counts(num_moe_layers: int) -> list[int]:
 def stage_miss(space: Space, kept: list[dict]) -> list[dict]:
     out = []
     for k in kept:
-        if k["policies.miss"].startswith("fetch_priority"):
-            continue  # (the cascade decides every miss itself)
+        if k["policies.miss"].startswith("fetch_priority") or k.get("cache.host_bytes"):
+            continue  # (the cascade decides every miss itself; host compute reads every
+            # expert from host memory, which a disk tier does not hold)
         out += [{**k, "policies.miss": m} for m in HOST_MISSES]
         out += [{**k, "cache.host_compute_layers": n}
                 for n in host_layer_counts(space.num_moe_layers)]
@@ -149,7 +156,8 @@ def every_candidate(space: Space) -> list[dict]:
     out = []
     for size in stage_sizes(space):
         misses = [{}]
-        if not size["policies.miss"].startswith("fetch_priority"):
+        if not (size["policies.miss"].startswith("fetch_priority")
+                or size.get("cache.host_bytes")):
             misses += [{"policies.miss": m} for m in HOST_MISSES]
             misses += [{"cache.host_compute_layers": n}
                        for n in host_layer_counts(space.num_moe_layers)]
