@@ -193,6 +193,8 @@ def test_a_hugging_face_config_plans_without_weights(tmp_path, monkeypatch, caps
     assert plan["recommended"]["device_bytes"] <= 24e9
     out = capsys.readouterr().out
     assert "SYNTHETIC" in out and "--config.model.checkpoint=CONVERTED" in out
+    assert "(structural: the default is one of the candidates the recommendation is chosen " \
+           "from, so it is never slower on this clock)" in out
     # Its config is the preset's: the forecast's replay names it.
     assert "--config.model.preset=mixtral-8x7b" in plan["recommended"]["replay_command"]
 

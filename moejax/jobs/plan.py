@@ -616,10 +616,13 @@ def _print(config, results: dict, timings: dict, fits: dict, ranked: list[dict],
               f"({fastest['predicted']['band_basis']})")
     if default is not None:
         d = default["predicted"]
+        eligible = d.get("band") or not pr.get("band")  # (`recommend`'s rule)
+        why = ("structural: the default is one of the candidates the recommendation is chosen "
+               "from, so it is never slower on this clock" if eligible else
+               f"the default has no band ({d['band_basis']}), so it was not one the "
+               "recommendation was chosen from")
         print(f"the default configuration ({describe(default['overrides'])}): decode "
-              f"{_rate(d['decode_tok_per_s'])} tok/s, TTFT {_ms(d['ttft_s'])} ms (structural: "
-              "the default is one of the candidates, so the recommendation is never slower on "
-              "this clock)")
+              f"{_rate(d['decode_tok_per_s'])} tok/s, TTFT {_ms(d['ttft_s'])} ms ({why})")
     print(f"run it:\n  {rec['command']}")
     if config.model.hf_config:
         print(f"  (CONVERTED: the model's weights converted first, python -m moejax.convert; the "
