@@ -142,6 +142,8 @@ def test_host_memory_short_of_the_experts_takes_the_disk_tier_or_refuses(short_t
         o = r["overrides"]
         behind = o["cache.precision"] in ("native", "int8")
         assert o.get("cache.host_bytes", 0) == (3_000_000 if behind else 0)
+        assert r["predicted"]["disk_tier"] == behind
+        assert r["predicted"]["host_bytes"] == (3_000_000 if behind else 1024 * 1920)
         if behind:
             assert o["policies.miss"] == "fetch" and not o["cache.host_compute_layers"]
         assert "error" not in r["predicted"], r["predicted"]

@@ -587,14 +587,16 @@ def _print(config, results: dict, timings: dict, fits: dict, ranked: list[dict],
         return
     print(f"{len(results['candidates'])} candidates forecast on the virtual clock "
           f"({timings['replays']} replays, {timings['plan_s']:.1f} s, {timings['clock']} clock); "
-          f"band: {results['band_basis']}; ranked by {p.objective}:")
+          f"band: {results['band_basis']}; ranked by {p.objective}; device: the expert "
+          "slots' bytes, host: the experts host memory holds, H2D: bytes moved to the device:")
     print(f"{'rank':>4} {'decode tok/s':>12} {'band':>17} {'TTFT ms':>9} {'hit':>6} "
-          f"{'slots':>10} {'H2D':>10} {'stage':>8}  configuration")
+          f"{'device':>10} {'host':>10} {'H2D':>10} {'stage':>8}  configuration")
     for r in ranked[:top]:
         f = r["predicted"]
         print(f"{r['rank']:>4} {_rate(f['decode_tok_per_s']):>12} {_band(f['band']):>17} "
               f"{_ms(f['ttft_s']):>9} {100 * f['hit_rate']:>5.1f}% "
               f"{memory_fit.size_text(f['device_bytes']):>10} "
+              f"{memory_fit.size_text(f['host_bytes']):>10} "
               f"{memory_fit.size_text(int(f['h2d_bytes'])):>10} {r['stage']:>8}  "
               f"{describe(r['overrides'])}")
     if len(ranked) > top:

@@ -177,7 +177,7 @@ class Forecaster:
         decode_s = tokens = requests = hits = 0.0
         h2d = stall = 0.0
         ttft, engines = None, set()
-        device_bytes = host_bytes = 0
+        device_bytes = host_bytes = disk_tier = 0
         for path in self.paths:
             try:
                 loaded = self.loaded(overrides, path)
@@ -198,17 +198,21 @@ class Forecaster:
             h2d += totals["h2d_bytes"]
             stall += t["decode_stall_s"] + t["prefill_stall_s"]
             device_bytes = sum(p.num_slots * p.expert_bytes for p in cache.shape.pools)
-            host_bytes = loaded.spec.cache.host_bytes if loaded.spec.cache.host_tier else 0
+            disk_tier = loaded.spec.cache.host_bytes if loaded.spec.cache.host_tier else 0
+            # What host memory holds of the experts: the host tier's bound behind a disk
+            # tier, else every expert at the plain precision.
+            host_bytes = disk_tier or cache.shape.total_experts * cache.shape.expert_bytes
             slots = cache.shape.num_slots
             precision = cache.shape.precision
         decode = tokens / decode_s if decode_s > 0 and tokens else None
         out = {"ttft_s": ttft, "decode_tok_per_s": decode,
                "hit_rate": hits / requests if requests else None,
                "slots": slots, "precision": precision,
-               "device_bytes": int(device_bytes), "host_bytes": host_bytes,
+               "device_bytes": int(device_bytes), "host_bytes": int(host_bytes),
+               "disk_tier": bool(disk_tier),
                "h2d_bytes": h2d, "stall_s": stall, "decode_tokens": int(tokens),
                "engine": "/".join(sorted(engines))}
-        off = unvalidated_parts(overrides, host_bytes)
+        off = unvalidated_parts(overrides, disk_tier)
         v = self.validation
         if v is None:
             out["band"], out["ttft_band"] = None, None
