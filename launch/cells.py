@@ -12,7 +12,6 @@ import importlib.machinery
 import importlib.util
 import inspect
 import json
-import math
 import os
 import pickle
 import re
@@ -21,6 +20,8 @@ import sys
 import types
 import weakref
 from typing import Any, Callable, Iterable
+
+from moejax.cli import bash_quote, config_flag
 
 # Override values the config flag parser and the cell names know how to write.
 Value = str | int | float | bool
@@ -244,42 +245,13 @@ def cell_names(overrides_list: list[dict[str, Value]]) -> list[str]:
 
 
 # -- command lines ---------------------------------------------------------------------------
-def flag_value(value: Value) -> str:
-    """A value as ml_collections' flag parsers read it for a field of the value's type."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, float):
-        return repr(value) if math.isfinite(value) else str(value)  # inf, -inf, nan
-    return value
-
-
-def bash_quote(s: str) -> str:
-    """shlex.quote, or ANSI-C `$'...'` quoting when `s` holds control characters, so every
-    command stays on one line of cells.txt."""
-    if s.isprintable():
-        return shlex.quote(s)
-    out = []
-    for ch in s:
-        if ch in "\\'":
-            out.append("\\" + ch)
-        elif ch.isprintable():
-            out.append(ch)
-        elif ord(ch) < 0x100:
-            out.append(f"\\x{ord(ch):02x}")
-        else:
-            out.append(f"\\U{ord(ch):08x}")
-    return "$'" + "".join(out) + "'"
-
-
 def command(config: str, arg: str | None, workdir: str, overrides: dict[str, Value],
             python: str = "python") -> str:
     """The shell command that runs one cell alone: `python -m moejax.main --config=...`."""
     argv = [python, "-m", "moejax.main", f"--config={join_config(config, arg)}",
             f"--workdir={workdir}"]
-    argv += [f"--config.{k}={flag_value(v)}" for k, v in overrides.items()]
-    return " ".join(bash_quote(a) for a in argv)
+    return " ".join([*(bash_quote(a) for a in argv),
+                     *(config_flag(k, v) for k, v in overrides.items())])
 
 
 # -- state -----------------------------------------------------------------------------------

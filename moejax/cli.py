@@ -26,8 +26,10 @@ import argparse
 import contextlib
 import errno
 import gc
+import math
 import os
 import re
+import shlex
 import signal
 import sys
 import threading
@@ -465,6 +467,41 @@ MOVED_FIELDS: dict[str, str] = {}
 def set_moved_fields(moved: dict[str, str]) -> None:
     MOVED_FIELDS.clear()
     MOVED_FIELDS.update(moved)
+
+
+# -- command lines a user can paste -----------------------------------------------------------
+def flag_value(value: str | int | float | bool) -> str:
+    """A value as ml_collections' flag parsers read it for a field of the value's type."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        return repr(value) if math.isfinite(value) else str(value)  # inf, -inf, nan
+    return value
+
+
+def bash_quote(s: str) -> str:
+    """shlex.quote, or ANSI-C `$'...'` quoting when `s` holds control characters, so every
+    command stays on one line (a sweep's cells.txt, the planner's command lines)."""
+    if s.isprintable():
+        return shlex.quote(s)
+    out = []
+    for ch in s:
+        if ch in "\\'":
+            out.append("\\" + ch)
+        elif ch.isprintable():
+            out.append(ch)
+        elif ord(ch) < 0x100:
+            out.append(f"\\x{ord(ch):02x}")
+        else:
+            out.append(f"\\U{ord(ch):08x}")
+    return "$'" + "".join(out) + "'"
+
+
+def config_flag(field: str, value: str | int | float | bool) -> str:
+    """`--config.FIELD=VALUE`, quoted for a shell."""
+    return bash_quote(f"--config.{field}={flag_value(value)}")
 
 
 def as_flags(text: str, flag: str) -> str:

@@ -245,6 +245,36 @@ def _validated(tmp_path, decode_p90: float, signed: tuple[float, float] | None =
     return str(path)
 
 
+def test_the_printed_commands_read_back_as_the_overrides(tmp_path):
+    """Each command line the plan prints, split as a shell splits it and parsed as
+    `moejax.main` parses it, sets every override it shows: a spec with quotes and
+    parentheses (the cascade's) and a path with a space included."""
+    import shlex
+
+    from moejax.jobs import plan as plan_job
+
+    config = _plan("--config.model.family=olmoe", "--config.model.preset=olmoe-1b-7b",
+                   "--config.model.width=32", "--config.plan.device_gb=0.0015")
+    cfg = plan_job.model_of(config)[0]
+    overrides = {**search.candidate("native", 0, "lru", "topk(overfetch=1.0)",
+                                    capacity_frac=0.25,
+                                    miss="fetch_priority(levels='native:int4')"),
+                 "cache.host_compute_layers": 2}
+    rp = base_config().replay
+    rp.prefill_tokens = 16
+    path = str(tmp_path / "a trace.npz")
+    for line in (plan_job.command_line(config, cfg, overrides),
+                 plan_job.replay_command(config, cfg, overrides, path, rp)):
+        argv = shlex.split(line)
+        assert argv[:3] == ["python", "-m", "moejax.main"]
+        flags = [a for a in argv[3:] if not a.startswith("--config=")]
+        got = config_from_flags(argv[3].split("=", 1)[1], *flags)
+        for field, value in overrides.items():
+            section, name = field.split(".")
+            assert got[section][name] == value, (field, line)
+    assert got.replay.trace == path and got.replay.prefill_tokens == 16
+
+
 def test_a_validated_profile_bands_the_forecast_and_recommends_within_it(short_trace, tmp_path):
     path = _validated(tmp_path, 0.171, signed=(-0.25, 0.06))
     doc = run_job(_olmoe(short_trace, "--config.plan.device_gb=0.0015",

@@ -32,7 +32,7 @@ import time
 import ml_collections
 import numpy as np
 
-from moejax import bundled
+from moejax import bundled, cli
 from moejax.errors import ConfigError
 from moejax.families import config_from_hf, family_for_hf, get_family, preset
 from moejax.families.family import at_width
@@ -472,10 +472,11 @@ def _why_nothing(fits: dict[str, memory_fit.Fit], refused: dict[str, str]) -> st
                      + [f"not without a disk tier: {why}" for why in refused.values()])
 
 
-def _flag(field: str, value) -> str:
-    text = value if isinstance(value, str) else json.dumps(value)
-    quoted = f"'{text}'" if any(ch in str(text) for ch in "() ='\"") else text
-    return f"--config.{field}={quoted}"
+
+
+def _flags(*pairs: tuple[str, object]) -> list[str]:
+    """`--config.FIELD=VALUE` for each pair, quoted for a shell (`cli.config_flag`)."""
+    return [cli.config_flag(field, value) for field, value in pairs]
 
 
 def _preset_flags(config, cfg: ModelConfig) -> list[str] | None:
@@ -485,29 +486,28 @@ def _preset_flags(config, cfg: ModelConfig) -> list[str] | None:
     if m.checkpoint:
         return None
     if not m.hf_config:
-        return ([f"--config.model.family={m.family}", f"--config.model.preset={m.preset}"]
-                + ([f"--config.model.width={m.width}"] if m.width else []))
+        return _flags(("model.family", m.family), ("model.preset", m.preset),
+                      *((("model.width", m.width),) if m.width else ()))
     family = get_family(cfg.family)
     for name in family.presets:
         if name != "tiny" and preset(cfg.family, name, m.width) == cfg:
-            return ([f"--config.model.family={cfg.family}", f"--config.model.preset={name}"]
-                    + ([f"--config.model.width={m.width}"] if m.width else []))
+            return _flags(("model.family", cfg.family), ("model.preset", name),
+                          *((("model.width", m.width),) if m.width else ()))
     return None
 
 
 def _model_flags(config, cfg: ModelConfig) -> list[str]:
     m = config.model
     if m.checkpoint:
-        return [f"--config.model.checkpoint={m.checkpoint}"]
+        return _flags(("model.checkpoint", m.checkpoint))
     if m.hf_config:  # (no weights: the run needs them converted)
-        return ["--config.model.checkpoint=CONVERTED"]
+        return _flags(("model.checkpoint", "CONVERTED"))
     return _preset_flags(config, cfg)
 
 
 def _machine_flags(config) -> list[str]:
     h = config.hardware
-    return ([f"--config.hardware.file={h.file}"] if h.file
-            else [f"--config.hardware.preset={h.preset}"])
+    return _flags(("hardware.file", h.file) if h.file else ("hardware.preset", h.preset))
 
 
 def _given(overrides: dict) -> list[str]:
@@ -516,7 +516,7 @@ def _given(overrides: dict) -> list[str]:
     from moejax.jobs.schema import declared_defaults
 
     schema = declared_defaults()
-    return [_flag(k, v) for k, v in overrides.items() if field_value(schema, k) != v]
+    return _flags(*((k, v) for k, v in overrides.items() if field_value(schema, k) != v))
 
 
 def command_line(config, cfg: ModelConfig, overrides: dict) -> str:
@@ -532,13 +532,13 @@ def replay_command(config, cfg: ModelConfig, overrides: dict, path: str, rp) -> 
     if model is None:
         return None
     return " ".join(["python -m moejax.main --config=configs/replay.py",
-                     f"--config.replay.trace={path}", *model, *_machine_flags(config),
+                     *_flags(("replay.trace", path)), *model, *_machine_flags(config),
                      *_replay_flags(rp), *_given(overrides)])
 
 
 def _replay_flags(rp) -> list[str]:
-    return [f"--config.replay.{k}={rp[k]}" for k in ("request_tokens", "prefill_tokens")
-            if rp[k]]
+    return _flags(*((f"replay.{k}", rp[k]) for k in ("request_tokens", "prefill_tokens")
+                    if rp[k]))
 
 
 # -- printing -------------------------------------------------------------------------------
