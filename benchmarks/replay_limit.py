@@ -2,13 +2,14 @@
 over the `L * E` keys, hits only) and a bare per-layer LRU (one list and a fixed quota per
 layer) beside moejax's compiled replay of the same request stream, in one process, alternated.
 
-    python benchmarks/replay_limit.py [--trace=olmoe_prose | --random_shape=LxExK] [--reps=5] \
-        [--repeats=1,16] [--capacities=0.05,0.25]
+    python benchmarks/replay_limit.py [--trace=olmoe_prose | --trace=FILE |
+        --random_shape=LxExK] [--reps=5] [--repeats=1,16] [--capacities=0.05,0.25]
 
 The stream: a shipped real capture (`moejax/assets/captures/`, 512 decode steps x 16 layers x
-top-8 = 65 536 requests for OLMoE), replayed `--repeats` times through one cache (16: about 1M
-requests), every pass's MoE layers in order and each layer's experts in router-rank order, as
-one global stream of keys `position * E + expert`. The cache holds 5% and 25% of all experts
+top-8 = 65 536 requests for OLMoE) or any trace file the replay job reads (`--trace=FILE`:
+every sequence in it, in order), replayed `--repeats` times through one cache (16: about 1M
+requests for a capture), every pass's MoE layers in order and each layer's experts in
+router-rank order, as one global stream of keys `position * E + expert`. The cache holds 5% and 25% of all experts
 (at 5% of an OLMoE decode capture no recency policy hits at all: each pass asks for 128
 experts in a fixed layer order, and 51 slots hold the last few layers', so the bare LRU only
 evicts its head and appends, its fastest possible loop).
@@ -44,7 +45,7 @@ from moejax.quant import formats
 from moejax.replay import compiled, replay
 from moejax.testing import random_scored_trace
 from moejax.timing import CostModel
-from moejax.traces import load_traces
+from moejax.traces import TraceError, load_traces
 
 # (eviction, prefetch, queue, pin scope): the bare kernels' reading for the two LRUs; the
 # defaults otherwise.
@@ -137,10 +138,10 @@ def bare_lru_per_layer(keys, n_keys, n_experts, quota):
     return hits
 
 
-def stream(trace, repeats: int) -> np.ndarray:
+def stream(traces, repeats: int) -> np.ndarray:
     """The global keys of every request, pass by pass, layer by layer, rank order, `repeats`
     times over (the compiled engine's own layout, `compiled.requests`)."""
-    return np.tile(compiled.requests([trace], trace.num_experts)[0], repeats)
+    return np.tile(compiled.requests(traces, traces[0].num_experts)[0], repeats)
 
 
 def moejax_cache(trace, capacity: float, eviction: str, prefetch: str, queue: str,
@@ -166,9 +167,9 @@ def moejax_cache(trace, capacity: float, eviction: str, prefetch: str, queue: st
                            num_experts=trace.num_experts, top_k=trace.top_k)
 
 
-def moejax_run(trace, repeats: int, capacity: float, case) -> tuple[float, dict, object]:
-    cache = moejax_cache(trace, capacity, *case)
-    traces = [trace] * repeats
+def moejax_run(traces, repeats: int, capacity: float, case) -> tuple[float, dict, object]:
+    cache = moejax_cache(traces[0], capacity, *case)
+    traces = traces * repeats
     # Every run takes its predictions and its cost-model values anew (a grid's worker keeps
     # both for the cells that share them).
     compiled.forget_predictions()
@@ -207,7 +208,9 @@ def random_shape_trace(shape: str, parser: argparse.ArgumentParser):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--trace", default="olmoe_prose", choices=bundled.CAPTURE_NAMES)
+    parser.add_argument("--trace", default="olmoe_prose",
+                        help=f"a shipped capture ({', '.join(bundled.CAPTURE_NAMES)}) or the path "
+                             "of a trace file the replay job reads")
     parser.add_argument("--random_shape", default="", metavar="LxExK",
                         help="instead of a capture, 512 decode passes of random routing over L "
                              "MoE layers of E experts, top-K (a model shape with no capture "
@@ -227,21 +230,30 @@ def main():
     if args.reps < 1 or min(repeat_list) < 1 or not all(0 < c <= 1 for c in capacities):
         parser.error("--reps and --repeats take numbers >= 1, --capacities shares in (0, 1]")
     if args.random_shape:
-        trace, name = random_shape_trace(args.random_shape, parser), f"random {args.random_shape}"
+        traces = [random_shape_trace(args.random_shape, parser)]
+        name = f"random {args.random_shape}"
     else:
-        (trace,), name = load_traces(bundled.capture_path(args.trace)), args.trace
+        path = (bundled.capture_path(args.trace) if args.trace in bundled.CAPTURE_NAMES
+                else args.trace)
+        try:
+            traces, name = load_traces(path), args.trace
+        except (OSError, TraceError) as e:
+            parser.error(f"--trace={args.trace!r} takes a shipped capture "
+                         f"({', '.join(bundled.CAPTURE_NAMES)}) or a trace file: {e}")
+    trace = traces[0]
     n_keys = len(trace.layers) * trace.num_experts
-    print(f"{name}: {trace.num_passes} passes x {len(trace.layers)} layers x top-"
-          f"{trace.top_k} of {trace.num_experts} experts; {args.reps} alternated reps")
+    print(f"{name}: {sum(t.num_passes for t in traces)} passes in {len(traces)} sequence(s) x "
+          f"{len(trace.layers)} layers x top-{trace.top_k} of {trace.num_experts} experts; "
+          f"{args.reps} alternated reps")
     print("| requests | capacity | case | moejax M req/s (min-max) | bare M req/s (min-max) "
           "| moejax / bare LRU | hits |")
     print("| ---: | ---: | --- | ---: | ---: | ---: | ---: |")
     for repeats in repeat_list:
-        keys = stream(trace, repeats)
+        keys = stream(traces, repeats)
         n = len(keys)
         for capacity in capacities:
             for case in CASES:  # every kernel loaded (or compiled) before the timed reps
-                cache = moejax_run(trace, 1, capacity, case)[2]
+                cache = moejax_run(traces, 1, capacity, case)[2]
                 bare_run(BARE_OF.get(case[0], "lru"), keys[:100], n_keys, trace.num_experts,
                          cache)
             ours = {case: [] for case in CASES}
@@ -249,7 +261,7 @@ def main():
             hits = {}
             for _ in range(args.reps):
                 for case in CASES:
-                    seconds, totals, cache = moejax_run(trace, repeats, capacity, case)
+                    seconds, totals, cache = moejax_run(traces, repeats, capacity, case)
                     ours[case].append(seconds)
                     hits[case] = totals["hits"] + totals["late_hits"]
                     assert totals["requests"] == n, (totals["requests"], n)

@@ -17,6 +17,7 @@ argument value — runs on the reference, saying why.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import glob
 import os
@@ -488,23 +489,73 @@ def test_the_lean_kernel_gives_the_general_kernels_numbers(data):
         note(str(e))
         reject()
     ran = []
-    real_lean = compiled.lean_kernel.run
+    real_kernel_for = compiled.lean_kernel.kernel_for
 
     def spy(*args):
-        ran.append("lean")
-        return real_lean(*args)
+        kernel = real_kernel_for(*args)
+        ran.append(kernel)
+        return kernel
     covers = compiled.lean_kernel.covers
     try:
-        compiled.lean_kernel.run = spy
-        spy.overloads, spy.stats, spy.compile = (real_lean.overloads, real_lean.stats,
-                                                 real_lean.compile)
+        compiled.lean_kernel.kernel_for = spy
         assert replay(lean, traces, context).engine == "compiled"
         compiled.lean_kernel.covers = lambda policy, has_predictions: False
         assert replay(general, traces, context).engine == "compiled"
     finally:
-        compiled.lean_kernel.run, compiled.lean_kernel.covers = real_lean, covers
-    assert ran == ["lean"]
+        compiled.lean_kernel.kernel_for, compiled.lean_kernel.covers = real_kernel_for, covers
+    assert len(ran) == 1 and ran[0] in compiled.lean_kernel.KERNELS.values()
     _assert_same(general, lean)
+
+
+# (eviction, pin scope, copy engines, slots, prefill tokens, the kernel `kernel_for` picks):
+# every specialisation, on a trace whose first pass is a prefill.
+_LEAN = compiled.lean_kernel
+# (8 slots, a pass's 4 layers x top-2: the experts the layer's wave protects are often the
+# list's head, so the protection is put to work.)
+LEAN_KERNELS = (
+    ("lru", "request", 1, 8, 3, _LEAN.ONE_LIST_REQUEST),
+    ("lru", "layer", 1, 8, 3, _LEAN.ONE_LIST_LAYER),
+    ("fifo", "layer", 1, 8, 3, _LEAN.ONE_LIST_LAYER),
+    ("lru", "layer", 2, 8, 3, _LEAN.ONE_LIST_LAYER),
+    ("fifo", "request", 3, 8, 3, _LEAN.ONE_LIST_REQUEST),
+    ("lru", "layer", 1, 4, 8, _LEAN.CODED),  # the prefill's layers have waves
+    ("lru_per_layer", "request", 1, 8, 3, _LEAN.CODED),
+    ("least_stale", "layer", 2, 8, 3, _LEAN.CODED),
+)
+
+
+@pytest.mark.parametrize("eviction,pin,engines,slots,prefill,serve", LEAN_KERNELS)
+def test_each_lean_kernel_is_taken_where_it_applies_and_gives_the_references_numbers(
+        eviction, pin, engines, slots, prefill, serve):
+    """`lean_kernel.kernel_for` hands each of its specialisations to the runs it names (one
+    list served in the clock's loop for lru and fifo without waves under either pin scope,
+    each with one copy engine or several), and each gives the general kernel's and the
+    reference engine's numbers: counters, timings, running totals, residency, clock."""
+    trace = random_scored_trace(np.random.default_rng(7), 4, 16, 2, [prefill] + [1] * 60,
+                                BYTES_AT["native"], scores=False)
+    config = _config(eviction, pin=pin, slots=slots)
+    kw = {"hardware": {"copy_engines": engines},
+          "model_cfg": _model_cfg(trace.layers, 6, trace.num_experts, trace.top_k, 8)}
+    lean, general, ref = (_cache(config, trace, **kw) for _ in range(3))
+    handed = []
+    real = _LEAN.kernel_for
+
+    def spy(*args):
+        handed.append(real(*args))
+        return handed[-1]
+    covers = _LEAN.covers
+    try:
+        _LEAN.kernel_for = spy
+        assert replay(lean, [trace]).engine == "compiled"
+        _LEAN.covers = lambda policy, has_predictions: False
+        assert replay(general, [trace]).engine == "compiled"
+    finally:
+        _LEAN.kernel_for, _LEAN.covers = real, covers
+    assert replay(ref, [trace], engine="reference").engine == "reference"
+    assert handed == [_LEAN.KERNELS[(engines == 1, serve)]]
+    assert lean.metrics.totals()["misses"] > 0 and lean.metrics.totals()["evictions"] > 0
+    _assert_same(general, lean)
+    _assert_same(ref, lean)
 
 
 TOPK = "topk(overfetch=1.5)"
@@ -581,6 +632,31 @@ def test_request_arrays_are_built_once_per_trace_content(monkeypatch):
     both(7)
     both(7)
     assert len(built) == 4
+
+
+def test_a_trace_listed_again_is_laid_out_once_with_the_same_arrays():
+    """`compiled.requests` lays out a trace object listed several times (a capture replayed
+    through one cache again and again) once: its arrays equal those of the same list made of
+    distinct copies, pass-layer starts running on across the copies, and a trace of wide
+    passes between them keeps its pairs; `longest` is the longest pass-layer."""
+    rng = np.random.default_rng(3)
+    decode = random_scored_trace(rng, 3, 8, 2, [1] * 20, 1000, scores=False,
+                                 prefill_passes=0)
+    wide = random_scored_trace(rng, 3, 8, 2, [1, 6, 1, 3], 1000, scores=False)
+    listed = [decode, decode, wide, decode]
+    copies = [copy.deepcopy(t) for t in listed]
+    same, apart = (compiled.requests(traces, 8) for traces in (listed, copies))
+    for a, b in zip(same[:3], apart[:3], strict=True):
+        assert a.dtype == b.dtype and np.array_equal(a, b)
+    assert all(np.array_equal(getattr(same[3], f), getattr(apart[3], f))
+               for f in ("prefill", "tokens", "pairs"))
+    keys, starts, mult, passes = same
+    one = compiled.requests([decode], 8)[0]
+    assert np.array_equal(keys[:len(one)], one) and np.array_equal(keys[len(one):2 * len(one)],
+                                                                  one)
+    assert starts[-1] == len(keys) and len(starts) == 3 * len(passes) + 1
+    assert len(mult) == len(keys) and mult.max() > 1  # the wide passes' pairs
+    assert passes.longest == np.diff(starts).max() == apart[3].longest > 2
 
 
 _ARRAYS = st.builds(

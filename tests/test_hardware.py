@@ -17,7 +17,7 @@ from moejax.errors import ConfigError
 from moejax.jobs.schema import base_config
 from moejax.jobs.specs import hardware_from
 from moejax.testing import config_from_flags
-from moejax.timing import hardware
+from moejax.timing import hardware, timeline
 from moejax.timing.clock import VirtualClock, WallClock
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -163,6 +163,25 @@ def test_one_engine_presets_keep_their_numbers(transfers):
         hw = hardware.get(name)
         clock = VirtualClock(hw)
         assert [clock.transfer(n, t) for n, t in transfers] == _old_fifo_ready(hw, transfers)
+
+
+@settings(max_examples=300, deadline=None)
+@given(transfers=_transfers, h2d_gbps=st.floats(0.5, 80.0), link_gbps=st.floats(0.5, 80.0),
+       latency=st.sampled_from([0.0, 1e-6, 8e-6, 1e-4]))
+def test_one_engine_books_alone_as_in_full(transfers, h2d_gbps, link_gbps, latency):
+    """`timeline.book_alone` (the lean replay kernel's booking on one copy engine) gives
+    `book_in`'s end and link time bit for bit, transfer after transfer from an empty clock,
+    whichever of the engine and the link is the slower."""
+    engine, link = [0.0], 0.0
+    alone, alone_link = 0.0, 0.0
+    engine_bps, link_bps = h2d_gbps * 1e9, link_gbps * 1e9
+    for nbytes, issue_at in transfers:
+        *_, link, end = timeline.book_in(engine, 0, 1, link, nbytes, issue_at, latency,
+                                         engine_bps, link_bps)
+        per_link = nbytes / link_bps
+        alone, alone_link = timeline.book_alone(alone, issue_at, latency, per_link,
+                                                max(nbytes / engine_bps, per_link))
+        assert (alone, alone_link) == (end, link) and engine == [end]
 
 
 @settings(max_examples=300, deadline=None)

@@ -75,10 +75,11 @@ def _walks(form: str, n_layers: int) -> np.ndarray:
 @dataclasses.dataclass(frozen=True)
 class Passes:
     """Per pass, every trace's passes in order: prefill or decode, its tokens, and its
-    token-expert pairs."""
+    token-expert pairs; and the longest pass-layer."""
     prefill: np.ndarray  # bool
     tokens: np.ndarray  # int64
     pairs: np.ndarray  # int64
+    longest: int  # the most requests a pass-layer has (more than the cache's slots: waves)
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -87,86 +88,112 @@ class Passes:
 def requests(traces, n_experts: int):
     """The requests of every pass-layer (global key `position * E + expert`, rank order) as one
     array, the start of each pass-layer in it, each request's token-expert pairs in its
-    pass-layer (empty when every pass has one token: one pair each), and the `Passes`. Runs of
-    one-token passes (decode) are taken as whole arrays: a token's top-k are distinct and
-    already in rank order. Keys and pair counts are int32 (keys < L * E, counts <= a pass's
-    tokens): half the memory of int64 and of its page faults on fresh arrays (a 1M-request
-    replay: this call 4-6 ms with int64 arrays, 2-4 with int32)."""
-    # Pieces of the key array in order: a run of one-token passes as (rows, offsets), laid out
-    # straight into the array below; a wider pass-layer's requests as an array.
+    pass-layer (empty when every pass has one token: one pair each), and the `Passes`. Keys and
+    pair counts are int32 (keys < L * E, counts <= a pass's tokens): half the memory of int64
+    and of its page faults on fresh arrays. A trace listed more than once (a capture replayed
+    16 times through one cache) is laid out once and copied (`_trace_requests`: about a tenth
+    of a millisecond a 512-pass capture)."""
     n_keys = max((len(t.layers) for t in traces), default=0) * n_experts
     if n_keys > np.iinfo(np.int32).max:
         raise ValueError(f"{n_keys} keys (layers x experts) do not fit the int32 request keys")
+    laid: dict[int, tuple] = {}  # by trace object
+    blocks = []
+    for trace in traces:
+        if id(trace) not in laid:
+            laid[id(trace)] = _trace_requests(trace, n_experts)
+        blocks.append(laid[id(trace)])
+    if len(blocks) == 1:
+        keys, starts, mult = blocks[0][:3]
+    else:
+        keys = np.concatenate([b[0] for b in blocks])
+        shift = np.cumsum([0] + [len(b[0]) for b in blocks])
+        starts = np.concatenate([[0]] + [b[1][1:] + at for b, at in zip(blocks, shift)])
+        mult = (np.concatenate([b[2] if len(b[2]) else np.ones(len(b[0]), np.int32)
+                                for b in blocks])
+                if any(len(b[2]) for b in blocks) else np.zeros(0, np.int32))
+    passes = Passes(*(np.concatenate([b[3][j] for b in blocks]) for j in range(3)),
+                    longest=max(b[4] for b in blocks))
+    return keys, starts, mult, passes
+
+
+def _trace_requests(trace, n_experts: int):
+    """One trace's `(keys, starts, mult, (prefill, tokens, pairs), longest)` (`requests`). Runs of
+    one-token passes (decode) are taken as whole arrays: a token's top-k are distinct and
+    already in rank order."""
+    # Pieces of the key array in order: a run of one-token passes as (rows, offsets), laid out
+    # straight into the array below; a wider pass-layer's requests as an array.
     pieces, counted = [], []  # counted: (where in keys, pairs) of wider passes
     # The pass-layers' lengths: (how many, each one's length) for a run of one-token passes,
     # else (1, that pass-layer's length).
     lengths = []
     prefill, tokens, pairs = [], [], []
     at = 0
-    for trace in traces:
-        n_layers, k, n_passes = len(trace.layers), trace.top_k, trace.num_passes
-        n_prefill = trace.prefill_passes
-        offsets = np.arange(n_layers, dtype=np.int64) * n_experts
-        sizes = np.diff(trace.pass_offsets)
-        ids_all = trace.ids
-        # Where each run of one-token passes, or a single wider pass, starts and ends.
-        one = sizes == 1
-        edges = np.flatnonzero(np.diff(one.astype(np.int8))) + 1
-        bounds = np.concatenate(([0], edges, [n_passes])).tolist()
-        for p, q in zip(bounds[:-1], bounds[1:]):
-            if p == q:
-                continue
-            kind = np.arange(p, q) < n_prefill
-            if one[p]:  # a run of one-token passes: their rows as they are, at once
-                rows = ids_all[trace.pass_offsets[p]:trace.pass_offsets[q]]
-                pieces.append((rows, offsets))
-                at += rows.size
-                lengths.append(((q - p) * n_layers, k))
-                prefill.append(kind)
-                tokens.append(np.ones(q - p, np.int64))
-                pairs.append(np.full(q - p, k, np.int64))
-                continue
-            for r in range(p, q):
-                ids = ids_all[int(trace.pass_offsets[r]):int(trace.pass_offsets[r + 1])]
-                prefill.append(kind[r - p:r - p + 1])
-                tokens.append(np.asarray([ids.shape[0]], np.int64))
-                pairs.append(np.asarray([ids.shape[0] * ids.shape[2]], np.int64))
-                # Every layer's distinct experts at once (`requests_in_rank_order` per layer):
-                # global keys layer-major, each layer's rank-major over the tokens, the first
-                # occurrence of each key in that order kept.
-                order = (ids + offsets[None, :, None]).transpose(1, 2, 0).reshape(-1)
-                _, first = np.unique(order, return_index=True)
-                req = order[np.sort(first)]
-                counts = np.bincount(order, minlength=n_layers * n_experts)
-                per_layer = np.bincount(req // n_experts, minlength=n_layers)
-                pieces.append(req)
-                counted.append((at, counts[req]))
-                at += len(req)
-                lengths.extend((1, int(n)) for n in per_layer)
+    n_layers, k, n_passes = len(trace.layers), trace.top_k, trace.num_passes
+    n_prefill = trace.prefill_passes
+    offsets = np.arange(n_layers, dtype=np.int64) * n_experts
+    # A one-token pass's keys are its ids plus these, as one row of L * k (numpy's inner loop
+    # then runs over the row, not over each layer's k: twice as fast).
+    row_offsets = np.repeat(offsets, k)
+    sizes = np.diff(trace.pass_offsets)
+    ids_all = trace.ids
+    # Where each run of one-token passes, or a single wider pass, starts and ends.
+    one = sizes == 1
+    edges = np.flatnonzero(np.diff(one.astype(np.int8))) + 1
+    bounds = np.concatenate(([0], edges, [n_passes])).tolist()
+    for p, q in zip(bounds[:-1], bounds[1:]):
+        if p == q:
+            continue
+        kind = np.arange(p, q) < n_prefill
+        if one[p]:  # a run of one-token passes: their rows as they are, at once
+            rows = ids_all[trace.pass_offsets[p]:trace.pass_offsets[q]]
+            pieces.append(rows.reshape(len(rows), n_layers * k))
+            at += rows.size
+            lengths.append(((q - p) * n_layers, k))
+            prefill.append(kind)
+            tokens.append(np.ones(q - p, np.int64))
+            pairs.append(np.full(q - p, k, np.int64))
+            continue
+        for r in range(p, q):
+            ids = ids_all[int(trace.pass_offsets[r]):int(trace.pass_offsets[r + 1])]
+            prefill.append(kind[r - p:r - p + 1])
+            tokens.append(np.asarray([ids.shape[0]], np.int64))
+            pairs.append(np.asarray([ids.shape[0] * ids.shape[2]], np.int64))
+            # Every layer's distinct experts at once (`requests_in_rank_order` per layer):
+            # global keys layer-major, each layer's rank-major over the tokens, the first
+            # occurrence of each key in that order kept.
+            order = (ids + offsets[None, :, None]).transpose(1, 2, 0).reshape(-1)
+            _, first = np.unique(order, return_index=True)
+            req = order[np.sort(first)]
+            counts = np.bincount(order, minlength=n_layers * n_experts)
+            per_layer = np.bincount(req // n_experts, minlength=n_layers)
+            pieces.append(req)
+            counted.append((at, counts[req]))
+            at += len(req)
+            lengths.extend((1, int(n)) for n in per_layer)
     keys = np.empty(at, np.int32)
     at = 0
     for piece in pieces:
-        if isinstance(piece, tuple):
-            rows, offsets = piece
-            np.add(rows, offsets[None, :, None], out=keys[at:at + rows.size].reshape(rows.shape))
-            at += rows.size
+        if piece.ndim == 2:
+            np.add(piece, row_offsets[None, :], out=keys[at:at + piece.size].reshape(piece.shape))
         else:
             keys[at:at + len(piece)] = piece
-            at += len(piece)
+        at += piece.size
     starts = np.empty(sum(n for n, _ in lengths) + 1, np.int64)
     starts[0] = at = pl = 0
     for n, length in lengths:
         starts[pl + 1:pl + n + 1] = at + length * np.arange(1, n + 1)
         at += n * length
         pl += n
-    passes = Passes(np.concatenate(prefill), np.concatenate(tokens), np.concatenate(pairs))
     # A one-token pass's request is one pair; a stream of one-token passes only leaves `mult`
     # empty (the kernels then count one pair a request), not a million ones written into
     # fresh pages (on this machine, about a millisecond a million requests).
     mult = np.ones(len(keys) if counted else 0, np.int32)
     for where, counts in counted:
         mult[where:where + len(counts)] = counts
-    return keys, starts, mult, passes
+    empty = (np.zeros(0, bool), np.zeros(0, np.int64), np.zeros(0, np.int64))
+    return (keys, starts, mult,
+            tuple(np.concatenate(x) if x else e for x, e in zip((prefill, tokens, pairs), empty)),
+            max((length for _, length in lengths), default=0))
 
 
 # The request arrays built last in this process, each with copies of the trace fields they were
@@ -180,16 +207,24 @@ KEEP_REQUESTS = 8
 KEEP_REQUEST_BYTES = 1 << 28
 
 
-def _request_inputs(traces) -> list[tuple]:
-    """What `requests` reads of each trace (its arrays as they are: the caller copies)."""
-    return [(tuple(t.layers), t.top_k, t.num_passes, t.prefill_passes, t.pass_offsets, t.ids)
-            for t in traces]
+def _request_inputs(traces) -> tuple[list[int], list[tuple]]:
+    """What `requests` reads of the traces (their arrays as they are: the caller copies): each
+    distinct trace object's once, and which of them each listed trace is."""
+    which, first, inputs = [], {}, []
+    for t in traces:
+        if id(t) not in first:
+            first[id(t)] = len(inputs)
+            inputs.append((tuple(t.layers), t.top_k, t.num_passes, t.prefill_passes,
+                           t.pass_offsets, t.ids))
+        which.append(first[id(t)])
+    return which, inputs
 
 
-def _same_inputs(kept: list[tuple], now: list[tuple]) -> bool:
-    return len(kept) == len(now) and all(
+def _same_inputs(kept: tuple[list[int], list[tuple]], now: tuple[list[int], list[tuple]]
+                 ) -> bool:
+    return kept[0] == now[0] and len(kept[1]) == len(now[1]) and all(
         a[:4] == b[:4] and np.array_equal(a[4], b[4]) and np.array_equal(a[5], b[5])
-        for a, b in zip(kept, now))
+        for a, b in zip(kept[1], now[1]))
 
 
 def _kept_requests(traces, n_experts: int):
@@ -202,9 +237,10 @@ def _kept_requests(traces, n_experts: int):
         if experts == n_experts and _same_inputs(inputs, now):
             return out
     out = requests(traces, n_experts)
-    inputs = [(*x[:4], x[4].copy(), x[5].copy()) for x in now]
-    nbytes = (sum(x[4].nbytes + x[5].nbytes for x in inputs)
-              + sum(a.nbytes for a in out[:3]) + sum(a.nbytes for a in vars(out[3]).values()))
+    inputs = (now[0], [(*x[:4], x[4].copy(), x[5].copy()) for x in now[1]])
+    nbytes = (sum(x[4].nbytes + x[5].nbytes for x in inputs[1])
+              + sum(a.nbytes for a in out[:3])
+              + sum(a.nbytes for a in (out[3].prefill, out[3].tokens, out[3].pairs)))
     if nbytes <= KEEP_REQUEST_BYTES:
         _REQUESTS.append((inputs, n_experts, out, nbytes))
         while (len(_REQUESTS) > KEEP_REQUESTS
@@ -490,8 +526,8 @@ def run(cache: ExpertCache, traces, context_start: list[int] | None = None,
     # Without predictions and with a list eviction, the lean kernel (the same steps, the same
     # outcome: `lean_kernel.py`); the general one otherwise.
     if lean_kernel.covers(policy, len(grp_target) > 0):
-        kernel, args = lean_kernel.run, (I, F, keys, mult, passes.tokens, passes.pairs, plan,
-                                         cost)
+        kernel = lean_kernel.kernel_for(I, F, len(passes), passes.longest)
+        args = (I, F, keys, mult, passes.tokens, passes.pairs, plan, cost)
         rows = [K.ROWS[j] for j in lean_kernel.RUNNING]  # its running totals' columns
     else:
         kernel, args = K.run, (I, F, keys, mult, passes.tokens, passes.pairs,

@@ -1,11 +1,22 @@
-"""The compiled replay kernel specialised to the runs most grids and capacity sweeps are made of:
-no prefetch (no predictions, so no queue, no predicted sets, no prefetch origins), and an
+"""The compiled replay kernels specialised to the runs most grids and capacity sweeps are made
+of: no prefetch (no predictions, so no queue, no predicted sets, no prefetch origins), and an
 eviction whose victim order is a list (`lru`, `fifo`, `lru_per_layer` under either quota,
-`fld`, `least_stale` in its three orders). It runs on the very state `kernel.layout` makes and
-leaves it as `kernel.run` would, with the same outputs (the running totals narrower), so
-`compiled.run` reads either alike; the general kernel runs everything else.
+`fld`, `least_stale` in its three orders). They run on the very state `kernel.layout` makes
+and leave what `compiled.run` reads of it as `kernel.run` would, with the same outputs (the
+running totals narrower), so `compiled.run` reads either alike; the general kernel runs
+everything else. `kernel_for` hands out the one for a run.
 
-Why a second loop: the general kernel reaches every field through accessors that read the
+Without prefetch, what the cache holds never depends on time: which request hits, which
+slot it lands in, which key it evicts follow from the requests alone. So a run is served in
+two parts: the cache's steps, which decide each request's outcome, and the clock's loop,
+which books the misses' transfers, weighs each hit's slot against the wave's start (a hit or a
+late hit), charges the stalls and the compute, and counts. For `lru` and `fifo` without waves
+the clock's loop serves the requests itself, on one list kept in int32 arrays of its own
+(where every request misses, a loop of its own for the cache's steps took a quarter longer:
+the two loops' work did not overlap); for the others, a first loop (`_cache_steps`) writes
+each request's outcome as a code the clock's loop reads.
+
+Why not the general kernel's loop: it reaches every field through accessors that read the
 layout's offsets from `I` at each access (stores into `I` keep LLVM from hoisting them) and
 calls a function per step of a request; per request that was most of its time. Here:
 - the offsets are read once, and the request's path (the list moves, the allocation, the
@@ -14,20 +25,22 @@ calls a function per step of a request; per request that was most of its time. H
   single copy engine's free time, the stamp, the free slots' count, the recency tick) live in
   locals, written back at the end (the engine's: 7% of a 1M-request `lru` replay's loop);
 - the integer counters are summed per layer in a local array, added to `F` at the end (sums
-  of integers: exact in any order), and the running totals are returned for the rows this
-  loop counts only (`RUNNING`);
+  of integers: exact in any order), and the running totals are returned for the rows these
+  kernels count only (`RUNNING`);
 - every index is cast to unsigned (`u`): numba checks a signed index for a negative value
   (Python's wraparound) at every access, and no index here is ever negative; on a 1M-request
   replay that check was about a third of the loop's time;
 - a transfer's booking is `timeline.book` written out with its two quotients taken once
-  (called, it cost 15-25% of the loop: numba does not inline it).
+  (called, it cost 15-25% of the loop: numba does not inline it), or on one copy engine
+  `timeline.book_alone`'s two additions;
+- each kernel is compiled with its booking and its way of serving as constants, the others'
+  code left out, and only when a run takes it (`kernel_for`).
 (Measured with `benchmarks/replay_limit.py`; its figures are in benchmarks/README.md.)
 
-Its semantics are the general kernel's, step for step (`kernel.py`'s docstring): the rarer
+Their semantics are the general kernel's, step for step (`kernel.py`'s docstring): the rarer
 steps (a layered victim search, Least-Stale's pass start, the strict quota's check) are the
-general kernel's own functions. `tests/test_compiled_replay.py` holds the two kernels equal
-(every count, every time, bit for bit), and both to the reference engine.
-"""
+general kernel's own functions. `tests/test_compiled_replay.py` holds every kernel here equal
+to the general one (every count, every time, bit for bit), and both to the reference engine."""
 
 from __future__ import annotations
 
@@ -51,6 +64,13 @@ COUNTED = (K.R_REQ, K.R_HIT, K.R_LATE, K.R_MISS, K.R_COLL, K.R_PRODUCTS, K.R_WAV
 RUNNING = COUNTED + (K.R_EVICT, K.R_DEMAND_B, K.R_STALL, K.R_BEHIND)
 
 
+# A request's code, `_cache_steps`' word to the clock's loop: its slot in the low bits, and
+# whether it missed and whether that miss is a collision.
+MISS = 1 << 30
+COLLISION = 1 << 29
+SLOT_BITS = COLLISION - 1
+
+
 def covers(policy: int, has_predictions: bool) -> bool:
     """Whether this kernel runs eviction code `policy` (`kernel.EVICTIONS`) for a run with or
     without predictions."""
@@ -58,30 +78,36 @@ def covers(policy: int, has_predictions: bool) -> bool:
 
 
 @K.kernel_jit
-def run(I, F, keys, mult, pass_tokens, pass_pairs, compute, cost):
-    """`kernel.run` without predictions, for the list evictions (`covers`): the same arguments
-    less `pred`, the same outcome in `(I, F)` and the same returns, but for the running
-    totals: those of RUNNING's rows only (`compiled.run` widens them)."""
-    dense, attn, half, dense_before, dense_after = compute
-    has_cost, per_expert, shared_params, dtype_b, peak_flops, hbm_bps, launch = cost
+def _held_per_layer(I):
+    """How many experts of each MoE layer the cache holds."""
+    n_experts = I[K.N_EXPERTS]
+    held = np.zeros(I[K.N_LAYERS], np.int64)
+    for k in range(I[K.N_KEYS]):
+        if I[I[K.O_KEYS] + k * K.N_KEY_ROWS + K.SLOT] >= 0:
+            held[k // n_experts] += 1
+    return held
+
+
+@K.kernel_jit
+def _cache_steps(I, F, keys, starts, code, order, evictions):
+    """The cache's steps, for every eviction and pin scope these kernels cover: serves the requests
+    on the cache's state in `I` (`kernel._allocate`, `_on_access`, `_on_admit`; the layered
+    victim search, Least-Stale's pass start and the strict quota's check are `kernel.py`'s own
+    functions), writing each one's code (`code`, in the order served: a pass-layer's requests
+    in rank order, or where it has waves resident ones first, with the request in `order`),
+    the evictions per pass, and per layer into F's counters."""
     policy = I[K.POLICY]
     n_slots, n_layers, n_experts = I[K.N_SLOTS], I[K.N_LAYERS], I[K.N_EXPERTS]
     pin_layer = I[K.PIN_LAYER] == 1
     is_ls = policy == K.LS_TWO_QUEUE or policy == K.LS_LEFT_FIRST or policy == K.LS_CYCLIC
     per_layer = policy == K.LRU_PER_LAYER or policy == K.LRU_PER_LAYER_STRICT
     strict = policy == K.LRU_PER_LAYER_STRICT
+    lru_like = policy == K.LRU or policy == K.FIFO
     # The layout's offsets, read once (`kernel._k` and friends read them at every access).
-    nk = I[K.N_KEYS]
     ko = I[K.O_KEYS]
     so = I[K.O_SLOTS]
     key_of_b, free_b = so + K.KEY_OF * n_slots, so + K.FREE * n_slots
-    sr, t = I[K.O_SR], I[K.O_T]
-    engines = F[t + 2:t + 2 + I[K.ENGINES]]  # a view: the copy engines' free times
-    c0 = I[K.O_C]
-    fo = I[K.O_FC]
-    nbytes, latency = F[fo + K.F_BYTES], F[fo + K.F_LATENCY]
-    engine_bps, link_bps = F[fo + K.F_ENGINE_BPS], F[fo + K.F_LINK_BPS]
-    starts = I[I[K.O_STARTS]:I[K.O_STARTS] + len(pass_pairs) * n_layers + 1]
+    c_evict = I[K.O_C] + K.R_EVICT * n_layers
     lo, nl = I[K.O_LISTS], I[K.N_LISTS]
     head_b, tail_b, len_b = lo + K.HEAD * nl, lo + K.TAIL * nl, lo + K.LEN * nl
     # A key's fields, at `key_at(field, key)` (key-major: `kernel._k`).
@@ -133,91 +159,37 @@ def run(I, F, keys, mult, pass_tokens, pass_pairs, compute, cost):
             unlink(k)
             append(n_layers + pos, k)
 
-    n_pass = len(pass_pairs)
-    has_mult = len(mult) > 0  # (empty: one pair a request, `compiled.requests`)
-    passes = np.zeros((n_pass, 3))
-    running = np.zeros((n_pass, len(RUNNING)))  # the running totals of RUNNING's rows
-    pins = np.zeros(n_slots, np.int64)
-    n_pins = 0
-    longest = 1
-    for pl in range(len(starts) - 1):
-        longest = max(longest, starts[u(pl + 1)] - starts[u(pl)])
-    order = np.zeros(longest, np.int64)
-    layer_of = np.arange(nk) // n_experts  # each key's MoE position (no division per eviction)
-    # The scalars the loop keeps in registers, written back at the end: the clock, the link's
-    # free time, the stamp, the free slots' count, the recency tick.
-    clock = F[u(t)]
-    link = F[u(t + 1)]
     stamp = I[K.STAMP]
     free_n = I[K.FREE_N]
     tick = I[K.TICK]
-    one_engine = len(engines) == 1
-    engine = engines[0] if one_engine else 0.0  # the one engine's free time, when one
-    per_link = nbytes / link_bps  # `timeline.book`'s quotients, the same each time
-    per_engine = nbytes / engine_bps
-    lru_like = policy == K.LRU or policy == K.FIFO
-    # The running totals of the rows this kernel counts.
-    t_req = t_hit = t_late = t_miss = t_coll = t_evict = t_prod = t_waves = 0
-    t_dem = 0.0
-    cnt = np.zeros((len(COUNTED), n_layers), np.int64)  # per layer, the rows of COUNTED
-    for p in range(n_pass):
-        start = clock
-        if has_cost:
-            clock += half[p]
-        pass_stall = 0.0
-        tokens = pass_tokens[p]
+    for p in range(len(evictions)):
         if is_ls:
             K.begin_pass(I)
+        n_evicted = 0
         for pos in range(n_layers):
             pl = p * n_layers + pos
-            if has_cost:  # the dense layers before it, then its attention + router
-                for _ in range(dense_before[u(pos)]):
-                    clock += dense[u(p)]
-                clock += attn[u(p)]
             a, b = starts[u(pl)], starts[u(pl + 1)]
-            n = b - a
-            waves = n > n_slots
-            if waves:
-                m = 0
+            waves = b - a > n_slots
+            if waves:  # resident experts first (`ExpertCache.run_layer`)
+                m = a
                 for resident in (True, False):
                     for i in range(a, b):
                         if (I[key_at(slot_b, keys[u(i)])] >= 0) == resident:
                             order[u(m)] = i
                             m += 1
-            n_waves = (n + n_slots - 1) // n_slots if waves else 1
-            for w in range(n_waves):
-                w0 = w * n_slots
-                w1 = min(n, w0 + n_slots)
-                now = clock
-                n_pins = 0
-                stamp += 1
+            for j0 in range(a, b, n_slots):
+                j1 = min(b, j0 + n_slots)
                 wave_stamp = stamp
-                for j in range(w0, w1):
-                    k = keys[u(order[u(j)] if waves else a + j)]
-                    pins[u(n_pins)] = k
-                    n_pins += 1
-                    I[key_at(prot_b, k)] = wave_stamp
-                ready = now
-                engine_wait = 0.0
-                hits = 0
-                late = 0
-                misses = 0
-                coll = 0
-                pairs = 0
-                for j in range(w0, w1):
-                    i = order[u(j)] if waves else a + j
-                    k = keys[u(i)]
-                    if waves:  # (one wave: the pass's pairs, below)
-                        pairs += mult[u(i)] if has_mult else 1
+                if pin_layer:  # the wave's experts are protected while it runs
+                    stamp += 1
+                    wave_stamp = stamp
+                    for j in range(j0, j1):
+                        I[key_at(prot_b, keys[u(order[u(j)] if waves else j)])] = wave_stamp
+                for j in range(j0, j1):
+                    k = keys[u(order[u(j)] if waves else j)]
                     s = I[key_at(slot_b, k)]
                     if s >= 0:
-                        at = F[u(sr + s)]
-                        if at > now:
-                            late += 1
-                            if at > ready:
-                                ready = at
-                        else:
-                            hits += 1
+                        code[u(j)] = s
                         # (No prefetch origin to clear, as the general kernel does on a use:
                         # without predictions none is ever set.)
                         # `kernel._on_access`
@@ -240,128 +212,391 @@ def run(I, F, keys, mult, pass_tokens, pass_pairs, compute, cost):
                                 I[key_at(last_b, k)] = tick
                         elif is_ls:
                             current(k, pos)
+                        continue
+                    c = MISS | (COLLISION if I[key_at(evicted_b, k)] == p else 0)
+                    st = wave_stamp
+                    if not pin_layer:  # only the expert being fetched is protected
+                        stamp += 1
+                        st = stamp
+                        I[key_at(prot_b, k)] = st
+                    # A slot: a free one, else the policy's victim (`kernel._allocate`).
+                    if free_n > 0 and not (strict and K.keeps_own(I, st, k)):
+                        free_n -= 1
+                        s = I[u(free_b + free_n)]
                     else:
-                        if I[key_at(evicted_b, k)] == p:
-                            coll += 1
-                        st = wave_stamp
-                        if not pin_layer:  # only the expert being fetched is protected
-                            stamp += 1
-                            st = stamp
-                            I[key_at(prot_b, k)] = st
-                        # A slot: a free one, else the policy's victim (`kernel._allocate`).
-                        if free_n > 0 and not (strict and K.keeps_own(I, st, k)):
-                            free_n -= 1
-                            s = I[u(free_b + free_n)]
+                        if lru_like:  # the first not protected
+                            v = I[u(head_b)]
+                            while v >= 0 and I[key_at(prot_b, v)] == st:
+                                v = I[key_at(next_b, v)]
                         else:
-                            if lru_like:  # the first not protected
-                                v = I[u(head_b)]
-                                while v >= 0 and I[key_at(prot_b, v)] == st:
-                                    v = I[key_at(next_b, v)]
-                            else:
-                                v = K.victim(I, pos, st, k, p)
-                            s = I[key_at(slot_b, v)]
-                            I[key_at(slot_b, v)] = -1
-                            I[u(key_of_b + s)] = -1
-                            I[key_at(evicted_b, v)] = p
-                            unlink(v)
-                            F[u(c0 + K.R_EVICT * n_layers + layer_of[u(v)])] += 1
-                            t_evict += 1
-                        # `timeline.book`, written out (the module's docstring)
-                        if one_engine:  # its free time in a register (`engine`)
-                            free = engine
-                        else:
-                            e = timeline.earliest(engines)
-                            free = engines[u(e)]
-                        if misses == 0:  # what is on the engines went before it
-                            engine_wait = timeline.stall(free, now)
-                        data_start = (now if now > free else free) + latency
-                        link = (data_start if data_start > link else link) + per_link
-                        end = data_start + per_engine
-                        if link > end:
-                            end = link
-                        if one_engine:
-                            engine = end
-                        else:
-                            engines[u(e)] = end
-                        r = timeline.landed(end, F[u(sr + s)])
-                        I[key_at(slot_b, k)] = s
-                        I[u(key_of_b + s)] = k
-                        F[u(sr + s)] = r
-                        # `kernel._on_admit`
-                        if lru_like:
-                            append(0, k)
-                        elif policy == K.FLD:
-                            append(pos, k)
-                        elif per_layer:
-                            append(pos, k)
-                            tick += 1
-                            I[key_at(last_b, k)] = tick
-                        elif is_ls:
-                            current(k, pos)
-                        if r > ready:
-                            ready = r
-                        misses += 1
-                stall = timeline.stall(ready, clock)
-                clock += stall
-                pass_stall += stall
-                if n_waves == 1:
-                    pairs = pass_pairs[p]
-                row = c0 + pos
-                cnt[0, pos] += w1 - w0  # COUNTED's order
-                cnt[1, pos] += hits
-                cnt[2, pos] += late
-                cnt[3, pos] += misses
-                cnt[4, pos] += coll
-                cnt[5, pos] += pairs
-                cnt[6, pos] += 1
-                F[u(row + K.R_DEMAND_B * n_layers)] += misses * nbytes
-                t_req += w1 - w0
-                t_hit += hits
-                t_late += late
-                t_miss += misses
-                t_coll += coll
-                t_dem += misses * nbytes
-                t_prod += pairs
-                t_waves += 1
-                F[u(row + K.R_STALL * n_layers)] += stall
-                if engine_wait > 0.0:
-                    F[u(row + K.R_BEHIND * n_layers)] += min(stall, engine_wait)
-                if has_cost:  # CostModel.experts, with the shared expert on the first wave
-                    clock += timeline.experts_step(pairs, w1 - w0, tokens, per_expert,
-                                                   shared_params if w == 0 else 0, dtype_b,
-                                                   peak_flops, hbm_bps, launch)
-        if has_cost:  # the dense layers after the last MoE layer, then the logits
-            for _ in range(dense_after):
-                clock += dense[u(p)]
-            clock += half[u(p)]
-        passes[p, 0] = start
-        passes[p, 1] = clock
-        passes[p, 2] = pass_stall
-        # The running totals: the counts as they go, the seconds summed over the layers as
-        # the general kernel sums them.
-        running[p, 0] = t_req  # RUNNING's order
-        running[p, 1] = t_hit
-        running[p, 2] = t_late
-        running[p, 3] = t_miss
-        running[p, 4] = t_coll
-        running[p, 5] = t_prod
-        running[p, 6] = t_waves
-        running[p, 7] = t_evict
-        running[p, 8] = t_dem
-        for j in range(9, 11):
-            total = 0.0
-            base = c0 + RUNNING[j] * n_layers
-            for q in range(n_layers):
-                total += F[u(base + q)]
-            running[p, j] = total
-    for j in range(len(COUNTED)):
-        for q in range(n_layers):
-            F[u(c0 + COUNTED[j] * n_layers + q)] += cnt[j, q]
-    if one_engine:
-        engines[0] = engine
-    F[u(t)] = clock
-    F[u(t + 1)] = link
+                            v = K.victim(I, pos, st, k, p)
+                        s = I[key_at(slot_b, v)]
+                        I[key_at(slot_b, v)] = -1
+                        I[u(key_of_b + s)] = -1
+                        I[key_at(evicted_b, v)] = p
+                        unlink(v)
+                        F[u(c_evict + v // n_experts)] += 1
+                        n_evicted += 1
+                    I[key_at(slot_b, k)] = s
+                    I[u(key_of_b + s)] = k
+                    # `kernel._on_admit`
+                    if lru_like:
+                        append(0, k)
+                    elif policy == K.FLD:
+                        append(pos, k)
+                    elif per_layer:
+                        append(pos, k)
+                        tick += 1
+                        I[key_at(last_b, k)] = tick
+                    elif is_ls:
+                        current(k, pos)
+                    code[u(j)] = c | s
+        evictions[u(p)] = n_evicted
     I[K.STAMP] = stamp
     I[K.FREE_N] = free_n
     I[K.TICK] = tick
-    return passes, running, pins[:n_pins].copy()
+
+
+# How the clock's loop learns each request's outcome (`_kernel_for`): from `_cache_steps`' code, or
+# by serving it itself on one list (`lru`, `fifo`), with the layer's experts protected or
+# only the one being fetched.
+CODED, ONE_LIST_REQUEST, ONE_LIST_LAYER = range(3)
+
+
+@K.kernel_jit
+def _one_list_state(I):
+    """Each key's slot, the pass it was last evicted in and its neighbours in the eviction list
+    (`I`'s rows), as int32 arrays: the served loop's state (`_steps_for`)."""
+    nk, ko = I[K.N_KEYS], I[K.O_KEYS]
+    slot = np.empty(nk, np.int32)
+    evicted = np.empty(nk, np.int32)
+    prev = np.empty(nk, np.int32)
+    nxt = np.empty(nk, np.int32)
+    for k in range(nk):
+        at = ko + k * K.N_KEY_ROWS
+        slot[k] = I[at + K.SLOT]
+        evicted[k] = I[at + K.EVICTED_IN]
+        prev[k] = I[at + K.EL]
+        nxt[k] = I[at + K.EL_NEXT]
+    return slot, evicted, prev, nxt
+
+
+@K.kernel_jit
+def _one_list_write_back(I, slot, evicted, prev, nxt):
+    """The served loop's state back into `I`, with what the loop leaves out: each slot's key,
+    and an evicted key's neighbours and list (it is in none)."""
+    n_slots, ko = I[K.N_SLOTS], I[K.O_KEYS]
+    key_of_b = I[K.O_SLOTS] + K.KEY_OF * n_slots
+    I[key_of_b:key_of_b + n_slots] = -1
+    for k in range(I[K.N_KEYS]):
+        at = ko + k * K.N_KEY_ROWS
+        held = slot[k] >= 0
+        I[at + K.SLOT] = slot[k]
+        I[at + K.EVICTED_IN] = evicted[k]
+        I[at + K.EL] = prev[k] if held else -1
+        I[at + K.EL_NEXT] = nxt[k] if held else -1
+        I[at + K.EL_LIST] = 0 if held else -1
+        if held:
+            I[key_of_b + slot[k]] = k
+
+
+def _kernel_for(alone: bool, serve: int):
+    """The kernel, with the demand fetches booked by `timeline.book_alone` (`alone`: one copy
+    engine that frees no earlier than the link) or in full, and each request's outcome from
+    `_cache_steps` (`serve=CODED`) or served in the clock's loop itself on one list. numba
+    compiles each combination with both constants, the others' code left out, and only the
+    combinations a process runs (`kernel_for`): on a 1M-request replay, with both bookings in
+    one loop the loop took a fifth longer, and serving `lru` in a phase of its own took a
+    quarter longer where every request misses (the two loops' work did not overlap)."""
+    one_list = serve != CODED
+    pin_layer = serve == ONE_LIST_LAYER
+
+    @K.kernel_jit
+    def run(I, F, keys, mult, pass_tokens, pass_pairs, compute, cost):
+        """`kernel.run` without predictions, for the list evictions (`covers`): the same
+        arguments less `pred`, the same outcome in `(I, F)` (all `compiled.run` reads of it)
+        and the same returns, but for the running totals: those of RUNNING's rows only
+        (`compiled.run` widens them).
+
+        The clock and the counters: a pass's compute, each wave's demand fetches booked on
+        the copy engines and the link, a slot's ready time against the wave's start (a hit or
+        a late hit), the wave's stall. Each request's outcome is its code from the cache's steps
+        (`_cache_steps`), or with one list, served here (`_cache_steps`' outcome on
+        `_one_list_state`'s arrays: the victim is the first key from the list's head not
+        protected, the head itself where only the expert being fetched is, as that one is not
+        yet in the list; a layer's evictions follow from its misses, as each admits its expert
+        into its own layer and only evictions take one out)."""
+        n_slots, n_layers = I[K.N_SLOTS], I[K.N_LAYERS]
+        n_pass = len(pass_pairs)
+        starts = I[I[K.O_STARTS]:I[K.O_STARTS] + n_pass * n_layers + 1]
+        evictions = np.zeros(n_pass, np.int64)  # per pass
+        if one_list:
+            for pl in range(len(starts) - 1):  # (`kernel_for` takes it only without waves)
+                if starts[pl + 1] - starts[pl] > n_slots:
+                    raise ValueError("a pass-layer has more requests than the cache has slots")
+            code = np.empty(0, np.int32)
+            order = np.empty(0, np.int64)
+            c_miss = I[K.O_C] + K.R_MISS * n_layers
+            held = _held_per_layer(I)
+            missed = F[c_miss:c_miss + n_layers].copy()
+        else:
+            waves = False
+            for pl in range(len(starts) - 1):
+                waves |= starts[pl + 1] - starts[pl] > n_slots
+            code = np.empty(len(keys), np.int32)  # per request, in the order served
+            # Which request is served, where a pass-layer has waves (resident ones first).
+            order = np.empty(len(keys) if waves else 0, np.int64)
+            _cache_steps(I, F, keys, starts, code, order, evictions)
+        dense, attn, half, dense_before, dense_after = compute
+        has_cost, per_expert, shared_params, dtype_b, peak_flops, hbm_bps, launch = cost
+        sr, t = I[K.O_SR], I[K.O_T]
+        engines = F[t + 2:t + 2 + I[K.ENGINES]]  # a view: the copy engines' free times
+        c0 = I[K.O_C]
+        fo = I[K.O_FC]
+        nbytes, latency = F[fo + K.F_BYTES], F[fo + K.F_LATENCY]
+        engine_bps, link_bps = F[fo + K.F_ENGINE_BPS], F[fo + K.F_LINK_BPS]
+        u = np.uint64
+        has_mult = len(mult) > 0  # (empty: one pair a request, `compiled.requests`)
+        passes = np.zeros((n_pass, 3))
+        running = np.zeros((n_pass, len(RUNNING)))  # the running totals of RUNNING's rows
+        # The scalars the loop keeps in registers, written back at the end: the clock, the
+        # link's free time.
+        clock = F[u(t)]
+        link = F[u(t + 1)]
+        one_engine = len(engines) == 1
+        engine = engines[0] if one_engine else 0.0  # the one engine's free time, when one
+        per_link = nbytes / link_bps  # `timeline.book`'s quotients, the same each time
+        per_engine = nbytes / engine_bps
+        per_slower = per_engine if per_engine > per_link else per_link
+        t_evict = 0  # the evictions so far (counted per pass as the cache serves)
+        cnt = np.zeros((len(COUNTED), n_layers), np.int64)  # per layer, the rows of COUNTED
+        # The one list, served here: its arrays, its ends and length, the free slots' stack.
+        if one_list:
+            slot, evicted, prev, nxt = _one_list_state(I)
+        else:
+            slot = evicted = prev = nxt = np.empty(0, np.int32)
+        lru = I[K.POLICY] == K.LRU
+        lo, nl = I[K.O_LISTS], I[K.N_LISTS]
+        head, tail, listed = I[lo + K.HEAD * nl], I[lo + K.TAIL * nl], I[lo + K.LEN * nl]
+        free_b = I[K.O_SLOTS] + K.FREE * n_slots
+        free_n = I[K.FREE_N]
+        prot = np.zeros(I[K.N_KEYS] if pin_layer else 0, np.int32)  # the loop's own stamps
+        stamp = 0
+        for p in range(n_pass):
+            start = clock
+            if has_cost:
+                clock += half[p]
+            pass_stall = 0.0
+            tokens = pass_tokens[p]
+            n_evicted = 0
+            for pos in range(n_layers):
+                pl = p * n_layers + pos
+                if has_cost:  # the dense layers before it, then its attention + router
+                    for _ in range(dense_before[u(pos)]):
+                        clock += dense[u(p)]
+                    clock += attn[u(p)]
+                a, b = starts[u(pl)], starts[u(pl + 1)]
+                waves = b - a > n_slots  # (never, where one list is served here)
+                for j0 in range(a, max(b, a + 1), n_slots):  # (a pass-layer without requests:
+                    j1 = min(b, j0 + n_slots)  # one empty wave, as the reference runs it)
+                    now = clock
+                    ready = now
+                    engine_wait = 0.0
+                    hits = 0
+                    late = 0
+                    misses = 0
+                    coll = 0
+                    if not waves:
+                        pairs = pass_pairs[p]
+                    elif has_mult:
+                        pairs = 0
+                        for j in range(j0, j1):
+                            pairs += mult[u(order[u(j)])]
+                    else:  # one pair a request (`compiled.requests`)
+                        pairs = j1 - j0
+                    if pin_layer:  # the wave's experts are protected while it runs
+                        stamp += 1
+                        for j in range(j0, j1):
+                            prot[u(keys[u(j)])] = stamp
+                    for j in range(j0, j1):
+                        if one_list:
+                            k = keys[u(j)]
+                            s = slot[u(k)]
+                            hit = s >= 0
+                            collided = False
+                            if hit:
+                                if lru and tail != k:  # to the end of the list
+                                    before, after = prev[u(k)], nxt[u(k)]
+                                    if before >= 0:
+                                        nxt[u(before)] = after
+                                    else:
+                                        head = after
+                                    prev[u(after)] = before
+                                    prev[u(k)] = tail
+                                    nxt[u(k)] = -1
+                                    nxt[u(tail)] = k
+                                    tail = k
+                            else:
+                                collided = evicted[u(k)] == p
+                                if free_n > 0:
+                                    free_n -= 1
+                                    s = I[u(free_b + free_n)]
+                                    listed += 1
+                                else:  # the first from the head not protected goes
+                                    v = head
+                                    if pin_layer:
+                                        while prot[u(v)] == stamp:
+                                            v = nxt[u(v)]
+                                    s = slot[u(v)]
+                                    slot[u(v)] = -1
+                                    evicted[u(v)] = p
+                                    before, after = prev[u(v)], nxt[u(v)]
+                                    if not pin_layer or before < 0:  # (the head)
+                                        head = after
+                                    else:
+                                        nxt[u(before)] = after
+                                    if after >= 0:
+                                        prev[u(after)] = before
+                                    else:
+                                        tail = before
+                                    n_evicted += 1
+                                slot[u(k)] = s
+                                prev[u(k)] = tail
+                                nxt[u(k)] = -1
+                                if tail >= 0:
+                                    nxt[u(tail)] = k
+                                else:
+                                    head = k
+                                tail = k
+                        else:
+                            c = code[u(j)]
+                            s = c & SLOT_BITS
+                            hit = c < MISS
+                            collided = (c & COLLISION) != 0
+                        if hit:
+                            at = F[u(sr + s)]
+                            if at > now:
+                                late += 1
+                                if at > ready:
+                                    ready = at
+                            else:
+                                hits += 1
+                            continue
+                        if collided:
+                            coll += 1
+                        # `timeline.book`, written out (the module's docstring)
+                        if alone:
+                            if misses == 0:  # what is on the engine went before it
+                                engine_wait = timeline.stall(engine, now)
+                            engine, link = timeline.book_alone(engine, now, latency, per_link,
+                                                               per_slower)
+                            end = engine
+                        else:
+                            if one_engine:  # its free time in a register (`engine`)
+                                free = engine
+                            else:
+                                e = timeline.earliest(engines)
+                                free = engines[u(e)]
+                            if misses == 0:
+                                engine_wait = timeline.stall(free, now)
+                            data_start = (now if now > free else free) + latency
+                            link = (data_start if data_start > link else link) + per_link
+                            end = data_start + per_engine
+                            if link > end:
+                                end = link
+                            if one_engine:
+                                engine = end
+                            else:
+                                engines[u(e)] = end
+                        r = timeline.landed(end, F[u(sr + s)])
+                        F[u(sr + s)] = r
+                        if r > ready:
+                            ready = r
+                        misses += 1
+                    stall = timeline.stall(ready, clock)
+                    clock += stall
+                    pass_stall += stall
+                    row = c0 + pos
+                    cnt[0, pos] += j1 - j0  # COUNTED's order
+                    cnt[1, pos] += hits
+                    cnt[2, pos] += late
+                    cnt[3, pos] += misses
+                    cnt[4, pos] += coll
+                    cnt[5, pos] += pairs
+                    cnt[6, pos] += 1
+                    F[u(row + K.R_DEMAND_B * n_layers)] += misses * nbytes
+                    F[u(row + K.R_STALL * n_layers)] += stall
+                    if engine_wait > 0.0:
+                        F[u(row + K.R_BEHIND * n_layers)] += min(stall, engine_wait)
+                    if has_cost:  # CostModel.experts, the shared expert on the first wave
+                        clock += timeline.experts_step(pairs, j1 - j0, tokens, per_expert,
+                                                       shared_params if j0 == a else 0,
+                                                       dtype_b, peak_flops, hbm_bps, launch)
+            if has_cost:  # the dense layers after the last MoE layer, then the logits
+                for _ in range(dense_after):
+                    clock += dense[u(p)]
+                clock += half[u(p)]
+            passes[p, 0] = start
+            passes[p, 1] = clock
+            passes[p, 2] = pass_stall
+            if one_list:
+                evictions[u(p)] = n_evicted
+            # The running totals, summed over the layers as the general kernel sums them (the
+            # counts from this loop's own, in `cnt`).
+            for j in range(len(COUNTED)):
+                total = 0
+                for q in range(n_layers):
+                    total += cnt[j, q]
+                running[p, j] = total
+            t_evict += evictions[u(p)]
+            running[p, 7] = t_evict
+            for j in range(8, 11):
+                total = 0.0
+                base = c0 + RUNNING[j] * n_layers
+                for q in range(n_layers):
+                    total += F[u(base + q)]
+                running[p, j] = total
+        for j in range(len(COUNTED)):
+            for q in range(n_layers):
+                F[u(c0 + COUNTED[j] * n_layers + q)] += cnt[j, q]
+        if one_engine:
+            engines[0] = engine
+        F[u(t)] = clock
+        F[u(t + 1)] = link
+        if one_list:
+            _one_list_write_back(I, slot, evicted, prev, nxt)
+            I[lo + K.HEAD * nl], I[lo + K.TAIL * nl], I[lo + K.LEN * nl] = head, tail, listed
+            I[K.FREE_N] = free_n
+            now_held = _held_per_layer(I)
+            c_evict = c0 + K.R_EVICT * n_layers
+            for q in range(n_layers):
+                F[c_evict + q] += F[c_miss + q] - missed[q] - (now_held[q] - held[q])
+        if n_pass == 0:
+            return passes, running, np.zeros(0, np.int64)
+        a, b = starts[-2], starts[-1]  # the last wave's keys: the running pins
+        first = a + (b - a - 1) // n_slots * n_slots if b - a > n_slots else a
+        pins = np.empty(b - first, np.int64)
+        for j in range(first, b):
+            pins[j - first] = keys[order[j]] if b - a > n_slots else keys[j]
+        return passes, running, pins
+    return run
+
+
+# Every combination, each compiled the first time `kernel_for` hands it out.
+KERNELS = {(alone, serve): _kernel_for(alone, serve)
+           for alone in (True, False) for serve in (CODED, ONE_LIST_REQUEST, ONE_LIST_LAYER)}
+
+
+def kernel_for(I: np.ndarray, F: np.ndarray, n_pass: int, longest: int):
+    """The kernel for the run `(I, F)` lays out (`kernel.layout`) over `n_pass` passes whose
+    pass-layers have at most `longest` requests. One list is served in the clock's loop for
+    `lru` and `fifo` without waves (where a pass-layer has more requests than the cache has
+    slots, `_cache_steps` orders them); the int32 state it keeps bounds the passes
+    and waves it counts."""
+    t, fo = I[K.O_T], I[K.O_FC]
+    alone = I[K.ENGINES] == 1 and F[t + 1] <= F[t + 2] and F[fo + K.F_LATENCY] >= 0.0
+    serve = CODED
+    if (I[K.POLICY] in (K.LRU, K.FIFO) and longest <= I[K.N_SLOTS]
+            and n_pass * I[K.N_LAYERS] < SLOT_BITS):
+        serve = ONE_LIST_LAYER if I[K.PIN_LAYER] == 1 else ONE_LIST_REQUEST
+    return KERNELS[(bool(alone), serve)]

@@ -77,6 +77,22 @@ def book_in(buffer, first: int, n: int, link_free: float, nbytes: float, issue_a
 
 
 @register_jitable
+def book_alone(engine_free: float, issue_at: float, latency_s: float, per_link: float,
+               per_slower: float) -> tuple[float, float]:
+    """`book_in` on a single copy engine that frees no earlier than the link
+    (`link_free <= engine_free`: every booking on one engine keeps it, its end being at least
+    the link's), with `per_link = nbytes / link_bps` and `per_slower = max(nbytes / engine_bps,
+    per_link)`: `(end, link_end)`, bit for bit `book_in`'s. The data starts once the engine is
+    free, so once the link is: the link starts with the data (`link_start = data_start`), and
+    `max(data_start + nbytes / engine_bps, data_start + per_link)` is `data_start +
+    per_slower` (rounding is monotone: `x <= y` gives `fl(a + x) <= fl(a + y)`). Two
+    additions on the chain from one booking to the next instead of `book_in`'s five steps:
+    the compiled replay's lean kernel books its demand fetches this way."""
+    data_start = (issue_at if issue_at > engine_free else engine_free) + latency_s
+    return data_start + per_slower, data_start + per_link
+
+
+@register_jitable
 def landed(transfer_end: float, slot_ready: float) -> float:
     """When a slot holds its new expert: a slot still being filled by an earlier transfer is
     reused only after that one lands."""
