@@ -391,18 +391,23 @@ def _compute_plan(cache: ExpertCache, passes: Passes, context_start: list[int] |
         context[at:at + n] = ((context_start[s] if context_start else 0)
                               + np.cumsum(passes.tokens[at:at + n]))
         at += n
-    # One cost-model call per distinct (tokens, context): a pair as one integer.
+    lookahead = cache.lookahead_scores
+    before, after = _layer_walk(cache.shape.layers, cache.shape.num_layers)
+    # Every pass's at once, as arrays (a replay of 512 decode passes has 512 distinct
+    # contexts: called one by one, 1.2 ms of its preparation); or where a term could pass
+    # int64's range, one call per distinct (tokens, context), a pair as one integer.
+    times = cost.pass_times(passes.tokens, context, lookahead)
+    if times is not None:
+        return (*times, np.asarray(before, np.int64), after)
     span = int(context.max()) + 1
     pair = passes.tokens * span + context
     combined = np.unique(pair)
     which = np.searchsorted(combined, pair)  # (np.unique's return_inverse: 3x the time)
     distinct = list(zip((combined // span).tolist(), (combined % span).tolist()))
-    lookahead = cache.lookahead_scores
     dense = np.asarray([cost.dense_layer(t, c) for t, c in distinct], np.float64)[which]
     attn = np.asarray([cost.attention_router(t, c, lookahead) for t, c in distinct],
                       np.float64)[which]
     half = np.asarray([cost.embed_and_logits(t) / 2 for t, _ in distinct], np.float64)[which]
-    before, after = _layer_walk(cache.shape.layers, cache.shape.num_layers)
     return dense, attn, half, np.asarray(before, np.int64), after
 
 

@@ -24,6 +24,7 @@ issued at `issue_at`
 
 from __future__ import annotations
 
+import numpy as np
 from numba.extending import register_jitable
 
 
@@ -97,6 +98,16 @@ def landed(transfer_end: float, slot_ready: float) -> float:
     """When a slot holds its new expert: a slot still being filled by an earlier transfer is
     reused only after that one lands."""
     return transfer_end if transfer_end > slot_ready else slot_ready
+
+
+def roofline_of_arrays(flops: np.ndarray, nbytes: np.ndarray, peak_flops: float,
+                       hbm_bps: float, launch_s: float) -> np.ndarray:
+    """`roofline` of int64 arrays of FLOPs and bytes, element by element: the same operations
+    (each count converted to float as Python converts an int for the division, the larger
+    quotient, then the launch)."""
+    compute = flops.astype(np.float64) / peak_flops
+    memory = nbytes.astype(np.float64) / hbm_bps
+    return np.where(compute > memory, compute, memory) + launch_s
 
 
 @register_jitable
