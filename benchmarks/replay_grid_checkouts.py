@@ -8,8 +8,9 @@ is the same.
 Each run is `python -m launch.sweep --config=studies/specmd/grid_specmd.py:traces=captures
 --workers=N` as a user types it, in a fresh sweep directory, from the checkout's root (so that
 checkout's moejax is the one imported), A and B alternated `--reps` times after `--warmup`
-untimed runs of each (numba compiles a checkout's kernel once, into its own disk cache). Per checkout:
-the sweep's wall time and the CPU seconds of the launcher and its workers (median and range);
+untimed runs of each (numba compiles a checkout's kernel once, into its own disk cache), each
+round in the other order than the one before (the second sweep of a round runs slower). Per
+checkout: the sweep's wall time and the CPU seconds of the launcher and its workers (median and range);
 from the cells' files, the cell time (`wall_time.json`) and the part of it the replay engine
 took (`replay.seconds` + `replay.setup_s`), and both by prefetcher in the last sweep of each.
 Then `python -m launch.diff` of the last two sweeps; exits non-zero if any cell differs.
@@ -97,7 +98,11 @@ def main(argv=None) -> int:
             sweep(checkout, where[side], args.workers)
     runs = {"A": [], "B": []}
     for rep in range(args.reps):
-        for side, checkout in checkouts.items():
+        # Each round in the other order (A B, B A, ...): the second sweep of a round runs
+        # while the first one's files are still being written out, about a tenth slower
+        # whichever checkout it is (2026-12-07: 0.91 with either checkout as A).
+        for side in ("A", "B") if rep % 2 == 0 else ("B", "A"):
+            checkout = checkouts[side]
             r = sweep(checkout, where[side], args.workers)
             runs[side].append(r)
             print(f"  run {rep + 1} {side}: {r['wall']:.1f} s wall, {r['cpu']:.1f} s CPU",

@@ -12,7 +12,7 @@ two parts: the cache's steps, which decide each request's outcome, and the clock
 which books the misses' transfers, weighs each hit's slot against the wave's start (a hit or a
 late hit), charges the stalls and the compute, and counts. For `lru` and `fifo` without waves
 the clock's loop serves the requests itself, on one list kept in int32 arrays of its own
-(where every request misses, a loop of its own for the cache's steps took a quarter longer:
+(where every request misses, a loop of its own for the cache's steps took a third longer:
 the two loops' work did not overlap); for the others, a first loop (`_cache_steps`) writes
 each request's outcome as a code the clock's loop reads.
 
@@ -306,8 +306,8 @@ def _kernel_for(alone: bool, serve: int):
     `_cache_steps` (`serve=CODED`) or served in the clock's loop itself on one list. numba
     compiles each combination with both constants, the others' code left out, and only the
     combinations a process runs (`kernel_for`): on a 1M-request replay, with both bookings in
-    one loop the loop took a fifth longer, and serving `lru` in a phase of its own took a
-    quarter longer where every request misses (the two loops' work did not overlap)."""
+    one loop the clock's loop took a sixth longer, and serving `lru` in a loop of its own took
+    a third longer where every request misses (the two loops' work did not overlap)."""
     one_list = serve != CODED
     pin_layer = serve == ONE_LIST_LAYER
 
