@@ -10,9 +10,10 @@ Each run is `python -m launch.sweep --config=studies/specmd/grid_specmd.py:trace
 checkout's moejax is the one imported), A and B alternated `--reps` times after `--warmup`
 untimed runs of each (numba compiles a checkout's kernel once, into its own disk cache), each
 round in the other order than the one before (the second sweep of a round runs slower). Per
-checkout: the sweep's wall time and the CPU seconds of the launcher and its workers (median and range);
-from the cells' files, the cell time (`wall_time.json`) and the part of it the replay engine
-took (`replay.seconds` + `replay.setup_s`), and both by prefetcher in the last sweep of each.
+checkout: the sweep's wall time and the CPU seconds of the launcher and its workers (median
+and range); from the cells' files, the cell time (`wall_time.json`) and the part of it the
+replay engine took (`replay.seconds` + `replay.setup_s`), and both by prefetcher in the last
+sweep of each.
 Then `python -m launch.diff` of the last two sweeps; exits non-zero if any cell differs.
 """
 

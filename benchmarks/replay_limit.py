@@ -9,10 +9,10 @@ The stream: a shipped real capture (`moejax/assets/captures/`, 512 decode steps 
 top-8 = 65 536 requests for OLMoE) or any trace file the replay job reads (`--trace=FILE`:
 every sequence in it, in order), replayed `--repeats` times through one cache (16: about 1M
 requests for a capture), every pass's MoE layers in order and each layer's experts in
-router-rank order, as one global stream of keys `position * E + expert`. The cache holds 5% and 25% of all experts
-(at 5% of an OLMoE decode capture no recency policy hits at all: each pass asks for 128
-experts in a fixed layer order, and 51 slots hold the last few layers', so the bare LRU only
-evicts its head and appends, its fastest possible loop).
+router-rank order, as one global stream of keys `position * E + expert`. The cache holds 5% and
+25% of all experts (at 5% of an OLMoE decode capture no recency policy hits at all: each pass
+asks for 128 experts in a fixed layer order, and 51 slots hold the last few layers', so the
+bare LRU only evicts its head and appends, its fastest possible loop).
 
 moejax runs its whole replay (`moejax.replay.replay`, engine auto: the compiled engine) with
 full metrics: every counter per layer, collisions, prefetch accounting, the virtual clock on

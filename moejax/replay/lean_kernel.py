@@ -266,7 +266,7 @@ CODED, ONE_LIST_REQUEST, ONE_LIST_LAYER = range(3)
 @K.kernel_jit
 def _one_list_state(I):
     """Each key's slot, the pass it was last evicted in and its neighbours in the eviction list
-    (`I`'s rows), as int32 arrays: the served loop's state (`_steps_for`)."""
+    (`I`'s rows), as int32 arrays: the served loop's state (`_kernel_for`)."""
     nk, ko = I[K.N_KEYS], I[K.O_KEYS]
     slot = np.empty(nk, np.int32)
     evicted = np.empty(nk, np.int32)

@@ -8,7 +8,10 @@ calls it). So the two engines book a transfer, charge a compiled step and decide
 watchdog may issue with one formula, and the same floating-point operations in the same order:
 there is nothing to keep in step by hand. Each function is plain Python over scalars and one
 indexable sequence (a list in the reference; in the kernel a window of a larger array, read in
-place by the `_in` forms: `earliest_in`'s docstring says why).
+place by the `_in` forms: `earliest_in`'s docstring says why). Two are a second form of
+another, each held to it bit for bit by a test: `book_alone` (`book_in` on one copy engine, in
+two additions: `tests/test_hardware.py`) and `roofline_of_arrays` (`roofline` over numpy
+arrays, for the cost plan of every pass at once: `tests/test_cost_model.py`).
 
 The transfer booking (DESIGN.md "Clocks and the hardware model"): a transfer of `nbytes`
 issued at `issue_at`
