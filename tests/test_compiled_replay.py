@@ -634,6 +634,32 @@ def test_request_arrays_are_built_once_per_trace_content(monkeypatch):
     assert len(built) == 4
 
 
+def test_the_cost_plan_called_pass_by_pass_where_the_arrays_decline(monkeypatch):
+    """Where `CostModel.pass_times` declines (a term past int64's range), the compiled
+    preparation calls the cost model per distinct (tokens, context) instead, and the replay
+    still gives the reference's numbers, as it does with the arrays."""
+    from moejax.timing.cost import CostModel
+
+    trace = random_scored_trace(np.random.default_rng(5), 3, 8, 2, [4, 1, 3] + [1] * 30,
+                                BYTES_AT["native"], scores=False)
+    model_cfg = _model_cfg(trace.layers, 5, trace.num_experts, trace.top_k, 8)
+    config = _config("lru", slots=5)
+    declined = []
+    real = CostModel.pass_times
+
+    def decline(self, *args):
+        declined.append(real(self, *args) is not None)
+        return None
+    for arrays in (True, False):
+        if not arrays:
+            monkeypatch.setattr(CostModel, "pass_times", decline)
+        ref, fast = (_cache(config, trace, model_cfg=model_cfg) for _ in range(2))
+        assert replay(ref, [trace], [6], engine="reference").engine == "reference"
+        assert replay(fast, [trace], [6]).engine == "compiled"
+        _assert_same(ref, fast)
+    assert declined == [True]  # (the arrays would have served: the calls ran instead)
+
+
 def test_a_trace_listed_again_is_laid_out_once_with_the_same_arrays():
     """`compiled.requests` lays out a trace object listed several times (a capture replayed
     through one cache again and again) once: its arrays equal those of the same list made of
