@@ -507,35 +507,40 @@ def test_the_lean_kernel_gives_the_general_kernels_numbers(data):
     _assert_same(general, lean)
 
 
-# (eviction, pin scope, copy engines, slots, prefill tokens, the kernel `kernel_for` picks):
-# every specialisation, on a trace whose first pass is a prefill.
+# (eviction, pin scope, copy engines, slots, prefill tokens, the kernel `kernel_for` picks, with
+# a cost model): every specialisation, on a trace whose first pass is a prefill.
 _LEAN = compiled.lean_kernel
 # (8 slots, a pass's 4 layers x top-2: the experts the layer's wave protects are often the
 # list's head, so the protection is put to work.)
 LEAN_KERNELS = (
-    ("lru", "request", 1, 8, 3, _LEAN.ONE_LIST_REQUEST),
-    ("lru", "layer", 1, 8, 3, _LEAN.ONE_LIST_LAYER),
-    ("fifo", "layer", 1, 8, 3, _LEAN.ONE_LIST_LAYER),
-    ("lru", "layer", 2, 8, 3, _LEAN.ONE_LIST_LAYER),
-    ("fifo", "request", 3, 8, 3, _LEAN.ONE_LIST_REQUEST),
-    ("lru", "layer", 1, 4, 8, _LEAN.CODED),  # the prefill's layers have waves
-    ("lru_per_layer", "request", 1, 8, 3, _LEAN.CODED),
-    ("least_stale", "layer", 2, 8, 3, _LEAN.CODED),
+    ("lru", "request", 1, 8, 3, _LEAN.ONE_LIST_REQUEST, True),
+    ("lru", "layer", 1, 8, 3, _LEAN.ONE_LIST_LAYER, True),
+    ("fifo", "layer", 1, 8, 3, _LEAN.ONE_LIST_LAYER, True),
+    ("lru", "layer", 2, 8, 3, _LEAN.ONE_LIST_LAYER, True),
+    ("fifo", "request", 3, 8, 3, _LEAN.ONE_LIST_REQUEST, True),
+    ("lru", "layer", 1, 4, 8, _LEAN.CODED, True),  # the prefill's layers have waves
+    ("lru_per_layer", "request", 1, 8, 3, _LEAN.CODED, True),
+    ("least_stale", "layer", 2, 8, 3, _LEAN.CODED, True),
+    ("lru", "request", 1, 8, 3, _LEAN.ONE_LIST_REQUEST, False),
+    ("fifo", "layer", 2, 8, 3, _LEAN.ONE_LIST_LAYER, False),
+    ("lru", "layer", 1, 4, 8, _LEAN.CODED, False),
 )
 
 
-@pytest.mark.parametrize("eviction,pin,engines,slots,prefill,serve", LEAN_KERNELS)
+@pytest.mark.parametrize("eviction,pin,engines,slots,prefill,serve,costed", LEAN_KERNELS)
 def test_each_lean_kernel_is_taken_where_it_applies_and_gives_the_references_numbers(
-        eviction, pin, engines, slots, prefill, serve):
+        eviction, pin, engines, slots, prefill, serve, costed):
     """`lean_kernel.kernel_for` hands each of its specialisations to the runs it names (one
     list served in the clock's loop for lru and fifo without waves under either pin scope,
-    each with one copy engine or several), and each gives the general kernel's and the
-    reference engine's numbers: counters, timings, running totals, residency, clock."""
+    each with one copy engine or several, with a cost model or without), and each gives the
+    general kernel's and the reference engine's numbers: counters, timings, running totals,
+    residency, clock."""
     trace = random_scored_trace(np.random.default_rng(7), 4, 16, 2, [prefill] + [1] * 60,
                                 BYTES_AT["native"], scores=False)
     config = _config(eviction, pin=pin, slots=slots)
     kw = {"hardware": {"copy_engines": engines},
-          "model_cfg": _model_cfg(trace.layers, 6, trace.num_experts, trace.top_k, 8)}
+          "model_cfg": (_model_cfg(trace.layers, 6, trace.num_experts, trace.top_k, 8)
+                        if costed else None)}
     lean, general, ref = (_cache(config, trace, **kw) for _ in range(3))
     handed = []
     real = _LEAN.kernel_for
@@ -552,7 +557,7 @@ def test_each_lean_kernel_is_taken_where_it_applies_and_gives_the_references_num
     finally:
         _LEAN.kernel_for, _LEAN.covers = real, covers
     assert replay(ref, [trace], engine="reference").engine == "reference"
-    assert handed == [_LEAN.KERNELS[(engines == 1, serve)]]
+    assert handed == [_LEAN.KERNELS[(engines == 1, serve, costed)]]
     assert lean.metrics.totals()["misses"] > 0 and lean.metrics.totals()["evictions"] > 0
     _assert_same(general, lean)
     _assert_same(ref, lean)

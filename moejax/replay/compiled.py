@@ -531,7 +531,7 @@ def run(cache: ExpertCache, traces, context_start: list[int] | None = None,
     # Without predictions and with a list eviction, the lean kernel (the same steps, the same
     # outcome: `lean_kernel.py`); the general one otherwise.
     if lean_kernel.covers(policy, len(grp_target) > 0):
-        kernel = lean_kernel.kernel_for(I, F, len(passes), passes.longest)
+        kernel = lean_kernel.kernel_for(I, F, len(passes), passes.longest, cost[0])
         args = (I, F, keys, mult, passes.tokens, passes.pairs, plan, cost)
         rows = [K.ROWS[j] for j in lean_kernel.RUNNING]  # its running totals' columns
     else:

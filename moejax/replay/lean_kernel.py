@@ -300,14 +300,17 @@ def _one_list_write_back(I, slot, evicted, prev, nxt):
             I[key_of_b + slot[k]] = k
 
 
-def _kernel_for(alone: bool, serve: int):
+def _kernel_for(alone: bool, serve: int, costed: bool):
     """The kernel, with the demand fetches booked by `timeline.book_alone` (`alone`: one copy
-    engine that frees no earlier than the link) or in full, and each request's outcome from
-    `_cache_steps` (`serve=CODED`) or served in the clock's loop itself on one list. numba
-    compiles each combination with both constants, the others' code left out, and only the
-    combinations a process runs (`kernel_for`): on a 1M-request replay, with both bookings in
-    one loop the clock's loop took a sixth longer, and serving `lru` in a loop of its own took
-    a third longer where every request misses (the two loops' work did not overlap)."""
+    engine that frees no earlier than the link) or in full, each request's outcome from
+    `_cache_steps` (`serve=CODED`) or served in the clock's loop itself on one list, and the
+    compute charged from a cost model or not (`costed`: a replay without one counts and books
+    only). numba compiles each combination with its three constants, the others' code left
+    out, and only the combinations a process runs (`kernel_for`): on a 1M-request replay, with
+    both bookings in one loop the clock's loop took a sixth longer, and serving `lru` in a loop
+    of its own took a third longer where every request misses (the two loops' work did not
+    overlap); on a top-2 model (two requests a wave) the cost model's branches, left in where
+    it is off, took a twentieth."""
     one_list = serve != CODED
     pin_layer = serve == ONE_LIST_LAYER
 
@@ -348,7 +351,10 @@ def _kernel_for(alone: bool, serve: int):
             order = np.empty(len(keys) if waves else 0, np.int64)
             _cache_steps(I, F, keys, starts, code, order, evictions)
         dense, attn, half, dense_before, dense_after = compute
-        has_cost, per_expert, shared_params, dtype_b, peak_flops, hbm_bps, launch = cost
+        given, per_expert, shared_params, dtype_b, peak_flops, hbm_bps, launch = cost
+        if given != costed:
+            raise ValueError("the kernel's cost model setting is not the run's (`kernel_for`)")
+        has_cost = costed
         sr, t = I[K.O_SR], I[K.O_T]
         engines = F[t + 2:t + 2 + I[K.ENGINES]]  # a view: the copy engines' free times
         c0 = I[K.O_C]
@@ -382,6 +388,7 @@ def _kernel_for(alone: bool, serve: int):
         free_n = I[K.FREE_N]
         prot = np.zeros(I[K.N_KEYS] if pin_layer else 0, np.int32)  # the loop's own stamps
         stamp = 0
+        r_pairs = 0  # (one list) the pairs so far
         for p in range(n_pass):
             start = clock
             if has_cost:
@@ -396,9 +403,12 @@ def _kernel_for(alone: bool, serve: int):
                         clock += dense[u(p)]
                     clock += attn[u(p)]
                 a, b = starts[u(pl)], starts[u(pl + 1)]
-                waves = b - a > n_slots  # (never, where one list is served here)
-                for j0 in range(a, max(b, a + 1), n_slots):  # (a pass-layer without requests:
-                    j1 = min(b, j0 + n_slots)  # one empty wave, as the reference runs it)
+                waves = not one_list and b - a > n_slots  # (one list: `run` checks there are none)
+                # Its waves, from `a` on, `n_slots` requests each: always one, as the reference
+                # runs a pass-layer without requests (a loop whose count needs no division).
+                j0 = a
+                while True:
+                    j1 = min(b, j0 + n_slots)
                     now = clock
                     ready = now
                     engine_wait = 0.0
@@ -517,13 +527,18 @@ def _kernel_for(alone: bool, serve: int):
                     clock += stall
                     pass_stall += stall
                     row = c0 + pos
-                    cnt[0, pos] += j1 - j0  # COUNTED's order
-                    cnt[1, pos] += hits
-                    cnt[2, pos] += late
-                    cnt[3, pos] += misses
-                    cnt[4, pos] += coll
-                    cnt[5, pos] += pairs
-                    cnt[6, pos] += 1
+                    if one_list:  # the others follow from the requests (at the end)
+                        cnt[2, pos] += late
+                        cnt[3, pos] += misses
+                        cnt[4, pos] += coll
+                    else:
+                        cnt[0, pos] += j1 - j0  # COUNTED's order
+                        cnt[1, pos] += hits
+                        cnt[2, pos] += late
+                        cnt[3, pos] += misses
+                        cnt[4, pos] += coll
+                        cnt[5, pos] += pairs
+                        cnt[6, pos] += 1
                     F[u(row + K.R_DEMAND_B * n_layers)] += misses * nbytes
                     F[u(row + K.R_STALL * n_layers)] += stall
                     if engine_wait > 0.0:
@@ -532,6 +547,9 @@ def _kernel_for(alone: bool, serve: int):
                         clock += timeline.experts_step(pairs, j1 - j0, tokens, per_expert,
                                                        shared_params if j0 == a else 0,
                                                        dtype_b, peak_flops, hbm_bps, launch)
+                    j0 += n_slots
+                    if j0 >= b:
+                        break
             if has_cost:  # the dense layers after the last MoE layer, then the logits
                 for _ in range(dense_after):
                     clock += dense[u(p)]
@@ -543,11 +561,27 @@ def _kernel_for(alone: bool, serve: int):
                 evictions[u(p)] = n_evicted
             # The running totals, summed over the layers as the general kernel sums them (the
             # counts from this loop's own, in `cnt`).
-            for j in range(len(COUNTED)):
-                total = 0
+            if one_list:  # one wave a pass-layer, each request a hit, a late hit or a miss
+                n_req = starts[(p + 1) * n_layers] - starts[0]
+                r_pairs += pass_pairs[p] * n_layers
+                r_late = r_miss = r_coll = 0
                 for q in range(n_layers):
-                    total += cnt[j, q]
-                running[p, j] = total
+                    r_late += cnt[2, q]
+                    r_miss += cnt[3, q]
+                    r_coll += cnt[4, q]
+                running[p, 0] = n_req  # COUNTED's order
+                running[p, 1] = n_req - r_late - r_miss
+                running[p, 2] = r_late
+                running[p, 3] = r_miss
+                running[p, 4] = r_coll
+                running[p, 5] = r_pairs
+                running[p, 6] = (p + 1) * n_layers
+            else:
+                for j in range(len(COUNTED)):
+                    total = 0
+                    for q in range(n_layers):
+                        total += cnt[j, q]
+                    running[p, j] = total
             t_evict += evictions[u(p)]
             running[p, 7] = t_evict
             for j in range(8, 11):
@@ -556,6 +590,18 @@ def _kernel_for(alone: bool, serve: int):
                 for q in range(n_layers):
                     total += F[u(base + q)]
                 running[p, j] = total
+        if one_list:  # the counts that follow from the requests, per layer
+            all_pairs = 0
+            for p in range(n_pass):
+                all_pairs += pass_pairs[p]
+            for q in range(n_layers):
+                n_req = 0
+                for p in range(n_pass):
+                    n_req += starts[p * n_layers + q + 1] - starts[p * n_layers + q]
+                cnt[0, q] = n_req
+                cnt[1, q] = n_req - cnt[2, q] - cnt[3, q]
+                cnt[5, q] = all_pairs
+                cnt[6, q] = n_pass
         for j in range(len(COUNTED)):
             for q in range(n_layers):
                 F[u(c0 + COUNTED[j] * n_layers + q)] += cnt[j, q]
@@ -583,13 +629,15 @@ def _kernel_for(alone: bool, serve: int):
 
 
 # Every combination, each compiled the first time `kernel_for` hands it out.
-KERNELS = {(alone, serve): _kernel_for(alone, serve)
-           for alone in (True, False) for serve in (CODED, ONE_LIST_REQUEST, ONE_LIST_LAYER)}
+KERNELS = {(alone, serve, costed): _kernel_for(alone, serve, costed)
+           for alone in (True, False) for serve in (CODED, ONE_LIST_REQUEST, ONE_LIST_LAYER)
+           for costed in (True, False)}
 
 
-def kernel_for(I: np.ndarray, F: np.ndarray, n_pass: int, longest: int):
+def kernel_for(I: np.ndarray, F: np.ndarray, n_pass: int, longest: int, costed: bool):
     """The kernel for the run `(I, F)` lays out (`kernel.layout`) over `n_pass` passes whose
-    pass-layers have at most `longest` requests. One list is served in the clock's loop for
+    pass-layers have at most `longest` requests, with a cost model or not (`costed`: the first
+    of `compiled._cost_params`). One list is served in the clock's loop for
     `lru` and `fifo` without waves (where a pass-layer has more requests than the cache has
     slots, `_cache_steps` orders them); the int32 state it keeps bounds the passes
     and waves it counts."""
@@ -599,4 +647,4 @@ def kernel_for(I: np.ndarray, F: np.ndarray, n_pass: int, longest: int):
     if (I[K.POLICY] in (K.LRU, K.FIFO) and longest <= I[K.N_SLOTS]
             and n_pass * I[K.N_LAYERS] < SLOT_BITS):
         serve = ONE_LIST_LAYER if I[K.PIN_LAYER] == 1 else ONE_LIST_REQUEST
-    return KERNELS[(bool(alone), serve)]
+    return KERNELS[(bool(alone), serve, bool(costed))]
