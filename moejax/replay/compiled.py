@@ -106,8 +106,15 @@ def requests(traces, n_experts: int):
         keys, starts, mult = blocks[0][:3]
     else:
         keys = np.concatenate([b[0] for b in blocks])
-        shift = np.cumsum([0] + [len(b[0]) for b in blocks])
-        starts = np.concatenate([[0]] + [b[1][1:] + at for b, at in zip(blocks, shift)])
+        # Each block's starts, shifted by the requests before it, written in place (a shifted
+        # copy of each, then joined, wrote every start twice into fresh pages).
+        starts = np.empty(sum(len(b[1]) - 1 for b in blocks) + 1, np.int64)
+        starts[0] = at = pl = 0
+        for block in blocks:
+            n = len(block[1]) - 1
+            np.add(block[1][1:], at, out=starts[pl + 1:pl + n + 1])
+            at += len(block[0])
+            pl += n
         mult = (np.concatenate([b[2] if len(b[2]) else np.ones(len(b[0]), np.int32)
                                 for b in blocks])
                 if any(len(b[2]) for b in blocks) else np.zeros(0, np.int32))
@@ -521,18 +528,21 @@ def run(cache: ExpertCache, traces, context_start: list[int] | None = None,
                       else (np.zeros(n_keys + 1, np.int64), np.zeros(0, np.int64)))
     quota = np.asarray(getattr(cache.eviction, "quota", [0] * n_layers), np.int64)
     clock = cache.clock
+    # Without predictions and with a list eviction, the lean kernel (the same steps, the same
+    # outcome: `lean_kernel.py`), which takes the pass-layers' starts as they are; the general
+    # one otherwise, which reads them from `I`.
+    lean = lean_kernel.covers(policy, len(grp_target) > 0)
     I, F = K.layout(policy, shape.num_slots, n_experts, n_layers,
                     K.QUEUES[cache.options.prefetch_queue],
-                    cache.pin_scope == "layer", len(clock.engine_free), quota, starts,
+                    cache.pin_scope == "layer", len(clock.engine_free), quota,
+                    starts[:0] if lean else starts,
                     uses_off, uses, _walks(form, n_layers),
                     (float(shape.expert_bytes), clock.latency_s, clock.engine_bps,
                      clock.link_bps))
     plan, cost = _compute_plan(cache, passes, context_start, traces), _cost_params(cache)
-    # Without predictions and with a list eviction, the lean kernel (the same steps, the same
-    # outcome: `lean_kernel.py`); the general one otherwise.
-    if lean_kernel.covers(policy, len(grp_target) > 0):
+    if lean:
         kernel = lean_kernel.kernel_for(I, F, len(passes), passes.longest, cost[0])
-        args = (I, F, keys, mult, passes.tokens, passes.pairs, plan, cost)
+        args = (I, F, keys, starts, mult, passes.tokens, passes.pairs, plan, cost)
         rows = [K.ROWS[j] for j in lean_kernel.RUNNING]  # its running totals' columns
     else:
         kernel, args = K.run, (I, F, keys, mult, passes.tokens, passes.pairs,

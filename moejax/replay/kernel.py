@@ -140,8 +140,10 @@ def layout(policy: int, n_slots: int, n_experts: int, n_layers: int, queue: int,
            pin_layer: bool, engines: int, quota: np.ndarray, starts: np.ndarray,
            uses_off: np.ndarray, uses: np.ndarray, walks: np.ndarray,
            fc: tuple[float, float, float, float]) -> tuple[np.ndarray, np.ndarray]:
-    """The initial `(I, F)` of an empty cache. `walks`: the victim walk of a layered eviction
-    (FLD's layers, Least-Stale's queues) per running position -1..L-1, `[L + 1, width]`."""
+    """The initial `(I, F)` of an empty cache. `starts`: each pass-layer's start in the
+    requests, for `run` (the lean kernels take them as an argument: empty for them). `walks`:
+    the victim walk of a layered eviction (FLD's layers, Least-Stale's queues) per running
+    position -1..L-1, `[L + 1, width]`."""
     n_keys = n_layers * n_experts
     n_lists = 2 * n_layers + 1
     sizes = {O_KEYS: N_KEY_ROWS * n_keys, O_SLOTS: 2 * n_slots, O_LISTS: 3 * n_lists,

@@ -315,11 +315,13 @@ def _kernel_for(alone: bool, serve: int, costed: bool):
     pin_layer = serve == ONE_LIST_LAYER
 
     @K.kernel_jit
-    def run(I, F, keys, mult, pass_tokens, pass_pairs, compute, cost):
+    def run(I, F, keys, starts, mult, pass_tokens, pass_pairs, compute, cost):
         """`kernel.run` without predictions, for the list evictions (`covers`): the same
-        arguments less `pred`, the same outcome in `(I, F)` (all `compiled.run` reads of it)
-        and the same returns, but for the running totals: those of RUNNING's rows only
-        (`compiled.run` widens them).
+        arguments less `pred`, with each pass-layer's start in `keys` given as it is
+        (`compiled.requests`; `kernel.run` reads them from `I`, whose layout copies them:
+        fresh pages, a millisecond a million starts on this machine), the same outcome in
+        `(I, F)` (all `compiled.run` reads of it) and the same returns, but for the running
+        totals: those of RUNNING's rows only (`compiled.run` widens them).
 
         The clock and the counters: a pass's compute, each wave's demand fetches booked on
         the copy engines and the link, a slot's ready time against the wave's start (a hit or
@@ -331,7 +333,8 @@ def _kernel_for(alone: bool, serve: int, costed: bool):
         into its own layer and only evictions take one out)."""
         n_slots, n_layers = I[K.N_SLOTS], I[K.N_LAYERS]
         n_pass = len(pass_pairs)
-        starts = I[I[K.O_STARTS]:I[K.O_STARTS] + n_pass * n_layers + 1]
+        if len(starts) != n_pass * n_layers + 1:
+            raise ValueError("the pass-layers' starts are not the passes' layers'")
         evictions = np.zeros(n_pass, np.int64)  # per pass
         if one_list:
             for pl in range(len(starts) - 1):  # (`kernel_for` takes it only without waves)
