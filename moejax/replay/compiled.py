@@ -521,9 +521,12 @@ def run(cache: ExpertCache, traces, context_start: list[int] | None = None,
     keys, starts, mult, passes = _kept_requests(traces, n_experts)
     n_pl = len(starts) - 1
     assert n_pl == len(passes) * n_layers
-    grp_off, grp_target, grp_start, pred_experts = _kept_predictions(cache, traces, keys, starts)
     form = cache.eviction.kernel_form()
     policy = K.EVICTIONS[form]
+    # Without a prefetcher there are no predictions, and the lean kernel never reads their
+    # (empty) arrays: a pass-layer's offset each, fresh pages, not made for it.
+    preds = (None if cache.prefetch.name == "none" and lean_kernel.covers(policy, False)
+             else _kept_predictions(cache, traces, keys, starts))
     uses_off, uses = (_uses(keys, n_keys) if policy == K.BELADY
                       else (np.zeros(n_keys + 1, np.int64), np.zeros(0, np.int64)))
     quota = np.asarray(getattr(cache.eviction, "quota", [0] * n_layers), np.int64)
@@ -531,7 +534,7 @@ def run(cache: ExpertCache, traces, context_start: list[int] | None = None,
     # Without predictions and with a list eviction, the lean kernel (the same steps, the same
     # outcome: `lean_kernel.py`), which takes the pass-layers' starts as they are; the general
     # one otherwise, which reads them from `I`.
-    lean = lean_kernel.covers(policy, len(grp_target) > 0)
+    lean = preds is None or lean_kernel.covers(policy, len(preds[1]) > 0)
     I, F = K.layout(policy, shape.num_slots, n_experts, n_layers,
                     K.QUEUES[cache.options.prefetch_queue],
                     cache.pin_scope == "layer", len(clock.engine_free), quota,
@@ -545,8 +548,8 @@ def run(cache: ExpertCache, traces, context_start: list[int] | None = None,
         args = (I, F, keys, starts, mult, passes.tokens, passes.pairs, plan, cost)
         rows = [K.ROWS[j] for j in lean_kernel.RUNNING]  # its running totals' columns
     else:
-        kernel, args = K.run, (I, F, keys, mult, passes.tokens, passes.pairs,
-                               (grp_off, grp_target, grp_start, pred_experts), plan, cost)
+        kernel, args = K.run, (I, F, keys, mult, passes.tokens, passes.pairs, preds, plan,
+                               cost)
         rows = list(K.ROWS)
     setup = (load(args, kernel) if on_load is None
              else on_load(lambda: load(args, kernel), kernel_loaded(args, kernel)))
