@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from moejax import bundled
 from moejax.cache import build_cache_for
 from moejax.calibration import cells as cells_lib
+from moejax.cache.metrics import PARTS, PassTiming, parts_of
 from moejax.calibration import host_fit, matrix
 from moejax.errors import ConfigError
 from moejax.families import preset
@@ -210,6 +211,25 @@ def test_the_parts_of_a_virtual_time_add_up_to_it(capacity, eviction, prefetch, 
     t = cache.metrics.timing()
     assert math.fsum(t["parts"]["ttft"].values()) == pytest.approx(t["ttft_s"], rel=1e-12)
     assert math.fsum(t["parts"]["decode"].values()) == pytest.approx(t["decode_s"], rel=1e-12)
+
+
+_SECONDS = st.floats(0.0, 10.0, allow_nan=False)
+
+
+@settings(max_examples=examples(200), deadline=None)
+@given(st.lists(st.tuples(_SECONDS, _SECONDS, _SECONDS, _SECONDS, _SECONDS, _SECONDS),
+                max_size=30))
+def test_the_parts_of_passes_are_each_passes_parts_added_in_pass_order(rows):
+    """`metrics.parts_of`, which sums without a dict a pass, gives each part as the passes'
+    `PassTiming.parts` added one by one, to the last bit."""
+    passes = [PassTiming("decode", 1, start, start + length, stall, storage, wait, work)
+              for start, length, stall, storage, wait, work in rows]
+    expected = dict.fromkeys(PARTS, 0.0)
+    for p in passes:
+        for name, value in p.parts.items():
+            expected[name] += value
+    assert parts_of(passes) == expected
+    assert list(parts_of(passes)) == list(PARTS)
 
 
 # -- monotone ----------------------------------------------------------------------------------

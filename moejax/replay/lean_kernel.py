@@ -152,6 +152,38 @@ def _cache_steps(I, F, keys, starts, code, order, evictions):
             I[key_at(list_b, k)] = -1
             I[u(len_b + w)] -= 1
 
+    quota_b = I[K.O_POS] + K.QUOTA * n_layers
+
+    def first_free(w, st):  # `kernel._first_free`
+        k = I[u(head_b + w)]
+        while k >= 0 and I[key_at(prot_b, k)] == st:
+            k = I[key_at(next_b, k)]
+        return k
+
+    def layer_victim(own, st):
+        """`kernel.victim` for `lru_per_layer`, on hoisted offsets: the incoming key's layer
+        (`own`) gives its own first key not protected where it holds its share; else, of each
+        layer's first key not protected, the least recent among the layers over their share,
+        else among all (`LAST`: a tick of its own each use, so no two are equal)."""
+        if I[u(len_b + own)] >= I[u(quota_b + own)]:
+            k = first_free(own, st)
+            if k >= 0:
+                return k
+        best = -1
+        best_last = 0
+        for over in (True, False):  # layers over their share first, then any
+            for q in range(n_layers):
+                if over and I[u(len_b + q)] <= I[u(quota_b + q)]:
+                    continue
+                k = first_free(q, st)
+                if k >= 0:
+                    last = I[key_at(last_b, k)]
+                    if best < 0 or last < best_last:
+                        best, best_last = k, last
+            if best >= 0:
+                return best
+        return -1
+
     def current(k, pos):
         """Least-Stale: `k` current for the pass; a current key keeps its place
         (`kernel._ls_request`)."""
@@ -225,9 +257,9 @@ def _cache_steps(I, F, keys, starts, code, order, evictions):
                         s = I[u(free_b + free_n)]
                     else:
                         if lru_like:  # the first not protected
-                            v = I[u(head_b)]
-                            while v >= 0 and I[key_at(prot_b, v)] == st:
-                                v = I[key_at(next_b, v)]
+                            v = first_free(0, st)
+                        elif per_layer:
+                            v = layer_victim(k // n_experts, st)
                         else:
                             v = K.victim(I, pos, st, k, p)
                         s = I[key_at(slot_b, v)]
