@@ -541,6 +541,29 @@ def test_each_lean_kernel_is_taken_where_it_applies_and_gives_the_references_num
     kw = {"hardware": {"copy_engines": engines},
           "model_cfg": (_model_cfg(trace.layers, 6, trace.num_experts, trace.top_k, 8)
                         if costed else None)}
+    handed = _lean_against_general_and_reference(config, trace, kw)
+    assert handed == [_LEAN.KERNELS[(engines == 1, serve, costed)]]
+
+
+@pytest.mark.parametrize("expert_bytes", [1000, 2 ** 50 + 1])
+def test_the_one_list_kernels_demand_bytes_where_a_sum_could_be_inexact(expert_bytes):
+    """The one-list kernels take a layer's demand bytes as its misses times the expert's bytes
+    where no sum can reach 2**53 (1000 bytes), and add them wave by wave where one could
+    (2**50 + 1 bytes: the sums are rounded): either way the general kernel's numbers, the
+    bytes' counters and running totals among them, and the reference's where every sum is
+    exact (its byte counts are Python integers, the kernels' float64)."""
+    trace = random_scored_trace(np.random.default_rng(3), 4, 16, 2, [1] * 60,
+                                BYTES_AT["native"], scores=False)
+    handed = _lean_against_general_and_reference(_config("lru", pin="request", slots=8),
+                                                 trace, {"expert_bytes": expert_bytes},
+                                                 reference=expert_bytes < 2 ** 50)
+    assert handed == [_LEAN.KERNELS[(True, _LEAN.ONE_LIST_REQUEST, False)]]
+
+
+def _lean_against_general_and_reference(config, trace, kw, reference=True) -> list:
+    """`trace` replayed through three caches of `config` (`_cache(**kw)`): on the lean kernel,
+    on the general one and (`reference`) on the reference engine, all equal (evictions among
+    them); returns the lean kernels `kernel_for` handed out."""
     lean, general, ref = (_cache(config, trace, **kw) for _ in range(3))
     handed = []
     real = _LEAN.kernel_for
@@ -556,11 +579,12 @@ def test_each_lean_kernel_is_taken_where_it_applies_and_gives_the_references_num
         assert replay(general, [trace]).engine == "compiled"
     finally:
         _LEAN.kernel_for, _LEAN.covers = real, covers
-    assert replay(ref, [trace], engine="reference").engine == "reference"
-    assert handed == [_LEAN.KERNELS[(engines == 1, serve, costed)]]
     assert lean.metrics.totals()["misses"] > 0 and lean.metrics.totals()["evictions"] > 0
     _assert_same(general, lean)
-    _assert_same(ref, lean)
+    if reference:
+        assert replay(ref, [trace], engine="reference").engine == "reference"
+        _assert_same(ref, lean)
+    return handed
 
 
 TOPK = "topk(overfetch=1.5)"

@@ -423,7 +423,16 @@ def _kernel_for(alone: bool, serve: int, costed: bool):
         free_n = I[K.FREE_N]
         prot = np.zeros(I[K.N_KEYS] if pin_layer else 0, np.int32)  # the loop's own stamps
         stamp = 0
-        r_pairs = 0  # (one list) the pairs so far
+        r_pairs = r_late = r_miss = r_coll = 0  # (one list) the counts so far
+        # A layer's demand bytes are its misses times the expert's bytes, summed wave by
+        # wave: where those bytes are a whole number and no sum can reach 2**53, every sum is
+        # exact, so the sum is the product, taken once at the end (one list: a twelfth of a
+        # top-2 model's replay was this multiply-add a wave).
+        demand_b = c0 + K.R_DEMAND_B * n_layers
+        exact_bytes = (one_list and nbytes >= 0.0 and nbytes == np.floor(nbytes)
+                       and len(keys) * nbytes < 2.0 ** 53)
+        for q in range(n_layers):
+            exact_bytes = exact_bytes and F[demand_b + q] == 0.0
         for p in range(n_pass):
             start = clock
             if has_cost:
@@ -574,7 +583,8 @@ def _kernel_for(alone: bool, serve: int, costed: bool):
                         cnt[4, pos] += coll
                         cnt[5, pos] += pairs
                         cnt[6, pos] += 1
-                    F[u(row + K.R_DEMAND_B * n_layers)] += misses * nbytes
+                    if not exact_bytes:
+                        F[u(row + K.R_DEMAND_B * n_layers)] += misses * nbytes
                     F[u(row + K.R_STALL * n_layers)] += stall
                     if engine_wait > 0.0:
                         F[u(row + K.R_BEHIND * n_layers)] += min(stall, engine_wait)
@@ -619,7 +629,9 @@ def _kernel_for(alone: bool, serve: int, costed: bool):
                     running[p, j] = total
             t_evict += evictions[u(p)]
             running[p, 7] = t_evict
-            for j in range(8, 11):
+            if exact_bytes:  # (each layer's sum an exact whole number: so is theirs)
+                running[p, 8] = r_miss * nbytes
+            for j in range(9 if exact_bytes else 8, 11):
                 total = 0.0
                 base = c0 + RUNNING[j] * n_layers
                 for q in range(n_layers):
@@ -640,6 +652,9 @@ def _kernel_for(alone: bool, serve: int, costed: bool):
         for j in range(len(COUNTED)):
             for q in range(n_layers):
                 F[u(c0 + COUNTED[j] * n_layers + q)] += cnt[j, q]
+        if exact_bytes:
+            for q in range(n_layers):
+                F[demand_b + q] = cnt[3, q] * nbytes
         if one_engine:
             engines[0] = engine
         F[u(t)] = clock
