@@ -33,14 +33,21 @@ calls a function per step of a request; per request that was most of its time. H
 - a transfer's booking is `timeline.book` written out with its two quotients taken once
   (called, it cost 15-25% of the loop: numba does not inline it), or on one copy engine
   `timeline.book_alone`'s two additions;
-- each kernel is compiled with its booking and its way of serving as constants, the others'
-  code left out, and only when a run takes it (`kernel_for`).
+- each kernel is compiled with its booking, its way of serving and whether a cost model
+  charges compute as constants, the others' code left out, and only when a run takes it
+  (`kernel_for`);
+- serving one list (one wave a pass-layer), the clock's loop counts per wave only the late
+  hits, misses and collisions, and a layer's demand bytes are its misses times the expert's
+  bytes where every sum is exact (`run`): the rest follows from the requests; on a top-2
+  model, two requests a wave, the work a wave had outweighed the requests'.
 (Measured with `benchmarks/replay_limit.py`; its figures are in benchmarks/README.md.)
 
 Their semantics are the general kernel's, step for step (`kernel.py`'s docstring): the rarer
-steps (a layered victim search, Least-Stale's pass start, the strict quota's check) are the
-general kernel's own functions. `tests/test_compiled_replay.py` holds every kernel here equal
-to the general one (every count, every time, bit for bit), and both to the reference engine."""
+steps (FLD's and Least-Stale's victim walks, Least-Stale's pass start, the strict quota's
+check) are the general kernel's own functions, and `lru_per_layer`'s victim search is its
+`victim` written out on hoisted offsets. `tests/test_compiled_replay.py` holds every kernel
+here equal to the general one (every count, every time, bit for bit), and both to the
+reference engine."""
 
 from __future__ import annotations
 
