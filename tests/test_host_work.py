@@ -20,8 +20,8 @@ from hypothesis import strategies as st
 
 from moejax import bundled
 from moejax.cache import build_cache_for
-from moejax.calibration import cells as cells_lib
 from moejax.cache.metrics import PARTS, PassTiming, parts_of
+from moejax.calibration import cells as cells_lib
 from moejax.calibration import host_fit, matrix
 from moejax.errors import ConfigError
 from moejax.families import preset

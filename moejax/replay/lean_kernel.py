@@ -455,11 +455,12 @@ def _kernel_for(alone: bool, serve: int, costed: bool):
                     clock += attn[u(p)]
                 a, b = starts[u(pl)], starts[u(pl + 1)]
                 waves = not one_list and b - a > n_slots  # (one list: `run` checks there are none)
-                # Its waves, from `a` on, `n_slots` requests each: always one, as the reference
-                # runs a pass-layer without requests (a loop whose count needs no division).
+                # Its waves, from `a` on, `n_slots` requests each: at least one, as the
+                # reference runs a pass-layer without requests, and with one list exactly one
+                # (a loop whose count needs no division).
                 j0 = a
                 while True:
-                    j1 = min(b, j0 + n_slots)
+                    j1 = b if one_list else min(b, j0 + n_slots)
                     now = clock
                     ready = now
                     engine_wait = 0.0
@@ -600,7 +601,7 @@ def _kernel_for(alone: bool, serve: int, costed: bool):
                                                        shared_params if j0 == a else 0,
                                                        dtype_b, peak_flops, hbm_bps, launch)
                     j0 += n_slots
-                    if j0 >= b:
+                    if one_list or j0 >= b:
                         break
             if has_cost:  # the dense layers after the last MoE layer, then the logits
                 for _ in range(dense_after):
