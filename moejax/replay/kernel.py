@@ -727,16 +727,31 @@ def _drop_queued(I, F, upto):
 
 @jit
 def begin_pass(I):
-    """Least-Stale's current queues become stale; predicted sets are per pass."""
+    """Least-Stale's current queues become stale; predicted sets are per pass. A layer's
+    current queue goes to the end of its stale one in its order, as its keys taken from its
+    head and appended one by one would: spliced, each key's links within it kept, only its
+    list changed (a pass moves up to every key it used: as many moves as requests)."""
     L = I[N_LAYERS]
     if _is_ls(I[POLICY]):
         for q in range(L):
-            k = I[_h(I, HEAD, L + q)]
+            first = I[_h(I, HEAD, L + q)]
+            if first < 0:
+                continue
+            k = first
             while k >= 0:
-                nk = I[_k(I, EL_NEXT, k)]
-                _remove(I, EL, k)
-                _append(I, EL, q, k)
-                k = nk
+                I[_k(I, EL_LIST, k)] = q
+                k = I[_k(I, EL_NEXT, k)]
+            tail = I[_h(I, TAIL, q)]
+            I[_k(I, EL, first)] = tail
+            if tail >= 0:
+                I[_k(I, EL_NEXT, tail)] = first
+            else:
+                I[_h(I, HEAD, q)] = first
+            I[_h(I, TAIL, q)] = I[_h(I, TAIL, L + q)]
+            I[_h(I, LEN, q)] += I[_h(I, LEN, L + q)]
+            I[_h(I, HEAD, L + q)] = -1
+            I[_h(I, TAIL, L + q)] = -1
+            I[_h(I, LEN, L + q)] = 0
     for q in range(L):
         I[_p(I, PSET, q)] = -1
 

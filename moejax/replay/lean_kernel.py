@@ -43,9 +43,9 @@ calls a function per step of a request; per request that was most of its time. H
 (Measured with `benchmarks/replay_limit.py`; its figures are in benchmarks/README.md.)
 
 Their semantics are the general kernel's, step for step (`kernel.py`'s docstring): the rarer
-steps (FLD's and Least-Stale's victim walks, Least-Stale's pass start, the strict quota's
-check) are the general kernel's own functions, and `lru_per_layer`'s victim search is its
-`victim` written out on hoisted offsets. `tests/test_compiled_replay.py` holds every kernel
+steps (Least-Stale's pass start, the strict quota's check) are the general kernel's own
+functions, and the victim searches (`lru_per_layer`'s walk over the layers, FLD's and
+Least-Stale's along their lists) are its `victim` written out on hoisted offsets. `tests/test_compiled_replay.py` holds every kernel
 here equal to the general one (every count, every time, bit for bit), and both to the
 reference engine."""
 
@@ -98,9 +98,9 @@ def _held_per_layer(I):
 @K.kernel_jit
 def _cache_steps(I, F, keys, starts, code, order, evictions):
     """The cache's steps, for every eviction and pin scope these kernels cover: serves the requests
-    on the cache's state in `I` (`kernel._allocate`, `_on_access`, `_on_admit`; the layered
-    victim search, Least-Stale's pass start and the strict quota's check are `kernel.py`'s own
-    functions), writing each one's code (`code`, in the order served: a pass-layer's requests
+    on the cache's state in `I` (`kernel._allocate`, `_on_access`, `_on_admit`, and
+    `kernel.victim` on hoisted offsets; Least-Stale's pass start and the strict quota's check
+    are `kernel.py`'s own functions), writing each one's code (`code`, in the order served: a pass-layer's requests
     in rank order, or where it has waves resident ones first, with the request in `order`),
     the evictions per pass, and per layer into F's counters."""
     policy = I[K.POLICY]
@@ -191,6 +191,21 @@ def _cache_steps(I, F, keys, starts, code, order, evictions):
                 return best
         return -1
 
+    walk_o, walk_w = I[K.O_WALK], I[K.WALK_W]
+
+    def walk_victim(pos, st):
+        """`kernel.victim` for FLD and Least-Stale, on hoisted offsets: the first key not
+        protected along the lists of the running position's walk."""
+        q0 = pos if pos < n_layers - 1 else n_layers - 1
+        if q0 < -1:
+            q0 = -1
+        row = walk_o + (q0 + 1) * walk_w
+        for j in range(walk_w):
+            k = first_free(I[u(row + j)], st)
+            if k >= 0:
+                return k
+        return -1
+
     def current(k, pos):
         """Least-Stale: `k` current for the pass; a current key keeps its place
         (`kernel._ls_request`)."""
@@ -267,8 +282,8 @@ def _cache_steps(I, F, keys, starts, code, order, evictions):
                             v = first_free(0, st)
                         elif per_layer:
                             v = layer_victim(k // n_experts, st)
-                        else:
-                            v = K.victim(I, pos, st, k, p)
+                        else:  # FLD, Least-Stale
+                            v = walk_victim(pos, st)
                         s = I[key_at(slot_b, v)]
                         I[key_at(slot_b, v)] = -1
                         I[u(key_of_b + s)] = -1
