@@ -238,7 +238,8 @@ def _kept_requests(traces, n_experts: int):
     """`requests(traces, n_experts)`, built once per process for traces of the same values
     (compared with copies of the kept ones': a trace changed in place is built anew). Its
     arrays are shared by the replays that take them: nothing writes them (the kernels read
-    `keys` and `mult`; `layout` copies `starts`)."""
+    `keys` and `mult`, the lean ones `starts` too; `layout` copies `starts` for the general
+    one)."""
     now = _request_inputs(traces)
     for inputs, experts, out, _ in _REQUESTS:
         if experts == n_experts and _same_inputs(inputs, now):
