@@ -91,6 +91,7 @@ def _assert_same(ref, fast):
     assert fast.metrics.to_dict() == ref.metrics.to_dict()
     assert fast.metrics.snapshots == ref.metrics.snapshots
     assert fast.residency == ref.residency and fast.slot_ready == ref.slot_ready
+    assert fast.slot_key == ref.slot_key and fast.in_cache == ref.in_cache
     assert fast.prefetch_origin == ref.prefetch_origin and not fast.queue and not ref.queue
     assert fast.running_pins == ref.running_pins
     assert (fast.clock.t, fast.clock.link_free, fast.clock.engine_free) == \

@@ -567,13 +567,21 @@ def run(cache: ExpertCache, traces, context_start: list[int] | None = None,
     layers = shape.layers
     cache.pass_id = len(passes) - 1
     cache.running_pos = n_layers - 1
-    for k in np.flatnonzero(slot_of >= 0).tolist():
-        key = (layers[k // n_experts], k % n_experts)
-        slot = int(slot_of[k])
-        cache.residency[key] = slot
+    # The resident keys in key order (layer by layer, each layer's experts ascending), each
+    # container filled in that order as one key at a time would fill it.
+    resident = np.flatnonzero(slot_of >= 0)
+    at, experts = np.divmod(resident, n_experts)
+    slots = slot_of[resident].tolist()
+    held = list(zip([layers[q] for q in at.tolist()], experts.tolist()))
+    cache.residency.update(zip(held, slots))
+    for key, slot in zip(held, slots):
         cache.slot_key[slot] = key
-        cache.in_cache[key[0]].add(key[1])
-        cache.layer_changes[key[0]] += 1
+    ends = np.cumsum(np.bincount(at, minlength=n_layers)).tolist()
+    for q, layer in enumerate(layers):
+        first = ends[q - 1] if q else 0
+        if ends[q] > first:
+            cache.in_cache[layer].update(experts[first:ends[q]].tolist())
+            cache.layer_changes[layer] += ends[q] - first
     for k in np.flatnonzero(origin_pass >= 0).tolist():
         key = (layers[k // n_experts], k % n_experts)
         cache.prefetch_origin[key] = (int(origin_pass[k]), layers[int(origin_tpos[k])])

@@ -655,7 +655,7 @@ def _prefetch(I, F, pred, pins, n_pins, pl, pos, now, p, next_set):
 
 
 @jit
-def _enqueue(I, F, pred, pins, n_pins, pl, pos, now, p, next_set):
+def _enqueue(I, F, pred, pins, n_pins, pl, pos, now, p, next_set, issued):
     """`WatchdogQueue.enqueue`: predictions join the watchdog's FIFO, then it runs."""
     grp_off, grp_target, grp_start, experts = pred
     queue = I[N_LISTS] - 1
@@ -670,14 +670,20 @@ def _enqueue(I, F, pred, pins, n_pins, pl, pos, now, p, next_set):
                 _append(I, QL, queue, k)
                 I[_k(I, Q_TPOS, k)] = tpos
                 F[I[O_QT] + k] = now
-    _watchdog(I, F, pins, n_pins, now, False, p, pos)
+    _watchdog(I, F, pins, n_pins, now, False, p, pos, issued)
 
 
 @jit
-def _watchdog(I, F, pins, n_pins, now, strict, p, running_pos):
+def _watchdog(I, F, pins, n_pins, now, strict, p, running_pos, issued):
     """`WatchdogQueue.issue`: issues queued prefetches, head first, while a slot can be had
     sparing `pins` and this pass's prefetches whose target has not run: at `now`, or under
-    `watchdog_idle` once a copy engine is free by `now` (before it when `strict`)."""
+    `watchdog_idle` once a copy engine is free by `now` (before it when `strict`). `issued`:
+    the keys this pass's prefetches went to (`issued[0]` of them, from `issued[1]`), the only
+    keys that can be such a prefetch (a key's origin is cleared when it is used or evicted:
+    `_allocate`); a scan for the ones to spare drops from it those whose target has run or that
+    were used or evicted since (none of them can be one again but by a prefetch of its own).
+    It replaced a scan of every slot (about 8% of a prefetching replay's kernel time at 25%:
+    docs/findings/speed.md)."""
     idle = I[QUEUE] == WATCHDOG_IDLE
     queue = I[N_LISTS] - 1
     t = I[O_T]
@@ -697,11 +703,14 @@ def _watchdog(I, F, pins, n_pins, now, strict, p, running_pos):
             st = I[STAMP]
             for j in range(n_pins):
                 I[_k(I, PROT, pins[j])] = st
-            for s in range(I[N_SLOTS]):
-                v = I[_s(I, KEY_OF, s)]
-                if v >= 0 and I[_k(I, ORIGIN_PASS, v)] == p and \
-                        I[_k(I, ORIGIN_TPOS, v)] > running_pos:
+            kept = 0
+            for i in range(1, issued[0] + 1):
+                v = issued[i]
+                if I[_k(I, ORIGIN_PASS, v)] == p and I[_k(I, ORIGIN_TPOS, v)] > running_pos:
                     I[_k(I, PROT, v)] = st
+                    kept += 1
+                    issued[kept] = v
+            issued[0] = kept
         s = _allocate(I, F, running_pos, st, k, p, running_pos)
         if s < 0:
             return
@@ -709,6 +718,10 @@ def _watchdog(I, F, pins, n_pins, now, strict, p, running_pos):
         I[_k(I, PROT, k)] = st
         _admit(I, F, k, s, issue, True)
         _prefetched(I, F, k, I[_k(I, Q_TPOS, k)], p)
+        if issued[0] + 1 >= len(issued):  # (never: `run` sizes it by the pass's predictions)
+            raise ValueError("a pass issued more prefetches than it has predictions")
+        issued[0] += 1
+        issued[issued[0]] = k
 
 
 @jit
@@ -787,7 +800,14 @@ def run(I, F, keys, mult, pass_tokens, pass_pairs, pred, compute, cost):
     for pl in range(len(starts) - 1):
         longest = max(longest, starts[pl + 1] - starts[pl])
     order = np.zeros(longest, np.int64)  # one pass-layer's requests, resident first
-    grp_off = pred[0]
+    grp_off, grp_start = pred[0], pred[2]
+    # This pass's prefetches (`_watchdog`): at most one per prediction of the pass, as the
+    # queue takes a prediction once and is empty when a pass starts (`_drop_queued`).
+    most = 0
+    for p in range(n_pass):
+        first, last = grp_off[p * n_layers], grp_off[(p + 1) * n_layers]
+        most = max(most, grp_start[last] - grp_start[first])
+    issued = np.zeros(most + 1, np.int64)
     for p in range(n_pass):
         start = F[t]
         if has_cost:
@@ -795,18 +815,19 @@ def run(I, F, keys, mult, pass_tokens, pass_pairs, pred, compute, cost):
         pass_stall = 0.0
         tokens = pass_tokens[p]
         begin_pass(I)
+        issued[0] = 0
         running_pos = -1
         for pos in range(n_layers):
             pl = p * n_layers + pos
             if not idle and I[_h(I, LEN, queue)] > 0:  # the previous layer's experts are done
-                _watchdog(I, F, pins, 0, F[t], False, p, running_pos)
+                _watchdog(I, F, pins, 0, F[t], False, p, running_pos, issued)
             if has_cost:  # the dense layers before it, then its attention + router
                 for _ in range(dense_before[pos]):
                     F[t] += dense[p]
                 F[t] += attn[p]
             a, b = starts[pl], starts[pl + 1]
             if idle and I[_h(I, LEN, queue)] > 0:  # what an idle engine took meanwhile
-                _watchdog(I, F, pins, n_pins, F[t], True, p, running_pos)
+                _watchdog(I, F, pins, n_pins, F[t], True, p, running_pos, issued)
             running_pos = pos
             if I[_h(I, LEN, queue)] > 0:
                 _drop_queued(I, F, pos)
@@ -898,14 +919,15 @@ def run(I, F, keys, mult, pass_tokens, pass_pairs, pred, compute, cost):
                     _on_access(I, k, pos, p)
                 if w == 0 and grp_off[pl + 1] > grp_off[pl]:
                     if watchdog:
-                        _enqueue(I, F, pred, pins, n_pins, pl, pos, now, p, next_set)
+                        _enqueue(I, F, pred, pins, n_pins, pl, pos, now, p, next_set,
+                                 issued)
                     else:
                         _prefetch(I, F, pred, pins, n_pins, pl, pos, now, p, next_set)
                     next_set += grp_off[pl + 1] - grp_off[pl]
                 elif watchdog and (w == 0 or not idle) and I[_h(I, LEN, queue)] > 0:
                     # ExpertCache: a layer's first wave always lets the watchdog look
                     # (`_enqueue`), a later one under the space rule (the previous is done)
-                    _watchdog(I, F, pins, n_pins, now, False, p, pos)
+                    _watchdog(I, F, pins, n_pins, now, False, p, pos, issued)
                 stall = timeline.stall(ready, F[t])
                 F[t] += stall
                 pass_stall += stall
