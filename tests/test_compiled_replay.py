@@ -21,6 +21,8 @@ import copy
 import dataclasses
 import glob
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -559,6 +561,63 @@ def test_the_one_list_kernels_demand_bytes_where_a_sum_could_be_inexact(expert_b
                                                  trace, {"expert_bytes": expert_bytes},
                                                  reference=expert_bytes < 2 ** 50)
     assert handed == [_LEAN.KERNELS[(True, _LEAN.ONE_LIST_REQUEST, False)]]
+
+
+# One process's replay on a one-list lean kernel, with a cost model or without, its numbers
+# and the symbol numba gave each lean kernel it holds (`test_lean_kernels_...`).
+_ONE_PROCESS = """
+import dataclasses, sys
+import numpy as np
+from moejax.cache import build_cache_for
+from moejax.families import preset
+from moejax.jobs.schema import base_config
+from moejax.jobs.specs import resolve
+from moejax.replay import lean_kernel
+from moejax.replay.engine import replay
+from moejax.testing import random_scored_trace
+
+trace = random_scored_trace(np.random.default_rng(7), 4, 16, 2, [1] * 40, 4096, scores=False)
+for kind in sys.argv[1:]:
+    c = base_config()
+    c.cache.slots, c.cache.pin_scope, c.clock.kind = 8, "layer", "virtual"
+    c.policies.eviction, c.policies.prefetch = "lru", "none"
+    model = (dataclasses.replace(preset("olmoe", "tiny"), num_layers=6, moe_layers=tuple(trace.layers),
+                                 num_experts=16, top_k=2, dense_intermediate_size=48,
+                                 sliding_window=())
+             if kind == "costed" else None)
+    cache = build_cache_for(resolve(c), model, {"native": 4096}, False, layers=tuple(trace.layers),
+                            num_layers=6, num_experts=16, top_k=2)
+    assert replay(cache, [trace]).engine == "compiled"
+    print("numbers", kind, cache.metrics.totals(), cache.clock.t)
+for key, kernel in lean_kernel.KERNELS.items():
+    for held in kernel.overloads.values():
+        print("symbol", key, held.fndesc.mangled_name)
+"""
+
+
+def test_lean_kernels_compiled_by_two_processes_run_side_by_side_from_the_disk_cache(tmp_path):
+    """Two lean kernels compiled by two processes into one disk cache, each the first a
+    process compiled, then loaded by a third: each has symbols of its own, and the third gives
+    each process's numbers. (The twelve shared one qualified name, which numba names the
+    symbols after, with a count of the process's compiles: both processes gave theirs the
+    same symbols, and a capture grid's worker that loaded two such kernels failed with
+    "SystemError: ... returned a result with an exception set".)"""
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "numba"), "PYTHONHASHSEED": "0"}
+
+    def one_process(*kinds):
+        out = subprocess.run([sys.executable, "-c", _ONE_PROCESS, *kinds], env=env,
+                             capture_output=True, text=True, timeout=600)
+        assert out.returncode == 0, out.stderr[-3000:]
+        lines = out.stdout.splitlines()
+        return ([line for line in lines if line.startswith("numbers")],
+                {line for line in lines if line.startswith("symbol")})
+    costed, costed_symbols = one_process("costed")
+    plain, plain_symbols = one_process("uncosted")
+    assert len(costed_symbols) == len(plain_symbols) == 1
+    (first,), (second,) = costed_symbols, plain_symbols
+    assert first.split()[-1] != second.split()[-1]
+    assert one_process("costed", "uncosted") == (costed + plain, costed_symbols | plain_symbols)
+    assert len({k.py_func.__qualname__ for k in _LEAN.KERNELS.values()}) == len(_LEAN.KERNELS)
 
 
 def _lean_against_general_and_reference(config, trace, kw, reference=True) -> list:

@@ -315,6 +315,7 @@ def _cache_steps(I, F, keys, starts, code, order, evictions):
 # by serving it itself on one list (`lru`, `fifo`), with the layer's experts protected or
 # only the one being fetched.
 CODED, ONE_LIST_REQUEST, ONE_LIST_LAYER = range(3)
+SERVES = ("coded", "one_list_request", "one_list_layer")
 
 
 @K.kernel_jit
@@ -368,7 +369,6 @@ def _kernel_for(alone: bool, serve: int, costed: bool):
     one_list = serve != CODED
     pin_layer = serve == ONE_LIST_LAYER
 
-    @K.kernel_jit
     def run(I, F, keys, starts, mult, pass_tokens, pass_pairs, compute, cost):
         """`kernel.run` without predictions, for the list evictions (`covers`): the same
         arguments less `pred`, with each pass-layer's start in `keys` given as it is
@@ -698,7 +698,17 @@ def _kernel_for(alone: bool, serve: int, costed: bool):
         for j in range(first, b):
             pins[j - first] = keys[order[j]] if b - a > n_slots else keys[j]
         return passes, running, pins
-    return run
+
+    # Each combination under a name of its own. numba names a function's machine code after
+    # its qualified name and how many functions the process compiled before it: under one
+    # name, two combinations compiled by two processes into the disk cache could get the
+    # same symbols, and a process that loaded both ran one with the other's environment (a
+    # SystemError, "returned a result with an exception set", in a capture grid's worker).
+    # The name also gives each combination a cache index file of its own.
+    run.__name__ = f"run_{'alone' if alone else 'engines'}_{SERVES[serve]}_" \
+                   f"{'costed' if costed else 'uncosted'}"
+    run.__qualname__ = f"_kernel_for.<locals>.{run.__name__}"
+    return K.kernel_jit(run)
 
 
 # Every combination, each compiled the first time `kernel_for` hands it out.
