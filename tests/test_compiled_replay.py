@@ -581,11 +581,12 @@ for kind in sys.argv[1:]:
     c = base_config()
     c.cache.slots, c.cache.pin_scope, c.clock.kind = 8, "layer", "virtual"
     c.policies.eviction, c.policies.prefetch = "lru", "none"
-    model = (dataclasses.replace(preset("olmoe", "tiny"), num_layers=6, moe_layers=tuple(trace.layers),
+    layers = tuple(trace.layers)
+    model = (dataclasses.replace(preset("olmoe", "tiny"), num_layers=6, moe_layers=layers,
                                  num_experts=16, top_k=2, dense_intermediate_size=48,
                                  sliding_window=())
              if kind == "costed" else None)
-    cache = build_cache_for(resolve(c), model, {"native": 4096}, False, layers=tuple(trace.layers),
+    cache = build_cache_for(resolve(c), model, {"native": 4096}, False, layers=layers,
                             num_layers=6, num_experts=16, top_k=2)
     assert replay(cache, [trace]).engine == "compiled"
     print("numbers", kind, cache.metrics.totals(), cache.clock.t)
@@ -602,7 +603,7 @@ def test_lean_kernels_compiled_by_two_processes_run_side_by_side_from_the_disk_c
     symbols after, with a count of the process's compiles: both processes gave theirs the
     same symbols, and a capture grid's worker that loaded two such kernels failed with
     "SystemError: ... returned a result with an exception set".)"""
-    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "numba"), "PYTHONHASHSEED": "0"}
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "numba")}  # an empty disk cache
 
     def one_process(*kinds):
         out = subprocess.run([sys.executable, "-c", _ONE_PROCESS, *kinds], env=env,
