@@ -548,6 +548,26 @@ def test_each_lean_kernel_is_taken_where_it_applies_and_gives_the_references_num
     assert handed == [_LEAN.KERNELS[(engines == 1, serve, costed)]]
 
 
+@pytest.mark.parametrize("eviction,pin", [("lru_per_layer", "layer"),
+                                           ("lru_per_layer", "request"),
+                                           ("lru_per_layer(quota=strict)", "request"),
+                                           ("least_stale", "layer"),
+                                           ("least_stale", "request")])
+def test_the_lean_victim_searches_give_the_references_numbers_at_5_percent_of_a_capture(
+        eviction, pin):
+    """At 5% of the OLMoE prose capture (51 slots: 3 or 4 a layer of 16, each layer-pass asking
+    for 8), every request misses and the victim searches' shortcuts are put to work: the
+    per-layer LRU's set of the layers over their share and its search over every layer when
+    none of those has a key not protected (two of every five misses), Least-Stale's walk
+    from the first list that holds a key. Its first 48 passes, on the lean kernel, the general
+    one and the reference: all equal."""
+    (trace,) = load_traces(bundled.capture_path("olmoe_prose"))
+    trace = trace.first_passes(48)
+    config = _config(eviction, pin=pin, capacity_frac=0.05)
+    handed = _lean_against_general_and_reference(config, trace, {})
+    assert handed == [_LEAN.KERNELS[(True, _LEAN.CODED, False)]]
+
+
 @pytest.mark.parametrize("expert_bytes", [1000, 2 ** 50 + 1])
 def test_the_one_list_kernels_demand_bytes_where_a_sum_could_be_inexact(expert_bytes):
     """The one-list kernels take a layer's demand bytes as its misses times the expert's bytes

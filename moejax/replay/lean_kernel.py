@@ -167,35 +167,77 @@ def _cache_steps(I, F, keys, starts, code, order, evictions):
             k = I[key_at(next_b, k)]
         return k
 
-    def layer_victim(own, st):
+    # `lru_per_layer`: the layers over their share, as a set (`over[:n_over]`, and each
+    # layer's place in it, `over_at`, -1 where it is not), kept as the loop admits and evicts
+    # (a layer's list changes length nowhere else), so that a victim search looks at those
+    # layers only, not at every layer: at 5% of OLMoE (3 slots a layer, 8 requests a
+    # layer-pass) one or two layers are over their share, and a search over all 16 was most
+    # of a miss's time.
+    over = np.empty(n_layers if per_layer else 0, np.int64)
+    over_at = np.full(n_layers if per_layer else 0, -1, np.int64)
+    n_over = 0
+    if per_layer:
+        for q in range(n_layers):
+            if I[u(len_b + q)] > I[u(quota_b + q)]:
+                over[n_over] = q
+                over_at[q] = n_over
+                n_over += 1
+
+    def least_recent_first(k, best, best_last):
+        """Whether `k` (its layer's first key not protected) goes before `best`: less recent
+        (`LAST`: a tick of its own each use), a tie (none in a run the loop made) to the
+        lower layer, as `kernel.victim`'s walk in layer order keeps the first."""
+        last = I[key_at(last_b, k)]
+        return best < 0 or last < best_last or (last == best_last and k < best)
+
+    def layer_victim(own, st, n_over, own_free):
         """`kernel.victim` for `lru_per_layer`, on hoisted offsets: the incoming key's layer
         (`own`) gives its own first key not protected where it holds its share; else, of each
-        layer's first key not protected, the least recent among the layers over their share,
-        else among all (`LAST`: a tick of its own each use, so no two are equal)."""
-        if I[u(len_b + own)] >= I[u(quota_b + own)]:
-            k = first_free(own, st)
-            if k >= 0:
-                return k
+        layer's first key not protected, the least recent among the layers over their share
+        (`over[:n_over]`, in any order: the least recent is one key), else among all. Walks
+        `own`'s list once, not at all where `own_free` is False (its keys all protected), and
+        returns the victim and whether `own`'s list held a key not protected."""
+        k_own = first_free(own, st) if own_free else -1
+        if k_own >= 0 and I[u(len_b + own)] >= I[u(quota_b + own)]:
+            return k_own, True
         best = -1
         best_last = 0
-        for over in (True, False):  # layers over their share first, then any
+        for i in range(n_over):
+            q = over[u(i)]
+            k = k_own if q == own else first_free(q, st)
+            if k >= 0 and least_recent_first(k, best, best_last):
+                best, best_last = k, I[key_at(last_b, k)]
+        if best < 0:
             for q in range(n_layers):
-                if over and I[u(len_b + q)] <= I[u(quota_b + q)]:
-                    continue
-                k = first_free(q, st)
-                if k >= 0:
-                    last = I[key_at(last_b, k)]
-                    if best < 0 or last < best_last:
-                        best, best_last = k, last
-            if best >= 0:
-                return best
-        return -1
+                k = k_own if q == own else first_free(q, st)
+                if k >= 0 and least_recent_first(k, best, best_last):
+                    best, best_last = k, I[key_at(last_b, k)]
+        return best, k_own >= 0
 
     walk_o, walk_w = I[K.O_WALK], I[K.WALK_W]
+    # Whether every position's walk is the lists in their order (Least-Stale's `two_queue`:
+    # stale positions 0..L-1, then current ones): then a walk starts at `first`, below which
+    # no list holds a key (each admission or move lowers it to its list, a pass start to 0).
+    # At 5% of OLMoE a pass's first few layers empty the stale lists, and the walk over the
+    # empty ones was most of a miss's time.
+    in_order = walk_w > 0
+    for q in range(n_layers + 1):
+        for j in range(walk_w):
+            in_order = in_order and I[u(walk_o + q * walk_w + j)] == j
+    first = 0
 
-    def walk_victim(pos, st):
+    def walk_victim(pos, st, first):
         """`kernel.victim` for FLD and Least-Stale, on hoisted offsets: the first key not
-        protected along the lists of the running position's walk."""
+        protected along the lists of the running position's walk; with the walk in order,
+        from the first list that holds a key, which it returns with the victim."""
+        if in_order:
+            while first < walk_w and I[u(len_b + first)] == 0:
+                first += 1
+            for w in range(first, walk_w):
+                k = first_free(w, st)
+                if k >= 0:
+                    return k, first
+            return -1, first
         q0 = pos if pos < n_layers - 1 else n_layers - 1
         if q0 < -1:
             q0 = -1
@@ -203,8 +245,8 @@ def _cache_steps(I, F, keys, starts, code, order, evictions):
         for j in range(walk_w):
             k = first_free(I[u(row + j)], st)
             if k >= 0:
-                return k
-        return -1
+                return k, first
+        return -1, first
 
     def current(k, pos):
         """Least-Stale: `k` current for the pass; a current key keeps its place
@@ -219,6 +261,7 @@ def _cache_steps(I, F, keys, starts, code, order, evictions):
     for p in range(len(evictions)):
         if is_ls:
             K.begin_pass(I)
+            first = 0
         n_evicted = 0
         for pos in range(n_layers):
             pl = p * n_layers + pos
@@ -234,6 +277,11 @@ def _cache_steps(I, F, keys, starts, code, order, evictions):
             for j0 in range(a, b, n_slots):
                 j1 = min(b, j0 + n_slots)
                 wave_stamp = stamp
+                # (lru_per_layer) Whether the layer's list may hold a key not protected. With
+                # the layer's experts protected, once its walk finds none in a wave it finds
+                # none for the rest of the wave (the list takes only the wave's own experts),
+                # and the victim search skips it.
+                own_free = True
                 if pin_layer:  # the wave's experts are protected while it runs
                     stamp += 1
                     wave_stamp = stamp
@@ -266,6 +314,7 @@ def _cache_steps(I, F, keys, starts, code, order, evictions):
                                 I[key_at(last_b, k)] = tick
                         elif is_ls:
                             current(k, pos)
+                            first = min(first, n_layers + pos)
                         continue
                     c = MISS | (COLLISION if I[key_at(evicted_b, k)] == p else 0)
                     st = wave_stamp
@@ -281,14 +330,25 @@ def _cache_steps(I, F, keys, starts, code, order, evictions):
                         if lru_like:  # the first not protected
                             v = first_free(0, st)
                         elif per_layer:
-                            v = layer_victim(k // n_experts, st)
+                            v, own_free = layer_victim(k // n_experts, st, n_over, own_free)
+                            own_free = own_free or not pin_layer
                         else:  # FLD, Least-Stale
-                            v = walk_victim(pos, st)
+                            v, first = walk_victim(pos, st, first)
                         s = I[key_at(slot_b, v)]
                         I[key_at(slot_b, v)] = -1
                         I[u(key_of_b + s)] = -1
                         I[key_at(evicted_b, v)] = p
+                        w = I[key_at(list_b, v)]
                         unlink(v)
+                        if per_layer and I[u(len_b + w)] == I[u(quota_b + w)]:
+                            # no longer over its share: out of the set (the last one takes
+                            # its place)
+                            i = over_at[u(w)]
+                            n_over -= 1
+                            moved = over[u(n_over)]
+                            over[u(i)] = moved
+                            over_at[u(moved)] = i
+                            over_at[u(w)] = -1
                         F[u(c_evict + v // n_experts)] += 1
                         n_evicted += 1
                     I[key_at(slot_b, k)] = s
@@ -298,12 +358,18 @@ def _cache_steps(I, F, keys, starts, code, order, evictions):
                         append(0, k)
                     elif policy == K.FLD:
                         append(pos, k)
+                        first = min(first, pos)
                     elif per_layer:
                         append(pos, k)
+                        if I[u(len_b + pos)] == I[u(quota_b + pos)] + 1:  # now over its share
+                            over[u(n_over)] = pos
+                            over_at[u(pos)] = n_over
+                            n_over += 1
                         tick += 1
                         I[key_at(last_b, k)] = tick
                     elif is_ls:
                         current(k, pos)
+                        first = min(first, n_layers + pos)
                     code[u(j)] = c | s
         evictions[u(p)] = n_evicted
     I[K.STAMP] = stamp
