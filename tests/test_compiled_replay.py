@@ -548,22 +548,26 @@ def test_each_lean_kernel_is_taken_where_it_applies_and_gives_the_references_num
     assert handed == [_LEAN.KERNELS[(engines == 1, serve, costed)]]
 
 
-@pytest.mark.parametrize("eviction,pin", [("lru_per_layer", "layer"),
-                                           ("lru_per_layer", "request"),
-                                           ("lru_per_layer(quota=strict)", "request"),
-                                           ("least_stale", "layer"),
-                                           ("least_stale", "request")])
-def test_the_lean_victim_searches_give_the_references_numbers_at_5_percent_of_a_capture(
-        eviction, pin):
+@pytest.mark.parametrize("eviction,pin,capacity", [("lru_per_layer", "layer", 0.05),
+                                                    ("lru_per_layer", "layer", 0.12),
+                                                    ("lru_per_layer", "request", 0.05),
+                                                    ("lru_per_layer(quota=strict)", "request",
+                                                     0.05),
+                                                    ("least_stale", "layer", 0.05),
+                                                    ("least_stale", "request", 0.05)])
+def test_the_lean_victim_searches_give_the_references_numbers_on_a_capture(eviction, pin,
+                                                                          capacity):
     """At 5% of the OLMoE prose capture (51 slots: 3 or 4 a layer of 16, each layer-pass asking
-    for 8), every request misses and the victim searches' shortcuts are put to work: the
-    per-layer LRU's set of the layers over their share and its search over every layer when
-    none of those has a key not protected (two of every five misses), Least-Stale's walk
-    from the first list that holds a key. Its first 48 passes, on the lean kernel, the general
-    one and the reference: all equal."""
+    for 8) every request misses, and the victim searches' shortcuts are put to work: the
+    per-layer LRU's set of the layers over their share, and its search over every layer's
+    first key (`head_last`) where none of those has a key not protected (two of every five
+    misses), Least-Stale's walk from the first list that holds a key. At 12% under the layer
+    pin scope, hits move a layer's first key and lists empty and fill again between those
+    searches. The capture's first 96 passes, on the lean kernel, the general one and the
+    reference: all equal."""
     (trace,) = load_traces(bundled.capture_path("olmoe_prose"))
-    trace = trace.first_passes(48)
-    config = _config(eviction, pin=pin, capacity_frac=0.05)
+    trace = trace.first_passes(96)
+    config = _config(eviction, pin=pin, capacity_frac=capacity)
     handed = _lean_against_general_and_reference(config, trace, {})
     assert handed == [_LEAN.KERNELS[(True, _LEAN.CODED, False)]]
 
