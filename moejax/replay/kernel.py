@@ -75,10 +75,11 @@ ROWS = ("requests", "hits", "late_hits", "misses", "collision_misses", "dropped"
  R_PRED_ROUTED, R_ROUTED, R_DEMAND_B, R_PF_B, R_WASTED_B, R_STALL, R_BEHIND) = range(len(ROWS))
 
 # Per-key rows, side by side per key (key-major: the module's docstring), the ones every
-# request reads first.
-(SLOT, EVICTED_IN, PROT, EL, EL_NEXT, EL_LIST, LAST, ORIGIN_PASS, ORIGIN_TPOS, COUNT, UPTR,
- PMARK, SEEN, Q_TPOS, QL, QL_NEXT, QL_LIST) = range(17)
-N_KEY_ROWS = 17
+# request reads first. LAYER: the key's MoE layer position, `key // E` looked up (a division
+# at each eviction and Least-Stale request was a tenth of a small cache's miss).
+(SLOT, EVICTED_IN, PROT, EL, EL_NEXT, EL_LIST, LAYER, LAST, ORIGIN_PASS, ORIGIN_TPOS, COUNT,
+ UPTR, PMARK, SEEN, Q_TPOS, QL, QL_NEXT, QL_LIST) = range(18)
+N_KEY_ROWS = 18
 # Per-slot rows, per-list rows, per-position rows.
 KEY_OF, FREE = range(2)
 HEAD, TAIL, LEN = range(3)
@@ -165,6 +166,7 @@ def layout(policy: int, n_slots: int, n_experts: int, n_layers: int, queue: int,
     I[:HEAD_SIZE] = head
     per_key = key_rows(I, n_keys)
     per_key[[PROT, LAST, COUNT]] = 0
+    per_key[LAYER] = np.arange(n_keys) // n_experts
     per_key[UPTR] = uses_off[:-1]
     I[head[O_SLOTS] + n_slots:head[O_SLOTS] + 2 * n_slots] = np.arange(n_slots - 1, -1, -1)
     I[head[O_LISTS] + LEN * n_lists:head[O_LISTS] + 3 * n_lists] = 0
@@ -405,7 +407,7 @@ def keeps_own(I, st, incoming):
     layer at (or over) its quota and an entry of its own not protected (stamp `st`)."""
     if I[POLICY] != LRU_PER_LAYER_STRICT:
         return False
-    own = incoming // I[N_EXPERTS]
+    own = I[_k(I, LAYER, incoming)]
     return I[_h(I, LEN, own)] >= I[_p(I, QUOTA, own)] and _first_free(I, own, st) >= 0
 
 
@@ -413,7 +415,7 @@ def keeps_own(I, st, incoming):
 def _ls_request(I, k):
     """Least-Stale: requested (or, with prefetch_current="pass", selected), so current for the
     pass; a current key keeps its place."""
-    cur = I[N_LAYERS] + k // I[N_EXPERTS]
+    cur = I[N_LAYERS] + I[_k(I, LAYER, k)]
     if I[_k(I, EL_LIST, k)] != cur:
         _remove(I, EL, k)
         _append(I, EL, cur, k)
@@ -431,9 +433,9 @@ def _on_admit(I, k, prefetch):
     if policy == LRU or policy == FIFO:
         _append(I, EL, 0, k)
     elif policy == FLD:
-        _append(I, EL, k // I[N_EXPERTS], k)
+        _append(I, EL, I[_k(I, LAYER, k)], k)
     elif _is_lpl(policy):
-        _append(I, EL, k // I[N_EXPERTS], k)
+        _append(I, EL, I[_k(I, LAYER, k)], k)
         _use(I, k)
     elif policy == LFU:
         _use(I, k)
@@ -503,7 +505,7 @@ def victim(I, pos, st, incoming, p):
                 return k
         return -1
     if _is_lpl(policy):
-        own = incoming // I[N_EXPERTS]
+        own = I[_k(I, LAYER, incoming)]
         if I[_h(I, LEN, own)] >= I[_p(I, QUOTA, own)]:
             k = _first_free(I, own, st)
             if k >= 0:
@@ -594,7 +596,7 @@ def _allocate(I, F, pos, st, incoming, p, running_pos):
     _remove(I, EL, v)
     if I[POLICY] == LFU:
         _heap_remove(I, v)
-    vpos = v // I[N_EXPERTS]
+    vpos = I[_k(I, LAYER, v)]
     F[_c(I, R_EVICT, vpos)] += 1
     if I[_k(I, ORIGIN_PASS, v)] >= 0:
         F[_c(I, R_WASTED_B, vpos)] += _fc(I, F, F_BYTES)

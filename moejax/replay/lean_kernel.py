@@ -104,7 +104,7 @@ def _cache_steps(I, F, keys, starts, code, order, evictions):
     pass-layer's requests in rank order, or where it has waves resident ones first, with the
     request in `order`), the evictions per pass, and per layer into F's counters."""
     policy = I[K.POLICY]
-    n_slots, n_layers, n_experts = I[K.N_SLOTS], I[K.N_LAYERS], I[K.N_EXPERTS]
+    n_slots, n_layers = I[K.N_SLOTS], I[K.N_LAYERS]
     pin_layer = I[K.PIN_LAYER] == 1
     is_ls = policy == K.LS_TWO_QUEUE or policy == K.LS_LEFT_FIRST or policy == K.LS_CYCLIC
     per_layer = policy == K.LRU_PER_LAYER or policy == K.LRU_PER_LAYER_STRICT
@@ -120,7 +120,7 @@ def _cache_steps(I, F, keys, starts, code, order, evictions):
     # A key's fields, at `key_at(field, key)` (key-major: `kernel._k`).
     slot_b, evicted_b, prot_b = ko + K.SLOT, ko + K.EVICTED_IN, ko + K.PROT
     prev_b, next_b, list_b = ko + K.EL, ko + K.EL_NEXT, ko + K.EL_LIST
-    last_b = ko + K.LAST
+    last_b, layer_b = ko + K.LAST, ko + K.LAYER
     # An index into I, F or an input array: never negative, so unsigned (the module's
     # docstring).
     u = np.uint64
@@ -360,7 +360,7 @@ def _cache_steps(I, F, keys, starts, code, order, evictions):
                         if lru_like:  # the first not protected
                             v = first_free(0, st)
                         elif per_layer:
-                            if k // n_experts != pos:
+                            if I[key_at(layer_b, k)] != pos:
                                 raise ValueError("a request's key is not its layer's")
                             v, own_free = layer_victim(pos, st, n_over, own_free)
                             own_free = own_free or not pin_layer
@@ -384,7 +384,7 @@ def _cache_steps(I, F, keys, starts, code, order, evictions):
                             over[u(i)] = moved
                             over_at[u(moved)] = i
                             over_at[u(w)] = -1
-                        F[u(c_evict + v // n_experts)] += 1
+                        F[u(c_evict + I[key_at(layer_b, v)])] += 1
                         n_evicted += 1
                     I[key_at(slot_b, k)] = s
                     I[u(key_of_b + s)] = k
