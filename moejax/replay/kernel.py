@@ -87,10 +87,10 @@ QUOTA, PSET, PCOUNT = range(3)
 
 # The head of I: settings, scalars, and the blocks' offsets.
 (POLICY, N_SLOTS, N_EXPERTS, N_LAYERS, N_KEYS, N_LISTS, QUEUE, PIN_LAYER, ENGINES,
- STAMP, FREE_N, TICK, BEL_PASS, BEL_POS, BEL_DONE, WALK_W, H_LEN,
+ STAMP, FREE_N, TICK, BEL_PASS, BEL_POS, BEL_DONE, WALK_W, WALK_IN_ORDER, WALK_FIRST, H_LEN,
  O_KEYS, O_SLOTS, O_LISTS, O_POS, O_STARTS, O_UOFF, O_USES, O_WALK, O_HEAP, O_HPOS,
- O_SR, O_T, O_C, O_QT, O_FC) = range(32)
-HEAD_SIZE = 32
+ O_SR, O_T, O_C, O_QT, O_FC) = range(34)
+HEAD_SIZE = 34
 # The head of F: expert bytes, transfer latency, one engine's and the link's bytes/s.
 F_BYTES, F_LATENCY, F_ENGINE_BPS, F_LINK_BPS = range(4)
 
@@ -155,8 +155,9 @@ def layout(policy: int, n_slots: int, n_experts: int, n_layers: int, queue: int,
              O_HEAP: (2 * n_slots + 1) * (policy == LFU), O_HPOS: n_keys * (policy == LFU)}
     head = np.zeros(HEAD_SIZE, np.int64)
     head[[POLICY, N_SLOTS, N_EXPERTS, N_LAYERS, N_KEYS, N_LISTS, QUEUE, PIN_LAYER,
-          ENGINES, WALK_W]] = [policy, n_slots, n_experts, n_layers, n_keys, n_lists,
-                               queue, int(pin_layer), engines, walks.shape[1]]
+          ENGINES, WALK_W, WALK_IN_ORDER]] = [
+        policy, n_slots, n_experts, n_layers, n_keys, n_lists, queue, int(pin_layer), engines,
+        walks.shape[1], int(walks.shape[1] > 0 and (walks == np.arange(walks.shape[1])).all())]
     at = HEAD_SIZE
     for block, size in sizes.items():
         head[block] = at
@@ -176,6 +177,7 @@ def layout(policy: int, n_slots: int, n_experts: int, n_layers: int, queue: int,
         I[head[block]:head[block] + len(values)] = values
     I[FREE_N] = n_slots
     I[BEL_PASS] = I[BEL_POS] = -1
+    I[WALK_FIRST] = 0
     F_sizes = ((O_FC, 4), (O_T, 2 + engines), (O_SR, n_slots), (O_C, len(ROWS) * n_layers),
                (O_QT, n_keys))
     at = 0
@@ -236,6 +238,8 @@ def _fc(I, F, j):
 # -- intrusive lists (`base`: EL or QL) -----------------------------------------------------
 @jit
 def _append(I, base, w, k):
+    if base == EL and w < I[WALK_FIRST]:  # (the in-order walk's bound: `victim`)
+        I[WALK_FIRST] = w
     tail = I[_h(I, TAIL, w)]
     I[_k(I, base + 2, k)] = w
     I[_k(I, base, k)] = tail
@@ -494,6 +498,21 @@ def victim(I, pos, st, incoming, p):
     L = I[N_LAYERS]
     if policy == LRU or policy == FIFO:
         return _first_free(I, 0, st)
+    if I[WALK_IN_ORDER] == 1:
+        # Every position's walk is the lists in their order (Least-Stale's `two_queue`): from
+        # the first that holds a key. No list below `WALK_FIRST` holds one: an append lowers
+        # it to its list (`_append`), a pass start's splice to 0 (`begin_pass`). A small
+        # cache's pass empties the stale lists in its first layers, and the walk over the
+        # empty ones was a large part of a miss.
+        w = I[WALK_FIRST]
+        while w < I[WALK_W] and I[_h(I, LEN, w)] == 0:
+            w += 1
+        I[WALK_FIRST] = w
+        for j in range(w, I[WALK_W]):
+            k = _first_free(I, j, st)
+            if k >= 0:
+                return k
+        return -1
     if policy == FLD or _is_ls(policy):  # the policy's walk (moejax/policies/eviction.py)
         q0 = pos if pos < L - 1 else L - 1
         if q0 < -1:
@@ -767,6 +786,7 @@ def begin_pass(I):
             I[_h(I, HEAD, L + q)] = -1
             I[_h(I, TAIL, L + q)] = -1
             I[_h(I, LEN, L + q)] = 0
+        I[WALK_FIRST] = 0
     for q in range(L):
         I[_p(I, PSET, q)] = -1
 

@@ -242,15 +242,11 @@ def _cache_steps(I, F, keys, starts, code, order, evictions):
         return best, k_own >= 0
 
     walk_o, walk_w = I[K.O_WALK], I[K.WALK_W]
-    # Whether every position's walk is the lists in their order (Least-Stale's `two_queue`:
-    # stale positions 0..L-1, then current ones): then a walk starts at `first`, below which
-    # no list holds a key (each admission or move lowers it to its list, a pass start to 0).
-    # At 5% of OLMoE a pass's first few layers empty the stale lists, and the walk over the
-    # empty ones was most of a miss's time.
-    in_order = walk_w > 0
-    for q in range(n_layers + 1):
-        for j in range(walk_w):
-            in_order = in_order and I[u(walk_o + q * walk_w + j)] == j
+    # Where every position's walk is the lists in their order (Least-Stale's `two_queue`), a
+    # walk starts at `first`, below which no list holds a key (`kernel.victim`'s
+    # `WALK_FIRST`, kept here in a local: each admission or move lowers it to its list, a
+    # pass start resets it to 0).
+    in_order = I[K.WALK_IN_ORDER] == 1
     first = 0
 
     def walk_victim(pos, st, first):
@@ -412,6 +408,7 @@ def _cache_steps(I, F, keys, starts, code, order, evictions):
     I[K.STAMP] = stamp
     I[K.FREE_N] = free_n
     I[K.TICK] = tick
+    I[K.WALK_FIRST] = 0  # a bound that holds for any lists (this loop's appends do not keep it)
 
 
 # How the clock's loop learns each request's outcome (`_kernel_for`): from `_cache_steps`' code, or
