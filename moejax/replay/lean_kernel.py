@@ -45,7 +45,9 @@ calls a function per step of a request; per request that was most of its time. H
 Their semantics are the general kernel's, step for step (`kernel.py`'s docstring): the rarer
 steps (Least-Stale's pass start, the strict quota's check) are the general kernel's own
 functions, and the victim searches (`lru_per_layer`'s walk over the layers, FLD's and
-Least-Stale's along their lists) are its `victim` written out on hoisted offsets.
+Least-Stale's along their lists) are its `victim` written out on hoisted offsets, with
+shortcuts that find the same victim (`_cache_steps`: the layers over their share, each layer's
+first key's recency, the walk's first list that holds a key).
 `tests/test_compiled_replay.py` holds every kernel here equal to the general one (every count,
 every time, bit for bit), and both to the reference engine."""
 
