@@ -173,8 +173,8 @@ def _cache_steps(I, F, keys, starts, code, order, evictions):
     # layer's place in it, `over_at`, -1 where it is not), kept as the loop admits and evicts
     # (a layer's list changes length nowhere else), so that a victim search looks at those
     # layers only, not at every layer: at 5% of OLMoE (3 slots a layer, 8 requests a
-    # layer-pass) one or two layers are over their share, and a search over all 16 was most
-    # of a miss's time.
+    # layer-pass) one or two layers are over their share, and searching all 16 (with the
+    # incoming layer's list walked twice) took 13 ms of a 1M-request replay's 46.
     over = np.empty(n_layers if per_layer else 0, np.int64)
     over_at = np.full(n_layers if per_layer else 0, -1, np.int64)
     n_over = 0
