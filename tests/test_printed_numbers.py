@@ -148,18 +148,48 @@ def test_replay_rate_leaves_the_kernel_load_out(tmp_path, capsys, monkeypatch):
     assert _last_line(out) == f"results -> {work / 'results.json'}"
 
 
-def test_the_kernel_loads_once_for_the_types_it_is_called_with(tmp_path):
+@pytest.mark.parametrize("prefetch", ["none", "temporal"])
+def test_the_kernel_loads_once_for_the_types_it_is_called_with(tmp_path, monkeypatch, prefetch):
     """`load_kernel` makes the very overload the run then calls (no second compile at the
     call), so the run's own time holds no load; a second replay in the process finds the
-    kernel already loaded: no compile and no read of numba's disk cache."""
-    jobs.run(_replay_config(), str(tmp_path / "a"))
-    assert len(K.run.overloads) == 1
-    stats = K.run.stats
-    hits, misses = sum(stats.cache_hits.values()), sum(stats.cache_misses.values())
-    second = jobs.run(_replay_config(), str(tmp_path / "b"))["replay"]
+    kernel already loaded: no compile and no read of numba's disk cache. The kernel is the one
+    the run takes: the lean kernel `kernel_for` hands a run without prefetch, the general one
+    (`kernel.run`) a prefetching one. (Other tests in the process may have loaded either for
+    other argument types: the counts are taken before.)"""
+    handed = []
+    real_kernel_for = compiled.lean_kernel.kernel_for
+
+    def spy(*args):
+        handed.append(real_kernel_for(*args))
+        return handed[-1]
+    monkeypatch.setattr(compiled.lean_kernel, "kernel_for", spy)
+    config = _replay_config()
+    config.policies.prefetch = prefetch
+    kernels = [K.run, *compiled.lean_kernel.KERNELS.values()]
+    overloads = {id(k): len(k.overloads) for k in kernels}
+    stats = {id(k): (sum(k.stats.cache_hits.values()), sum(k.stats.cache_misses.values()))
+             for k in kernels}
+    first = jobs.run(config, str(tmp_path / "a"))["replay"]
+    assert first["engine"] == "compiled", first
+    kernel = handed[0] if prefetch == "none" else K.run
+    assert len(handed) == (1 if prefetch == "none" else 0)
+    # One load of the one kernel the run took: at most one overload and one compile or disk
+    # read more than before, and none of any other kernel.
+    for k in kernels:
+        now_stats = (sum(k.stats.cache_hits.values()), sum(k.stats.cache_misses.values()))
+        if k is kernel:
+            assert len(k.overloads) - overloads[id(k)] in (0, 1)
+            assert sum(now_stats) - sum(stats[id(k)]) == len(k.overloads) - overloads[id(k)]
+            assert len(k.overloads) >= 1
+        else:
+            assert (len(k.overloads), now_stats) == (overloads[id(k)], stats[id(k)])
+    held, counted = len(kernel.overloads), (sum(kernel.stats.cache_hits.values()),
+                                            sum(kernel.stats.cache_misses.values()))
+    second = jobs.run(config, str(tmp_path / "b"))["replay"]
     assert second["engine"] == "compiled" and second["setup"] == compiled.IN_PROCESS, second
-    assert len(K.run.overloads) == 1
-    assert (sum(stats.cache_hits.values()), sum(stats.cache_misses.values())) == (hits, misses)
+    assert len(kernel.overloads) == held
+    assert (sum(kernel.stats.cache_hits.values()),
+            sum(kernel.stats.cache_misses.values())) == counted
     reference = _replay_config()
     reference.replay.engine = "reference"
     ref = jobs.run(reference, str(tmp_path / "c"))["replay"]
