@@ -583,21 +583,21 @@ def test_the_in_order_walk_starts_at_the_first_list_that_can_hold_a_key():
     I, _ = K.layout(K.LS_TWO_QUEUE, 4, n_experts, n_layers, K.IMMEDIATE, False, 1,
                     np.zeros(n_layers, np.int64), np.zeros(0, np.int64),
                     np.zeros(n_layers * n_experts + 1, np.int64), np.zeros(0, np.int64),
-                    compiled._walks("least_stale:two_queue", n_layers), (1.0, 0.0, 1.0, 1.0))
+                    compiled.walk_table("least_stale:two_queue", n_layers), (1.0, 0.0, 1.0, 1.0))
     assert I[K.WALK_IN_ORDER] == 1 and I[K.WALK_FIRST] == 0
     no_stamp = -1  # no key protected
 
     def key(layer, expert):
         return layer * n_experts + expert
-    K._append(I, K.EL, n_layers + 2, key(2, 1))  # layer 2's current queue
+    K.append(I, K.EL, n_layers + 2, key(2, 1))  # layer 2's current queue
     assert K.victim(I, 2, no_stamp, key(0, 0), 0) == key(2, 1)
     assert I[K.WALK_FIRST] == n_layers + 2
-    K._append(I, K.EL, n_layers + 1, key(1, 3))  # layer 1's, below the bound
+    K.append(I, K.EL, n_layers + 1, key(1, 3))  # layer 1's, below the bound
     assert I[K.WALK_FIRST] == n_layers + 1
     assert K.victim(I, 2, no_stamp, key(0, 0), 0) == key(1, 3)
     K.begin_pass(I)  # both current queues become stale ones (lists 1 and 2)
     assert I[K.WALK_FIRST] == 0
-    K._append(I, K.EL, n_layers + 0, key(0, 2))
+    K.append(I, K.EL, n_layers + 0, key(0, 2))
     assert K.victim(I, 0, no_stamp, key(0, 0), 1) == key(1, 3)
 
 

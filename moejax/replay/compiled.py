@@ -59,7 +59,7 @@ from moejax.replay.stream_predictions import stream_predictions
 assert K.ROWS == COUNTERS + BYTES + SECONDS, "kernel.ROWS must follow CacheMetrics"
 
 
-def _walks(form: str, n_layers: int) -> np.ndarray:
+def walk_table(form: str, n_layers: int) -> np.ndarray:
     """The victim walk of a layered eviction per running position -1..L-1, as the table the
     kernel reads (`[L + 1, width]`: row `pos + 1`); empty for the others."""
     if form == "fld":
@@ -540,7 +540,7 @@ def run(cache: ExpertCache, traces, context_start: list[int] | None = None,
                     K.QUEUES[cache.options.prefetch_queue],
                     cache.pin_scope == "layer", len(clock.engine_free), quota,
                     starts[:0] if lean else starts,
-                    uses_off, uses, _walks(form, n_layers),
+                    uses_off, uses, walk_table(form, n_layers),
                     (float(shape.expert_bytes), clock.latency_s, clock.engine_bps,
                      clock.link_bps))
     plan, cost = _compute_plan(cache, passes, context_start, traces), _cost_params(cache)

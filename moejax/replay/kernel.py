@@ -237,7 +237,7 @@ def _fc(I, F, j):
 
 # -- intrusive lists (`base`: EL or QL) -----------------------------------------------------
 @jit
-def _append(I, base, w, k):
+def append(I, base, w, k):
     if base == EL and w < I[WALK_FIRST]:  # (the in-order walk's bound: `victim`)
         I[WALK_FIRST] = w
     tail = I[_h(I, TAIL, w)]
@@ -253,7 +253,7 @@ def _append(I, base, w, k):
 
 
 @jit
-def _remove(I, base, k):
+def remove(I, base, k):
     w = I[_k(I, base + 2, k)]
     if w >= 0:
         p, n = I[_k(I, base, k)], I[_k(I, base + 1, k)]
@@ -275,8 +275,8 @@ def _remove(I, base, k):
 def _to_end(I, k):
     w = I[_k(I, EL_LIST, k)]
     if I[_h(I, TAIL, w)] != k:
-        _remove(I, EL, k)
-        _append(I, EL, w, k)
+        remove(I, EL, k)
+        append(I, EL, w, k)
 
 
 @jit
@@ -421,8 +421,8 @@ def _ls_request(I, k):
     pass; a current key keeps its place."""
     cur = I[N_LAYERS] + I[_k(I, LAYER, k)]
     if I[_k(I, EL_LIST, k)] != cur:
-        _remove(I, EL, k)
-        _append(I, EL, cur, k)
+        remove(I, EL, k)
+        append(I, EL, cur, k)
 
 
 @jit
@@ -435,11 +435,11 @@ def _use(I, k):
 def _on_admit(I, k, prefetch):
     policy = I[POLICY]
     if policy == LRU or policy == FIFO:
-        _append(I, EL, 0, k)
+        append(I, EL, 0, k)
     elif policy == FLD:
-        _append(I, EL, I[_k(I, LAYER, k)], k)
+        append(I, EL, I[_k(I, LAYER, k)], k)
     elif _is_lpl(policy):
-        _append(I, EL, I[_k(I, LAYER, k)], k)
+        append(I, EL, I[_k(I, LAYER, k)], k)
         _use(I, k)
     elif policy == LFU:
         _use(I, k)
@@ -501,7 +501,7 @@ def victim(I, pos, st, incoming, p):
     if I[WALK_IN_ORDER] == 1:
         # Every position's walk is the lists in their order (Least-Stale's `two_queue`): from
         # the first that holds a key. No list below `WALK_FIRST` holds one: an append lowers
-        # it to its list (`_append`), a pass start's splice to 0 (`begin_pass`). A small
+        # it to its list (`append`), a pass start's splice to 0 (`begin_pass`). A small
         # cache's pass empties the stale lists in its first layers, and the walk over the
         # empty ones was a large part of a miss.
         w = I[WALK_FIRST]
@@ -612,7 +612,7 @@ def _allocate(I, F, pos, st, incoming, p, running_pos):
     I[_k(I, SLOT, v)] = -1
     I[_s(I, KEY_OF, s)] = -1
     I[_k(I, EVICTED_IN, v)] = p
-    _remove(I, EL, v)
+    remove(I, EL, v)
     if I[POLICY] == LFU:
         _heap_remove(I, v)
     vpos = I[_k(I, LAYER, v)]
@@ -688,7 +688,7 @@ def _enqueue(I, F, pred, pins, n_pins, pl, pos, now, p, next_set, issued):
             if I[_k(I, SLOT, k)] >= 0:
                 _on_touch(I, k)
             elif I[_k(I, QL_LIST, k)] < 0:
-                _append(I, QL, queue, k)
+                append(I, QL, queue, k)
                 I[_k(I, Q_TPOS, k)] = tpos
                 F[I[O_QT] + k] = now
     _watchdog(I, F, pins, n_pins, now, False, p, pos, issued)
@@ -712,7 +712,7 @@ def _watchdog(I, F, pins, n_pins, now, strict, p, running_pos, issued):
     while I[_h(I, LEN, queue)] > 0:
         k = I[_h(I, HEAD, queue)]
         if I[_k(I, SLOT, k)] >= 0:
-            _remove(I, QL, k)
+            remove(I, QL, k)
             continue
         issue = now
         if idle:
@@ -735,7 +735,7 @@ def _watchdog(I, F, pins, n_pins, now, strict, p, running_pos, issued):
         s = _allocate(I, F, running_pos, st, k, p, running_pos)
         if s < 0:
             return
-        _remove(I, QL, k)
+        remove(I, QL, k)
         I[_k(I, PROT, k)] = st
         _admit(I, F, k, s, issue, True)
         _prefetched(I, F, k, I[_k(I, Q_TPOS, k)], p)
@@ -754,7 +754,7 @@ def _drop_queued(I, F, upto):
         nk = I[_k(I, QL_NEXT, k)]
         tpos = I[_k(I, Q_TPOS, k)]
         if tpos <= upto:
-            _remove(I, QL, k)
+            remove(I, QL, k)
             F[_c(I, R_PF_DROPPED, tpos)] += 1
         k = nk
 

@@ -130,7 +130,7 @@ def _cache_steps(I, F, keys, starts, code, order, evictions):
     def key_at(field, k):
         return u(field + k * K.N_KEY_ROWS)
 
-    # The eviction lists (`kernel._append`, `_remove`, written out on hoisted offsets; inner
+    # The eviction lists (`kernel.append`, `remove`, written out on hoisted offsets; inner
     # functions, which numba inlines).
     def append(w, k):
         tail = I[u(tail_b + w)]
