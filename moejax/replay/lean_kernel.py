@@ -322,7 +322,7 @@ def _cache_steps(I, F, keys, starts, code, order, evictions):
                         # `kernel._on_access`
                         if policy == K.LRU or policy == K.FLD or per_layer:
                             lw = I[key_at(list_b, k)]
-                            was_head = I[key_at(prev_b, k)] < 0
+                            was_head = per_layer and I[key_at(prev_b, k)] < 0
                             tail = I[u(tail_b + lw)]
                             if tail != k:  # to the end of its list (it stays in it)
                                 before, after = I[key_at(prev_b, k)], I[key_at(next_b, k)]
