@@ -1,6 +1,7 @@
 """The compiled replay against the machine's own limit: a bare compiled LRU (a numba linked list
-over the `L * E` keys, hits only) and a bare per-layer LRU (one list and a fixed quota per
-layer) beside moejax's compiled replay of the same request stream, in one process, alternated.
+over the `L * E` keys, hits only), a bare per-layer LRU (one list and a fixed quota per layer)
+and the bare LRU with temporal prefetch beside moejax's compiled replay of the same request
+stream, in one process, alternated.
 
     python benchmarks/replay_limit.py [--trace=olmoe_prose | --trace=FILE |
         --random_shape=LxExK] [--reps=5] [--repeats=1,16] [--capacities=0.05,0.25]
@@ -22,9 +23,12 @@ before the timed runs), the prefetcher's predictions and the cost model's values
 (taken anew each run: a grid's worker keeps them across cells); the trace is already in memory
 on both sides. The bare kernels count hits and nothing else. `cache.pin_scope=request` for
 `lru` and the strict per-layer LRU (only the incoming expert protected: the bare kernels'
-reading), whose hits must equal the bare kernels' (the script checks). Each rep runs every
-case once, in turn (alternated), and the table gives the median rate and the spread (min-max)
-over reps; `ratio` is moejax's median rate over the bare LRU's median rate in the same run.
+reading), and `lru` with `temporal` prefetch on the immediate queue beside the bare LRU with
+the same prefetch (`bare_lru_temporal`), whose hits must equal the bare kernels' (the script
+checks). Each rep runs every case once, in turn (alternated), and the table gives the median
+rate and the spread (min-max) over reps, moejax's median rate over the bare LRU's in the same
+run, and over the median rate of the bare kernel that takes the same cache steps (for the
+prefetching row: against a loop that prefetches too).
 """
 
 from __future__ import annotations
@@ -54,8 +58,12 @@ CASES = (("lru", "none", "immediate", "request"),
          ("lru_per_layer", "none", "immediate", "layer"),
          ("fifo", "none", "immediate", "layer"),
          ("least_stale", "none", "immediate", "layer"),
-         ("least_stale", "temporal", "watchdog", "layer"))
-BARE_OF = {"lru": "lru", "lru_per_layer(quota=strict)": "per_layer"}
+         ("least_stale", "temporal", "watchdog", "layer"),
+         ("lru", "temporal", "immediate", "request"))
+# The cases a bare kernel runs too, by (eviction, prefetch): their hits must be equal.
+BARE_OF = {("lru", "none"): "lru", ("lru_per_layer(quota=strict)", "none"): "per_layer",
+           ("lru", "temporal"): "lru_temporal"}
+BARE_NOTE = {"lru": "", "per_layer": " per layer", "lru_temporal": " with temporal prefetch"}
 
 
 @numba.njit(cache=True)
@@ -79,7 +87,10 @@ def bare_lru(keys, n_keys, slots):
         elif size == slots:  # evict the head
             v = head
             head = nxt[v]
-            prev[head] = -1
+            if head >= 0:
+                prev[head] = -1
+            else:
+                tail = -1
             resident[v] = False
         else:
             size += 1
@@ -90,6 +101,100 @@ def bare_lru(keys, n_keys, slots):
         else:
             head = k
         tail = k
+    return hits
+
+
+@numba.njit(cache=True)
+def bare_lru_temporal(keys, starts, n_layers, n_keys, slots):
+    """Hits of `bare_lru` with `temporal` prefetch (lookahead 1) on the immediate queue:
+    after each pass-layer's requests (`starts`: where each starts in `keys`), the requests of
+    the next layer in the previous pass are fetched ahead in their order. One held already
+    moves to the end of the list; one not held takes a free slot, or evicts the first key from
+    the head that is neither this pass-layer's request nor an earlier prediction of this call,
+    and where none is left the call ends. -1 where a pass-layer has more requests than slots
+    (moejax serves it in waves, which this does not)."""
+    prev = np.full(n_keys, -1, np.int64)
+    nxt = np.full(n_keys, -1, np.int64)
+    resident = np.zeros(n_keys, np.bool_)
+    protected = np.zeros(n_keys, np.int64)  # the stamp of the call that protects a key
+    head, tail, size, hits, stamp = -1, -1, 0, 0, 0
+    for pl in range(len(starts) - 1):
+        a, b = starts[pl], starts[pl + 1]
+        if b - a > slots:
+            return -1
+        for i in range(a, b):  # the requests: `bare_lru`
+            k = keys[i]
+            if resident[k]:
+                hits += 1
+                if k == tail:
+                    continue
+                p, n = prev[k], nxt[k]
+                if p >= 0:
+                    nxt[p] = n
+                else:
+                    head = n
+                prev[n] = p
+            elif size == slots:  # evict the head
+                v = head
+                head = nxt[v]
+                if head >= 0:
+                    prev[head] = -1
+                else:
+                    tail = -1
+                resident[v] = False
+            else:
+                size += 1
+            resident[k] = True
+            prev[k], nxt[k] = tail, -1
+            if tail >= 0:
+                nxt[tail] = k
+            else:
+                head = k
+            tail = k
+        if pl < n_layers or pl % n_layers == n_layers - 1:
+            continue  # no previous pass, or no next layer
+        stamp += 1
+        for i in range(a, b):
+            protected[keys[i]] = stamp
+        src = pl - n_layers + 1
+        for i in range(starts[src], starts[src + 1]):
+            k = keys[i]
+            if resident[k]:  # to the end
+                protected[k] = stamp
+                if k == tail:
+                    continue
+                p, n = prev[k], nxt[k]
+                if p >= 0:
+                    nxt[p] = n
+                else:
+                    head = n
+                prev[n] = p
+            elif size < slots:
+                size += 1
+            else:
+                v = head
+                while v >= 0 and protected[v] == stamp:
+                    v = nxt[v]
+                if v < 0:
+                    break
+                resident[v] = False
+                p, n = prev[v], nxt[v]  # unlink the victim, wherever it is
+                if p >= 0:
+                    nxt[p] = n
+                else:
+                    head = n
+                if n >= 0:
+                    prev[n] = p
+                else:
+                    tail = p
+            resident[k] = True
+            protected[k] = stamp
+            prev[k], nxt[k] = tail, -1
+            if tail >= 0:
+                nxt[tail] = k
+            else:
+                head = k
+            tail = k
     return hits
 
 
@@ -138,10 +243,14 @@ def bare_lru_per_layer(keys, n_keys, n_experts, quota):
     return hits
 
 
-def stream(traces, repeats: int) -> np.ndarray:
+def stream(traces, repeats: int) -> tuple[np.ndarray, np.ndarray]:
     """The global keys of every request, pass by pass, layer by layer, rank order, `repeats`
-    times over (the compiled engine's own layout, `compiled.requests`)."""
-    return np.tile(compiled.requests(traces, traces[0].num_experts)[0], repeats)
+    times over, and where each pass-layer starts in them (the compiled engine's own layout,
+    `compiled.requests`)."""
+    keys, starts = compiled.requests(traces, traces[0].num_experts)[:2]
+    n = len(keys)
+    return (np.tile(keys, repeats),
+            np.concatenate([starts[:-1] + r * n for r in range(repeats)] + [[repeats * n]]))
 
 
 def moejax_cache(trace, capacity: float, eviction: str, prefetch: str, queue: str,
@@ -182,10 +291,27 @@ def moejax_run(traces, repeats: int, capacity: float, case) -> tuple[float, dict
     return seconds, cache.metrics.totals(), cache
 
 
-def bare_run(kind: str, keys: np.ndarray, n_keys: int, n_experts: int, cache) -> tuple[float, int]:
+def paired(case, cache) -> str | None:
+    """The bare kernel `case` is timed beside and must count the hits of (`BARE_OF`), or None.
+    None for the strict per-layer LRU where a layer's share is 0 (fewer slots than layers):
+    moejax's strict quota still gives that layer's miss a slot (docs/DESIGN.md,
+    lru_per_layer), while a per-layer LRU of fixed capacity never holds it."""
+    kind = BARE_OF.get(case[:2])
+    if kind == "per_layer" and min(cache.eviction.quota) < 1:
+        return None
+    return kind
+
+
+def bare_run(kind: str, keys: np.ndarray, starts: np.ndarray, n_layers: int, n_experts: int,
+             cache) -> tuple[float, int]:
+    """The bare kernel `kind` over the stream `(keys, starts)` at the cache's size: its
+    seconds and hits (-1: it cannot run this stream, `bare_lru_temporal`)."""
+    n_keys = n_layers * n_experts
     start = time.perf_counter()
     if kind == "lru":
         hits = bare_lru(keys, n_keys, cache.shape.num_slots)
+    elif kind == "lru_temporal":
+        hits = bare_lru_temporal(keys, starts, n_layers, n_keys, cache.shape.num_slots)
     else:
         quota = np.asarray(cache.eviction.quota, np.int64)
         hits = bare_lru_per_layer(keys, n_keys, n_experts, quota)
@@ -241,56 +367,59 @@ def main():
             parser.error(f"--trace={args.trace!r} takes a shipped capture "
                          f"({', '.join(bundled.CAPTURE_NAMES)}) or a trace file: {e}")
     trace = traces[0]
-    n_keys = len(trace.layers) * trace.num_experts
+    n_layers = len(trace.layers)
     print(f"{name}: {sum(t.num_passes for t in traces)} passes in {len(traces)} sequence(s) x "
           f"{len(trace.layers)} layers x top-{trace.top_k} of {trace.num_experts} experts; "
           f"{args.reps} alternated reps")
     print("| requests | capacity | case | moejax M req/s (min-max) | bare M req/s (min-max) "
-          "| moejax / bare LRU | hits |")
-    print("| ---: | ---: | --- | ---: | ---: | ---: | ---: |")
+          "| moejax / bare LRU | moejax / its bare kernel | hits |")
+    print("| ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: |")
     for repeats in repeat_list:
-        keys = stream(traces, repeats)
+        keys, starts = stream(traces, repeats)
         n = len(keys)
+        first = starts[:2 * n_layers + 1]  # two passes, to load the bare kernels
         for capacity in capacities:
             for case in CASES:  # every kernel loaded (or compiled) before the timed reps
                 cache = moejax_run(traces, 1, capacity, case)[2]
-                bare_run(BARE_OF.get(case[0], "lru"), keys[:100], n_keys, trace.num_experts,
-                         cache)
+                bare_run(BARE_OF.get(case[:2], "lru"), keys[:first[-1]], first, n_layers,
+                         trace.num_experts, cache)
             ours = {case: [] for case in CASES}
-            bare = {"lru": [], "per_layer": []}
-            hits = {}
+            bare = {kind: [] for kind in BARE_OF.values()}
+            hits, kinds = {}, {}
             for _ in range(args.reps):
                 for case in CASES:
                     seconds, totals, cache = moejax_run(traces, repeats, capacity, case)
                     ours[case].append(seconds)
                     hits[case] = totals["hits"] + totals["late_hits"]
                     assert totals["requests"] == n, (totals["requests"], n)
-                    kind = BARE_OF.get(case[0])
+                    kind = kinds[case] = paired(case, cache)
                     if kind is not None:
-                        seconds, bare_hits = bare_run(kind, keys, n_keys, trace.num_experts,
-                                                      cache)
+                        seconds, bare_hits = bare_run(kind, keys, starts, n_layers,
+                                                      trace.num_experts, cache)
                         bare[kind].append(seconds)
                         if bare_hits != hits[case]:
-                            raise SystemExit(f"{case[0]} at {capacity:.0%}: moejax {hits[case]} "
-                                             f"hits, the bare kernel {bare_hits}")
+                            raise SystemExit(f"{'/'.join(case[:2])} at {capacity:.0%}: moejax "
+                                             f"{hits[case]} hits, the bare kernel "
+                                             f"{bare_hits}")
             limit = n / statistics.median(bare["lru"])
             slots = cache.shape.num_slots
             for case in CASES:
                 rates = [n / s for s in ours[case]]
-                kind = BARE_OF.get(case[0])
+                kind = kinds[case]
                 name = "/".join(x for x in case[:3] if x not in ("none", "immediate"))
                 name += f" (pin {case[3]})"
                 if kind is None:
-                    bare_cell = "-"
+                    own = "-"
+                    bare_cell = "-" if case[:2] not in BARE_OF else "- (a share of 0)"
                 else:
                     b = [n / s for s in bare[kind]]
                     bare_cell = (f"{statistics.median(b) / 1e6:.1f} ({min(b) / 1e6:.1f}-"
-                                 f"{max(b) / 1e6:.1f}){' per layer' if kind != 'lru' else ''}")
+                                 f"{max(b) / 1e6:.1f}){BARE_NOTE[kind]}")
+                    own = f"{statistics.median(rates) / statistics.median(b):.2f}"
                 print(f"| {n:,} | {capacity:.0%} ({slots}) | {name} | "
                       f"{statistics.median(rates) / 1e6:.1f} ({min(rates) / 1e6:.1f}-"
                       f"{max(rates) / 1e6:.1f}) | {bare_cell} | "
-                      f"{statistics.median(rates) / limit:.2f} | {hits[case]:,} |")
-
+                      f"{statistics.median(rates) / limit:.2f} | {own} | {hits[case]:,} |")
 
 if __name__ == "__main__":
     main()
