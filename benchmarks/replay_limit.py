@@ -42,6 +42,7 @@ import numpy as np
 
 from moejax import bundled
 from moejax.cache import build_cache_for
+from moejax.errors import ConfigError
 from moejax.families import preset
 from moejax.jobs.schema import base_config
 from moejax.jobs.specs import resolve
@@ -380,7 +381,10 @@ def main():
         first = starts[:2 * n_layers + 1]  # two passes, to load the bare kernels
         for capacity in capacities:
             for case in CASES:  # every kernel loaded (or compiled) before the timed reps
-                cache = moejax_run(traces, 1, capacity, case)[2]
+                try:
+                    cache = moejax_run(traces, 1, capacity, case)[2]
+                except ConfigError as e:  # (a size the cache refuses: said in one line)
+                    parser.error(f"--capacities: {capacity:g} of {name}: {e}")
                 bare_run(BARE_OF.get(case[:2], "lru"), keys[:first[-1]], first, n_layers,
                          trace.num_experts, cache)
             ours = {case: [] for case in CASES}
@@ -397,6 +401,11 @@ def main():
                         seconds, bare_hits = bare_run(kind, keys, starts, n_layers,
                                                       trace.num_experts, cache)
                         bare[kind].append(seconds)
+                        if bare_hits < 0:
+                            raise SystemExit(f"{'/'.join(case[:2])} at {capacity:.0%}: a "
+                                             f"pass-layer has more requests than the cache "
+                                             f"has slots, which the bare kernel does not "
+                                             f"serve (moejax serves it in waves)")
                         if bare_hits != hits[case]:
                             raise SystemExit(f"{'/'.join(case[:2])} at {capacity:.0%}: moejax "
                                              f"{hits[case]} hits, the bare kernel "
@@ -420,6 +429,7 @@ def main():
                       f"{statistics.median(rates) / 1e6:.1f} ({min(rates) / 1e6:.1f}-"
                       f"{max(rates) / 1e6:.1f}) | {bare_cell} | "
                       f"{statistics.median(rates) / limit:.2f} | {own} | {hits[case]:,} |")
+
 
 if __name__ == "__main__":
     main()
