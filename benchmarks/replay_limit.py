@@ -65,6 +65,8 @@ CASES = (("lru", "none", "immediate", "request"),
 BARE_OF = {("lru", "none"): "lru", ("lru_per_layer(quota=strict)", "none"): "per_layer",
            ("lru", "temporal"): "lru_temporal"}
 BARE_NOTE = {"lru": "", "per_layer": " per layer", "lru_temporal": " with temporal prefetch"}
+# The case `bare_lru_clock` runs beside too (the LRU with the virtual clock's booking).
+CLOCKED = ("lru", "none")
 
 
 @numba.njit(cache=True)
@@ -200,6 +202,60 @@ def bare_lru_temporal(keys, starts, n_layers, n_keys, slots):
 
 
 @numba.njit(cache=True)
+def bare_lru_clock(keys, starts, n_keys, slots, latency, per_slower):
+    """`bare_lru` keeping the virtual clock's transfer booking as a one-engine replay without
+    prefetch does: each pass-layer (`starts`) one wave from the clock's time; each miss booked
+    on the copy engine after its last transfer (`timeline.book_alone`: `latency`, then the
+    slower of the link's and the engine's seconds for one expert, `per_slower`); the wave's
+    stall, until its last miss lands, added to the clock. Its hits and the clock at the end
+    (moejax's own, to the bit, where no cost model adds compute). What a replay also does that
+    cannot change the clock here is left out: a slot's earlier transfer (one engine books in
+    order, so a slot's next transfer lands later) and a hit's wait for its transfer (each wave
+    waits for all of its own, and nothing else is in flight without prefetch)."""
+    prev = np.full(n_keys, -1, np.int64)
+    nxt = np.full(n_keys, -1, np.int64)
+    resident = np.zeros(n_keys, np.bool_)
+    head, tail, size, hits = -1, -1, 0, 0
+    clock = engine = 0.0
+    for pl in range(len(starts) - 1):
+        now = ready = clock
+        for i in range(starts[pl], starts[pl + 1]):
+            k = keys[i]
+            if resident[k]:
+                hits += 1
+                if k == tail:
+                    continue
+                p, n = prev[k], nxt[k]
+                if p >= 0:
+                    nxt[p] = n
+                else:
+                    head = n
+                prev[n] = p
+            else:
+                if size == slots:  # evict the head
+                    v = head
+                    head = nxt[v]
+                    if head >= 0:
+                        prev[head] = -1
+                    else:
+                        tail = -1
+                    resident[v] = False
+                else:
+                    size += 1
+                ready = engine = (now if now > engine else engine) + latency + per_slower
+            resident[k] = True
+            prev[k], nxt[k] = tail, -1
+            if tail >= 0:
+                nxt[tail] = k
+            else:
+                head = k
+            tail = k
+        if ready > clock:
+            clock += ready - clock  # (`timeline.stall`, added as the replay adds it)
+    return hits, clock
+
+
+@numba.njit(cache=True)
 def bare_lru_per_layer(keys, n_keys, n_experts, quota):
     """Hits of one LRU per layer (`keys // n_experts`), layer q holding at most `quota[q]`."""
     n_layers = n_keys // n_experts
@@ -319,6 +375,27 @@ def bare_run(kind: str, keys: np.ndarray, starts: np.ndarray, n_layers: int, n_e
     return time.perf_counter() - start, int(hits)
 
 
+def clock_terms(cache) -> tuple[float, float] | None:
+    """`bare_lru_clock`'s `(latency, per_slower)` for the cache's clock, or None
+    where a replay books on more than one copy engine or the link can be busy past the
+    engine's free time (`timeline.book_alone` is then not its booking)."""
+    clock = cache.clock
+    if (len(clock.engine_free) != 1 or clock.link_free > clock.engine_free[0]
+            or clock.latency_s < 0):
+        return None
+    nbytes = float(cache.shape.expert_bytes)
+    per_link, per_engine = nbytes / clock.link_bps, nbytes / clock.engine_bps
+    return clock.latency_s, max(per_link, per_engine)
+
+
+def bare_clock_run(keys: np.ndarray, starts: np.ndarray, n_keys: int, terms, cache
+                   ) -> tuple[float, int, float]:
+    """`bare_lru_clock` over the stream at the cache's size: its seconds, hits and clock."""
+    start = time.perf_counter()
+    hits, clock = bare_lru_clock(keys, starts, n_keys, cache.shape.num_slots, *terms)
+    return time.perf_counter() - start, int(hits), float(clock)
+
+
 def random_shape_trace(shape: str, parser: argparse.ArgumentParser):
     """512 one-token passes of random routing (`moejax.testing.random_scored_trace`, seed 0,
     ids only) over the `LxExK` shape: a speed check on a model shape no shipped capture has.
@@ -369,12 +446,14 @@ def main():
                          f"({', '.join(bundled.CAPTURE_NAMES)}) or a trace file: {e}")
     trace = traces[0]
     n_layers = len(trace.layers)
+    n_keys = n_layers * trace.num_experts
     print(f"{name}: {sum(t.num_passes for t in traces)} passes in {len(traces)} sequence(s) x "
           f"{len(trace.layers)} layers x top-{trace.top_k} of {trace.num_experts} experts; "
           f"{args.reps} alternated reps")
     print("| requests | capacity | case | moejax M req/s (min-max) | bare M req/s (min-max) "
-          "| moejax / bare LRU | moejax / its bare kernel | hits |")
-    print("| ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: |")
+          "| moejax / bare LRU | moejax / its bare kernel | bare LRU with the clock M req/s "
+          "(min-max), moejax / it | hits |")
+    print("| ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     for repeats in repeat_list:
         keys, starts = stream(traces, repeats)
         n = len(keys)
@@ -387,8 +466,11 @@ def main():
                     parser.error(f"--capacities: {capacity:g} of {name}: {e}")
                 bare_run(BARE_OF.get(case[:2], "lru"), keys[:first[-1]], first, n_layers,
                          trace.num_experts, cache)
+                if case[:2] == CLOCKED and clock_terms(cache) is not None:
+                    bare_clock_run(keys[:first[-1]], first, n_keys, clock_terms(cache), cache)
             ours = {case: [] for case in CASES}
             bare = {kind: [] for kind in BARE_OF.values()}
+            clocked = []  # `bare_lru_clock`'s seconds, beside the CLOCKED case
             hits, kinds = {}, {}
             for _ in range(args.reps):
                 for case in CASES:
@@ -410,6 +492,17 @@ def main():
                             raise SystemExit(f"{'/'.join(case[:2])} at {capacity:.0%}: moejax "
                                              f"{hits[case]} hits, the bare kernel "
                                              f"{bare_hits}")
+                    terms = clock_terms(cache) if case[:2] == CLOCKED else None
+                    if terms is not None:
+                        seconds, bare_hits, clock = bare_clock_run(keys, starts, n_keys, terms,
+                                                                   cache)
+                        clocked.append(seconds)
+                        # Without a cost model the clock is the transfers' alone: the same.
+                        if bare_hits != hits[case] or (cache.cost is None
+                                                       and clock != cache.clock.t):
+                            raise SystemExit(f"lru with its clock at {capacity:.0%}: moejax "
+                                             f"{hits[case]} hits, clock {cache.clock.t!r} s; "
+                                             f"the bare kernel {bare_hits}, {clock!r} s")
             limit = n / statistics.median(bare["lru"])
             slots = cache.shape.num_slots
             for case in CASES:
@@ -425,10 +518,17 @@ def main():
                     bare_cell = (f"{statistics.median(b) / 1e6:.1f} ({min(b) / 1e6:.1f}-"
                                  f"{max(b) / 1e6:.1f}){BARE_NOTE[kind]}")
                     own = f"{statistics.median(rates) / statistics.median(b):.2f}"
+                clock_cell = "-"
+                if case[:2] == CLOCKED and clocked:
+                    c = [n / s for s in clocked]
+                    clock_cell = (f"{statistics.median(c) / 1e6:.1f} ({min(c) / 1e6:.1f}-"
+                                  f"{max(c) / 1e6:.1f}), "
+                                  f"{statistics.median(rates) / statistics.median(c):.2f}")
                 print(f"| {n:,} | {capacity:.0%} ({slots}) | {name} | "
                       f"{statistics.median(rates) / 1e6:.1f} ({min(rates) / 1e6:.1f}-"
                       f"{max(rates) / 1e6:.1f}) | {bare_cell} | "
-                      f"{statistics.median(rates) / limit:.2f} | {own} | {hits[case]:,} |")
+                      f"{statistics.median(rates) / limit:.2f} | {own} | {clock_cell} | "
+                      f"{hits[case]:,} |")
 
 
 if __name__ == "__main__":

@@ -36,7 +36,7 @@ RL = _benchmark()
 # The bare kernels as Python (their `py_func`): compiled here, numba's disk cache beside the
 # script would hold them under this module's name, which the script, run as `__main__`, cannot
 # load back. The script compiles and checks them itself at its own sizes.
-for _name in ("bare_lru", "bare_lru_per_layer", "bare_lru_temporal"):
+for _name in ("bare_lru", "bare_lru_per_layer", "bare_lru_temporal", "bare_lru_clock"):
     setattr(RL, _name, getattr(RL, _name).py_func)
 PAIRED = [case for case in RL.CASES if case[:2] in RL.BARE_OF]
 
@@ -75,6 +75,29 @@ def test_the_bare_kernels_count_moejax_hits_on_random_streams(layers, experts, p
             continue
         ours, bare = _hits([trace], 2, capacity, case)
         assert ours == bare, (case, slots)
+
+
+@settings(max_examples=examples(25))
+@given(layers=st.integers(1, 5), experts=st.integers(2, 9), passes=st.integers(1, 10),
+       seed=st.integers(0, 2 ** 32 - 1), data=st.data())
+def test_the_bare_lru_with_the_clock_gives_moejax_hits_and_clock(layers, experts, passes,
+                                                                 seed, data):
+    """Without a cost model (a shape no preset has) moejax's clock is its transfers' and
+    stalls' alone: `bare_lru_clock` ends at the same time, to the bit."""
+    top_k = data.draw(st.integers(1, experts), label="top_k")
+    assume(top_k < layers * experts)
+    slots = data.draw(st.integers(top_k, layers * experts - 1), label="slots")
+    trace = random_scored_trace(np.random.default_rng(seed), layers, experts, top_k,
+                                [1] * passes, 1000, scores=False, prefill_passes=0)
+    capacity = (slots + 0.5) / (layers * experts)
+    _, totals, cache = RL.moejax_run([trace, trace], 1, capacity, RL.CASES[0])
+    assert RL.CASES[0][:2] == RL.CLOCKED and cache.cost is None
+    terms = RL.clock_terms(cache)
+    assert terms is not None  # (one copy engine, idle at the start)
+    keys, starts = RL.stream([trace], 2)
+    _, hits, clock = RL.bare_clock_run(keys, starts, layers * experts, terms, cache)
+    assert hits == totals["hits"] + totals["late_hits"]
+    assert clock == cache.clock.t
 
 
 @pytest.mark.parametrize("capacity", [0.05, 0.25])
