@@ -1,7 +1,7 @@
 """The compiled replay against the machine's own limit: a bare compiled LRU (a numba linked list
-over the `L * E` keys, hits only), a bare per-layer LRU (one list and a fixed quota per layer)
-and the bare LRU with temporal prefetch beside moejax's compiled replay of the same request
-stream, in one process, alternated.
+over the `L * E` keys, hits only), a bare per-layer LRU (one list and a fixed quota per layer),
+the bare LRU with temporal prefetch and the bare LRU with the virtual clock's transfer booking
+beside moejax's compiled replay of the same request stream, in one process, alternated.
 
     python benchmarks/replay_limit.py [--trace=olmoe_prose | --trace=FILE |
         --random_shape=LxExK] [--reps=5] [--repeats=1,16] [--capacities=0.05,0.25]
@@ -21,14 +21,16 @@ SpecMD's A100 profile with the model's cost model (`model.preset=olmoe-1b-7b`), 
 timings and running totals. Its time is the call's, the kernel's one-time load excluded (done
 before the timed runs), the prefetcher's predictions and the cost model's values included
 (taken anew each run: a grid's worker keeps them across cells); the trace is already in memory
-on both sides. The bare kernels count hits and nothing else. `cache.pin_scope=request` for
+on both sides. The bare kernels count hits and nothing else, but `bare_lru_clock`, which also
+keeps the clock a one-engine replay without prefetch keeps. `cache.pin_scope=request` for
 `lru` and the strict per-layer LRU (only the incoming expert protected: the bare kernels'
 reading), and `lru` with `temporal` prefetch on the immediate queue beside the bare LRU with
 the same prefetch (`bare_lru_temporal`), whose hits must equal the bare kernels' (the script
-checks). Each rep runs every case once, in turn (alternated), and the table gives the median
-rate and the spread (min-max) over reps, moejax's median rate over the bare LRU's in the same
-run, and over the median rate of the bare kernel that takes the same cache steps (for the
-prefetching row: against a loop that prefetches too).
+checks), as `lru`'s must `bare_lru_clock`'s, and without a cost model its clock at the end too.
+Each rep runs every case once, in turn (alternated), and the table gives the median rate and
+the spread (min-max) over reps, moejax's median rate over the bare LRU's in the same run, over
+the median rate of the bare kernel that takes the same cache steps (for the prefetching row:
+against a loop that prefetches too), and for `lru` over the bare LRU with the clock's.
 """
 
 from __future__ import annotations
