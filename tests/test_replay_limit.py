@@ -1,7 +1,8 @@
 """`benchmarks/replay_limit.py`'s bare kernels count the hits moejax's compiled replay counts in
 the cases the benchmark pairs them with: the plain LRU and the strict per-layer LRU with only
-the incoming expert protected, and the LRU with `temporal` prefetch on the immediate queue.
-The script checks this at its own sizes; here on random streams of any shape, down to a cache
+the incoming expert protected, and the LRU with `temporal` prefetch on the immediate queue;
+and the LRU with the virtual clock's booking ends at moejax's clock, to the bit, where no cost
+model adds compute. The script checks this at its own sizes; here on random streams of any shape, down to a cache
 of one request's worth (where the prefetch call runs out of victims), and on a real capture.
 A random stream runs twice through one cache, so the temporal prefetcher's "previous pass"
 crosses from one copy into the next, as in the benchmark's 16 copies."""
