@@ -661,8 +661,10 @@ def _kernel_for(alone: bool, serve: int, costed: bool):
                             else:
                                 hits += 1
                             continue
-                        if collided:
-                            coll += 1
+                        # Counted without a branch: whether a miss collides follows the
+                        # routing, which no predictor guesses (with a branch, the loop took
+                        # 2-12% longer on 0.5M-1M-request `lru` replays).
+                        coll += collided
                         # `timeline.book`, written out (the module's docstring)
                         if alone:
                             if misses == 0:  # what is on the engine went before it
