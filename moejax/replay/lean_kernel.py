@@ -548,6 +548,8 @@ def _kernel_for(alone: bool, serve: int, costed: bool):
         prot = np.zeros(I[K.N_KEYS] if pin_layer else 0, np.int32)  # the loop's own stamps
         stamp = 0
         r_pairs = r_late = r_miss = r_coll = 0  # (one list) the counts so far
+        missed_before = 0  # (one list) the misses before this pass
+        free_at_start = free_n  # (one list: the list grows by the free slots taken)
         # A layer's demand bytes are its misses times the expert's bytes, summed wave by
         # wave: where those bytes are a whole number and no sum can reach 2**53, every sum is
         # exact, so the sum is the product, taken once at the end (one list: a twelfth of a
@@ -563,7 +565,7 @@ def _kernel_for(alone: bool, serve: int, costed: bool):
                 clock += half[p]
             pass_stall = 0.0
             tokens = pass_tokens[p]
-            n_evicted = 0
+            free_before = free_n  # (one list) the free slots at the pass's start
             for pos in range(n_layers):
                 pl = p * n_layers + pos
                 if has_cost:  # the dense layers before it, then its attention + router
@@ -620,7 +622,6 @@ def _kernel_for(alone: bool, serve: int, costed: bool):
                                 if free_n > 0:
                                     free_n -= 1
                                     s = I[u(free_b + free_n)]
-                                    listed += 1
                                 else:  # the first from the head not protected goes
                                     v = head
                                     if pin_layer:
@@ -638,7 +639,6 @@ def _kernel_for(alone: bool, serve: int, costed: bool):
                                         prev[u(after)] = before
                                     else:
                                         tail = before
-                                    n_evicted += 1
                                 slot[u(k)] = s
                                 prev[u(k)] = tail
                                 nxt[u(k)] = -1
@@ -729,8 +729,6 @@ def _kernel_for(alone: bool, serve: int, costed: bool):
             passes[p, 0] = start
             passes[p, 1] = clock
             passes[p, 2] = pass_stall
-            if one_list:
-                evictions[u(p)] = n_evicted
             # The running totals, summed over the layers as the general kernel sums them (the
             # counts from this loop's own, in `cnt`).
             if one_list:  # one wave a pass-layer, each request a hit, a late hit or a miss
@@ -748,6 +746,11 @@ def _kernel_for(alone: bool, serve: int, costed: bool):
                 running[p, 4] = r_coll
                 running[p, 5] = r_pairs
                 running[p, 6] = (p + 1) * n_layers
+                # Each miss takes a free slot or evicts a key: the pass's evictions are its
+                # misses less the free slots it took (counted in the loop, they and the
+                # list's length took it 2-5% longer).
+                evictions[u(p)] = (r_miss - missed_before) - (free_before - free_n)
+                missed_before = r_miss
             else:
                 for j in range(len(COUNTED)):
                     total = 0
@@ -788,7 +791,8 @@ def _kernel_for(alone: bool, serve: int, costed: bool):
         F[u(t + 1)] = link
         if one_list:
             _one_list_write_back(I, slot, evicted, prev, nxt)
-            I[lo + K.HEAD * nl], I[lo + K.TAIL * nl], I[lo + K.LEN * nl] = head, tail, listed
+            I[lo + K.HEAD * nl], I[lo + K.TAIL * nl] = head, tail
+            I[lo + K.LEN * nl] = listed + (free_at_start - free_n)
             I[K.FREE_N] = free_n
             now_held = _held_per_layer(I)
             c_evict = c0 + K.R_EVICT * n_layers
