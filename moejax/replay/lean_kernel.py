@@ -486,7 +486,8 @@ def _kernel_for(alone: bool, serve: int, costed: bool):
         `_one_list_state`'s arrays: the victim is the first key from the list's head not
         protected, the head itself where only the expert being fetched is, as that one is not
         yet in the list; a layer's evictions follow from its misses, as each admits its expert
-        into its own layer and only evictions take one out)."""
+        into its own layer and only evictions take one out, and a pass's from its misses less
+        the free slots it took)."""
         n_slots, n_layers = I[K.N_SLOTS], I[K.N_LAYERS]
         n_pass = len(pass_pairs)
         if len(starts) != n_pass * n_layers + 1:
